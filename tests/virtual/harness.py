@@ -1,0 +1,77 @@
+"""Checks a movement op's pull (and push) mapping on every index against torch."""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from vtc.index.mapping import gather
+from vtc.virtual.movement import Src, pull, push
+
+
+def random_tensor(shape, dtype=torch.float32, gen=None):
+    """Random values (never zeros) of a shape and dtype."""
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    return torch.randint(-100, 100, shape, generator=gen, dtype=dtype)
+
+
+def check_pull(target, args, kwargs=None):
+    """Evaluates target's pull mappings at every output index and compares with torch; returns them."""
+    kwargs = kwargs or {}
+    names = iter(f"t{k}" for k in range(100))
+    env: dict[str, torch.Tensor] = {}
+
+    def to_src(x):
+        if isinstance(x, torch.Tensor):
+            name = next(names)
+            env[name] = x
+            return Src(name, tuple(x.shape), x.dtype)
+        return x
+
+    sargs, skwargs = pytree.tree_map(to_src, (args, kwargs))
+    expected = target(*args, **kwargs)
+    expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
+    maps = pull(target, sargs, skwargs, [e.shape for e in expected])
+    assert len(maps) == len(expected)
+    for m, e in zip(maps, expected):
+        got = gather(m, env)
+        assert got.shape == e.shape, (str(m), got.shape, e.shape)
+        assert got.dtype == e.dtype, (got.dtype, e.dtype)
+        torch.testing.assert_close(got, e, rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{target} mapping {m}: {s}")
+    return maps
+
+
+def check_push(target, args, kwargs=None):
+    """Checks each push mapping: writing input x through it into the outputs reproduces torch's outputs there."""
+    kwargs = kwargs or {}
+    names = iter(f"t{k}" for k in range(100))
+    env: dict[str, torch.Tensor] = {}
+
+    def to_src(x):
+        if isinstance(x, torch.Tensor):
+            name = next(names)
+            env[name] = x
+            return Src(name, tuple(x.shape), x.dtype)
+        return x
+
+    sargs, skwargs = pytree.tree_map(to_src, (args, kwargs))
+    expected = target(*args, **kwargs)
+    expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
+    pushes = push(target, sargs, skwargs, [e.shape for e in expected])
+    assert pushes, f"{target} defines no push mapping"
+    from vtc.index.expr import evaluate
+    for src_name, m in pushes.items():
+        x = env[src_name]
+        n = len(m.shape)
+        venv = {f"i{k}": torch.arange(s).reshape([s if j == k else 1 for j in range(n)]) for k, s in enumerate(m.shape)}
+        idx_t = {k: env[k] for k in m.index_tensors}
+        for p in m.pieces:
+            assert p.source is not None and p.source.startswith("out")
+            out = expected[int(p.source[3:])]
+            mask = torch.broadcast_to(evaluate(p.when, venv, idx_t).bool(), m.shape)
+            where = [torch.broadcast_to(evaluate(i, venv, idx_t), m.shape)[mask] for i in p.index]
+            torch.testing.assert_close(out[tuple(where)], x[mask], rtol=0, atol=0,
+                                       msg=lambda s: f"{target} push of {src_name} {m}: {s}")
+    return pushes
