@@ -1,0 +1,159 @@
+"""vtc.compile on real architectures, checked against eager; the report states what was removed."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import vtc
+from vtc import zoo
+
+MODELS = ("llama", "gpt2", "gemma2", "swin", "shufflenet", "llama_layer")
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def assert_same(got, want):
+    """Same pytree structure and types, tensors close within TOL."""
+    assert type(got) is type(want), (type(got), type(want))
+    g, gs = pytree.tree_flatten(got)
+    w, ws = pytree.tree_flatten(want)
+    assert gs == ws
+    for a, b in zip(g, w):
+        if isinstance(b, torch.Tensor):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def model_case(request):
+    torch.manual_seed(0)
+    model, inputs = zoo.load(request.param, size="tiny")
+    for t in inputs:  # random inputs, never all zeros
+        assert t.float().abs().sum() > 0
+    with torch.no_grad():
+        want = model(*inputs)
+    return request.param, model, inputs, want, vtc.compile(model, inputs)
+
+
+@pytest.mark.parametrize("options", [{}, {"oracle": True}, {"plan": "none"}], ids=["all", "oracle", "none"])
+def test_model_matches_eager(model_case, options):
+    name, model, inputs, want, compiled = model_case
+    compiled = compiled.replan(**options)  # same captured graph, other plan
+    with torch.no_grad():
+        got = compiled(*inputs)
+    assert_same(got, want)
+    r = compiled.report.to_dict()
+    for key in ("movement_ops", "eliminated_movement_ops", "materialized_movement_bytes", "kernels",
+                "fallback_ops", "peak_memory_bytes"):
+        assert key in r
+    assert r["movement_ops"] > 0
+    if options.get("plan") == "none":
+        assert r["eliminated_movement_ops"] == 0
+    elif not options.get("oracle"):
+        assert r["eliminated_movement_ops"] > r["movement_ops"] // 2, compiled.report.summary()
+
+
+def test_plan_all_moves_less_than_none(model_case):
+    name, model, inputs, _, compiled = model_case
+    every = compiled.report
+    none = compiled.replan(plan="none").report
+    assert every.materialized_movement_bytes < none.materialized_movement_bytes
+    assert every.peak_memory_bytes <= none.peak_memory_bytes
+    assert every.kernels < none.kernels
+
+
+def test_llama_returns_model_output():
+    model, inputs = zoo.load("llama", size="tiny")
+    out = vtc.compile(model, inputs)(*inputs)
+    assert type(out).__name__ == "CausalLMOutputWithPast"
+    assert out.logits.shape == (*inputs[0].shape, model.config.vocab_size)
+
+
+def test_pure_view_chain_is_free():
+    """transpose -> reshape-as-view -> slice feeding mm: a strided view, no bytes moved."""
+    def f(x, w):
+        return x.t()[1:, :].unsqueeze(0).squeeze(0) @ w
+
+    x, w = torch.randn(6, 9), torch.randn(6, 4)
+    c = vtc.compile(f, (x, w))
+    torch.testing.assert_close(c(x, w), f(x, w), **TOL)
+    r = c.report.to_dict()
+    assert r["materialized_movement_bytes"] == 0
+    assert r["eliminated_movement_ops"] == r["movement_ops"] >= 3
+    assert [ch["strided"] for ch in r["chains"]] == [True]
+
+
+def test_non_view_chain_is_one_gather():
+    """permute -> reshape (not a view) -> cat -> pad: the whole chain is one gather."""
+    def f(x, y):
+        z = torch.cat([x.permute(1, 0, 2).reshape(4, 6), y], 0)
+        return torch.nn.functional.pad(z, (1, 2)).relu()
+
+    x, y = torch.randn(2, 4, 3), torch.randn(5, 6)
+    c = vtc.compile(f, (x, y))
+    torch.testing.assert_close(c(x, y), f(x, y), **TOL)
+    r = c.report.to_dict()
+    assert [ch["realized_as"] for ch in r["chains"]] == ["gather"]
+    assert r["materialized_movement_bytes"] == 9 * 9 * 4  # only the final padded tensor is written
+    assert r["kernels"] == 2  # one gather + relu
+
+
+def test_wrong_inputs_raise_with_expected_and_received():
+    model, inputs = zoo.load("llama", size="tiny")
+    c = vtc.compile(model, inputs)
+    with pytest.raises(TypeError, match="takes 1 tensor input.*received 2"):
+        c(inputs[0], inputs[0])
+    with pytest.raises(TypeError, match="expected dtype torch.int64, received torch.float32"):
+        c(inputs[0].float())
+    with pytest.raises(ValueError, match=r"expected rank 2.*received rank 3"):
+        c(inputs[0][None])
+
+
+def test_new_shape_of_same_rank_respecializes():
+    model, inputs = zoo.load("llama", size="tiny")
+    c = vtc.compile(model, inputs)
+    longer = torch.randint(1, model.config.vocab_size, (inputs[0].shape[0], inputs[0].shape[1] + 3))
+    with torch.no_grad():
+        assert_same(c(longer), model(longer))
+        assert_same(c(*inputs), model(*inputs))
+
+
+def test_unknown_option_names_valid_ones():
+    with pytest.raises(TypeError, match="unknown vtc.compile option.*'plna'.*valid options"):
+        vtc.compile(lambda x: x + 1, (torch.randn(2),), plna="all")
+    with pytest.raises(ValueError, match="plan='fast' is not one of"):
+        vtc.compile(lambda x: x + 1, (torch.randn(2),), plan="fast")
+
+
+def test_out_of_range_gather_index_raises():
+    def f(w, idx):
+        return torch.nn.functional.embedding(idx, w) * 2
+
+    w, idx = torch.randn(10, 4), torch.tensor([[1, 2], [3, 4]])
+    c = vtc.compile(f, (w, idx))
+    torch.testing.assert_close(c(w, idx), f(w, idx))
+    with pytest.raises(IndexError, match="embedding: index 10 is out of range"):
+        c(w, torch.tensor([[1, 10], [3, 4]]))
+
+
+def test_threads_share_a_compiled_model():
+    model, inputs = zoo.load("gpt2", size="tiny")
+    c = vtc.compile(model, inputs)
+    xs = [torch.randint(0, model.config.vocab_size, inputs[0].shape) for _ in range(4)]
+    with torch.no_grad():
+        want = [model(x).logits for x in xs]
+    got: dict[int, torch.Tensor] = {}
+
+    def work(k):
+        for _ in range(3):
+            got[k] = c(xs[k]).logits
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        torch.testing.assert_close(got[k], want[k], **TOL)

@@ -1,0 +1,171 @@
+"""The public entry points: ``vtc.compile`` and the ``Compiled`` object it returns.
+
+The pipeline, as named stages::
+
+    capture (torch.export -> graph IR) -> plan (which tensors are virtual)
+      -> schedule (executor steps, liveness) -> report
+
+``Compiled`` keeps one specialisation per input shape signature: a call with
+new sizes of the same rank captures the model again for those sizes (a later
+issue makes sizes symbolic so this needs no recompile).  Inputs are checked
+against the graph: their number, dtypes and ranks, with expected and received
+values in the error.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from vtc.ir.graph import Graph
+from vtc.plan.report import Report, build_report
+from vtc.plan.virtualize import Plan, plan_all, plan_none
+from vtc.runtime.executor import Executor
+
+PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none}
+OPTIONS = {"plan": "all", "oracle": False, "max_specializations": 8}
+
+
+@dataclass
+class Specialization:
+    """A graph captured for one input shape signature, planned and scheduled."""
+
+    graph: Graph
+    plan: Plan
+    executor: Executor
+    report: Report
+
+
+def check_options(options: dict) -> dict:
+    """Options with defaults filled in; unknown names or values raise with the valid ones."""
+    bad = sorted(set(options) - set(OPTIONS))
+    if bad:
+        raise TypeError(f"unknown vtc.compile option(s) {bad}; valid options: {sorted(OPTIONS)}")
+    out = {**OPTIONS, **options}
+    if out["plan"] not in PLANS:
+        raise ValueError(f"plan={out['plan']!r} is not one of {sorted(PLANS)}")
+    return out
+
+
+def specialize(graph: Graph, options: dict) -> Specialization:
+    """Plans and schedules a captured graph."""
+    plan = PLANS[options["plan"]](graph)
+    executor = Executor(graph, plan, oracle=options["oracle"])
+    return Specialization(graph, plan, executor, build_report(graph, plan, executor))
+
+
+def compile_graph(graph: Graph, **options) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """A callable running an already captured graph (flat tensors in, flat tensors out)."""
+    spec = specialize(graph, check_options(options))
+
+    def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        check_inputs(graph, list(inputs))
+        return spec.executor(list(inputs))
+
+    run.report = spec.report  # type: ignore[attr-defined]
+    return run
+
+
+def check_inputs(graph: Graph, flat: list[Any]) -> None:
+    """Raises TypeError/ValueError naming the input when count, dtype or rank differ from the graph's."""
+    if len(flat) != len(graph.inputs):
+        raise TypeError(f"compiled graph takes {len(graph.inputs)} tensor input(s) "
+                        f"{[v.name for v in graph.inputs]}, received {len(flat)}")
+    for k, (v, t) in enumerate(zip(graph.inputs, flat)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"input {k} ({v.name}): expected a tensor, received {type(t).__name__}")
+        if t.dtype != v.dtype:
+            raise TypeError(f"input {k} ({v.name}): expected dtype {v.dtype}, received {t.dtype}")
+        if t.dim() != len(v.shape):
+            raise ValueError(f"input {k} ({v.name}): expected rank {len(v.shape)} (shape {list(v.shape)}), "
+                             f"received rank {t.dim()} (shape {list(t.shape)})")
+
+
+class Compiled:
+    """A model compiled by vtc; call it like the model."""
+
+    def __init__(self, model: Any, example_inputs: tuple, example_kwargs: dict | None, options: dict,
+                 _graph: Graph | None = None) -> None:
+        self.model = model
+        self.options = check_options(options)
+        self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
+        self._lock = threading.Lock()
+        self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
+        if _graph is not None:
+            self._first = specialize(_graph, self.options)
+            self._specs[_signature(self._args, self._kwargs)] = self._first
+        else:
+            self._first = self._specialize(self._args, self._kwargs)
+
+    def replan(self, **options) -> "Compiled":
+        """The same captured graph compiled with other options (no new capture)."""
+        return Compiled(self.model, self._args, self._kwargs, {**self.options, **options}, _graph=self.graph)
+
+    @property
+    def report(self) -> Report:
+        """The report of the graph captured from the example inputs."""
+        return self._first.report
+
+    @property
+    def graph(self) -> Graph:
+        """The graph captured from the example inputs."""
+        return self._first.graph
+
+    def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
+        from vtc.frontend.torch_export import export_graph
+
+        key = _signature(args, kwargs)
+        with self._lock:
+            spec = self._specs.get(key)
+            if spec is not None:
+                self._specs.move_to_end(key)
+                return spec
+        spec = specialize(export_graph(self.model, args, kwargs), self.options)
+        with self._lock:
+            self._specs[key] = spec
+            while len(self._specs) > self.options["max_specializations"]:
+                self._specs.popitem(last=False)
+        return spec
+
+    def __call__(self, *args, **kwargs):
+        flat, spec_in = pytree.tree_flatten((args, kwargs))
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        graph = self._first.graph
+        check_inputs(graph, tensors)
+        spec = self._first
+        if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
+            spec = self._specialize(args, kwargs)
+        outs = spec.executor(tensors)
+        return pytree.tree_unflatten(outs, spec.graph.out_spec) if spec.graph.out_spec is not None else outs
+
+    def __repr__(self) -> str:
+        return f"<vtc.Compiled {type(self.model).__name__}: {self.report.summary()}>"
+
+
+def _as_args(example_inputs: Any) -> tuple:
+    if isinstance(example_inputs, tuple):
+        return example_inputs
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    flat, _ = pytree.tree_flatten((args, kwargs))
+    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else repr(x) for x in flat)
+
+
+def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | None = None, **options) -> Compiled:
+    """Compiles a torch module or function for these example inputs; returns a callable Compiled.
+
+    Options: plan="all" (every movement op virtual) or "none" (ablation: every
+    movement op materialised); oracle=True realises every virtual tensor by a
+    gather through its composed mapping (a check of the mappings).
+    """
+    if isinstance(model_or_fn, (str, bytes)) or type(model_or_fn).__name__ == "ModelProto":
+        raise NotImplementedError("ONNX models are not supported yet (see the ONNX frontend issue)")
+    return Compiled(model_or_fn, example_inputs, example_kwargs, options)

@@ -1,0 +1,135 @@
+"""What vtc did to a graph, as numbers (``to_dict``) and as text (``str``).
+
+Counts are per call of the compiled graph:
+
+- ``movement_ops``: movement nodes in the captured graph;
+- ``eliminated_movement_ops``: movement nodes whose output is never written to
+  memory (read through a mapping, or handed out as a zero-copy strided view);
+- ``materialized_movement_bytes``: bytes written by work whose only job is to
+  move data (gathers that realise virtual tensors, movement ops kept physical);
+- ``kernels``: launches (compute/fallback nodes, kept movement ops, gathers);
+- ``fallback_ops``: ops vtc does not know, run by the framework;
+- ``peak_memory_bytes``: peak of live intermediate buffers (inputs and
+  parameters excluded), from the executor's liveness.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from vtc.ir.graph import Graph
+from vtc.plan.virtualize import Plan, chain_of
+
+
+@dataclass
+class MovementEntry:
+    """One movement node and its fate."""
+
+    node: str
+    op: str
+    bytes: int
+    fate: str  # "virtual" | "view" | "gather" | "kept"
+    why: str = ""
+
+
+@dataclass
+class ChainEntry:
+    """A virtual tensor that something reads, the movement nodes it composes and its mapping."""
+
+    value: str
+    nodes: list[str]
+    ops: list[str]
+    mapping: str
+    realized_as: str  # "view" | "gather"
+    strided: bool
+    bytes: int
+
+
+@dataclass
+class Report:
+    """What vtc removed and what it still moves."""
+
+    plan: str
+    movement_ops: int
+    eliminated_movement_ops: int
+    materialized_movement_bytes: int
+    kernels: int
+    fallback_ops: list[str]
+    peak_memory_bytes: int
+    movement: list[MovementEntry] = field(default_factory=list)
+    chains: list[ChainEntry] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The report as plain data (json-serialisable)."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """A few lines: what was removed, what is still moved, fallbacks, peak memory."""
+        views = sum(1 for c in self.chains if c.realized_as == "view")
+        gathers = len(self.chains) - views
+        lines = [
+            f"plan={self.plan}: {self.eliminated_movement_ops}/{self.movement_ops} movement ops eliminated, "
+            f"{_mb(self.materialized_movement_bytes)} of movement materialised per call",
+            f"  {views} zero-copy strided views, {gathers} gathers, {self.kernels} kernel launches, "
+            f"peak intermediate memory {_mb(self.peak_memory_bytes)}",
+        ]
+        if self.fallback_ops:
+            lines.append(f"  fallback to torch: {', '.join(sorted(set(self.fallback_ops)))}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        out = [self.summary(), "", "movement ops:"]
+        for e in self.movement:
+            why = f"  ({e.why})" if e.why else ""
+            out.append(f"  {e.node:<28} {e.op:<34} {_mb(e.bytes):>10}  {e.fate}{why}")
+        out += ["", "composed chains (virtual tensors that something reads):"]
+        for c in self.chains:
+            kind = "strided view" if c.strided else "not a strided view"
+            out.append(f"  {c.value}  <- {' -> '.join(c.ops)}  [{kind}; realised as {c.realized_as}, {_mb(c.bytes)}]")
+            out.extend("      " + line for line in c.mapping.splitlines())
+        return "\n".join(out)
+
+
+def _mb(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KB"
+    return f"{n} B"
+
+
+def build_report(graph: Graph, plan: Plan, executor) -> Report:
+    """The report of `graph` run by `executor` under `plan`."""
+    realized_as = {s.realization.value: s.kind for s in executor.steps if s.realization is not None}
+    movement, eliminated = [], 0
+    for n in graph.nodes:
+        if n.kind != "movement":
+            continue
+        nbytes = sum(v.nbytes for v in n.outputs)
+        if n.name in plan.kept:
+            movement.append(MovementEntry(n.name, n.op, nbytes, "kept", plan.kept[n.name]))
+            continue
+        kinds = {realized_as.get(v.name, "virtual") for v in n.outputs}
+        fate = "gather" if "gather" in kinds else "view" if "view" in kinds else "virtual"
+        eliminated += fate != "gather"
+        movement.append(MovementEntry(n.name, n.op, nbytes, fate))
+    values = {v.name: v for v in graph.values()}
+    chains = []
+    for name, kind in realized_as.items():
+        r = plan.realized[name]
+        nodes = chain_of(graph, plan, name)
+        chains.append(ChainEntry(name, [n.name for n in nodes], [n.op.removeprefix("aten.") for n in nodes],
+                                 str(r.mapping), kind, r.strided is not None, values[name].nbytes))
+    runs = [s for s in executor.steps if s.kind == "run"]
+    moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather")
+    moved += sum(s.out_bytes for s in runs if s.node.kind == "movement")
+    return Report(
+        plan=plan.mode,
+        movement_ops=len(movement),
+        eliminated_movement_ops=eliminated,
+        materialized_movement_bytes=moved,
+        kernels=sum(1 for s in executor.steps if s.kind in ("run", "gather")),
+        fallback_ops=[n.op for n in graph.nodes if n.kind == "fallback"],
+        peak_memory_bytes=executor.peak_bytes,
+        movement=movement,
+        chains=chains,
+    )

@@ -1,0 +1,146 @@
+"""Runs a planned graph: compute ops through torch, virtual tensors through their mappings.
+
+The executor is a flat list of steps built once at compile time:
+
+- ``run``: a compute, fallback or kept-physical movement node, called through
+  the framework op (``Node.run``);
+- ``view``: a virtual value whose composed mapping is a strided view, handed to
+  its readers as a zero-copy ``as_strided`` view of its source;
+- ``gather``: any other virtual value that something reads, realised by one
+  gather from its physical sources (``vtc.index.mapping.gather``).
+
+With ``oracle=True`` every realisation is a gather, so the result checks the
+composed mappings themselves (the tests run both).  Each step also lists the
+values whose last reader it is; they are dropped from the environment right
+after, and ``peak_bytes`` is the largest total of live intermediate buffers.
+Calls share no mutable state, so one executor may run in several threads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vtc.index.mapping import gather
+from vtc.ir.graph import Graph, Node, Value
+from vtc.plan.virtualize import Plan, Realization
+from vtc.virtual import movement
+
+
+@dataclass
+class Step:
+    """One thing the executor does: run a node, or make a virtual value physical."""
+
+    kind: str  # "run" | "view" | "gather"
+    node: Node | None = None
+    realization: Realization | None = None
+    out_bytes: int = 0  # bytes of the buffers this step allocates
+    frees: tuple[str, ...] = ()  # values whose last reader is this step
+
+    @property
+    def reads(self) -> list[str]:
+        if self.node is not None:
+            return [v.name for v in self.node.inputs]
+        m = self.realization.mapping
+        return [*m.sources, *m.index_tensors]
+
+    @property
+    def writes(self) -> list[str]:
+        if self.node is not None:
+            return [v.name for v in self.node.outputs]
+        return [self.realization.value]
+
+
+class Executor:
+    """Runs `graph` under `plan`; a call maps flat input tensors to flat output tensors."""
+
+    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False) -> None:
+        self.graph, self.plan, self.oracle = graph, plan, oracle
+        self.values: dict[str, Value] = {v.name: v for v in graph.values()}
+        self.consts = {v.name: v.data.contiguous() for v in graph.consts}
+        self.steps = self._schedule()
+        self.peak_bytes = self._liveness()
+
+    # -- building -------------------------------------------------------------
+    def _realize_step(self, name: str) -> Step:
+        r = self.plan.realized[name]
+        kind = "gather" if self.oracle or r.strided is None else "view"
+        nbytes = self.values[name].nbytes if kind == "gather" else 0
+        return Step(kind, realization=r, out_bytes=nbytes)
+
+    def _schedule(self) -> list[Step]:
+        steps: list[Step] = []
+        for n in self.graph.nodes:
+            for name in self.plan.needs.get(n.name, ()):
+                if not any(s.realization is not None and s.realization.value == name for s in steps):
+                    steps.append(self._realize_step(name))
+            if n.kind == "movement" and n.name not in self.plan.kept:
+                continue  # virtual: read through its mapping by whoever realises it
+            steps.append(Step("run", node=n, out_bytes=sum(v.nbytes for v in n.outputs)))
+        done = {s.realization.value for s in steps if s.realization is not None}
+        for v in self.graph.outputs:
+            if self.plan.is_virtual(v.name) and v.name not in done:
+                steps.append(self._realize_step(v.name))
+                done.add(v.name)
+        return steps
+
+    def _liveness(self) -> int:
+        """Sets each step's frees and returns the peak bytes of live intermediate buffers."""
+        keep = {v.name for v in self.graph.outputs} | {v.name for v in self.graph.inputs} | set(self.consts)
+        last: dict[str, int] = {}
+        for k, s in enumerate(self.steps):
+            for name in s.reads:
+                last[name] = k
+        sizes: dict[str, int] = {}
+        live = peak = 0
+        for k, s in enumerate(self.steps):
+            for name in s.writes:
+                nbytes = self.values[name].nbytes if s.out_bytes else 0
+                sizes[name] = nbytes
+                live += nbytes
+                last.setdefault(name, k)
+            peak = max(peak, live)
+            frees = tuple(n for n in s.reads + s.writes if last.get(n) == k and n not in keep)
+            s.frees = tuple(dict.fromkeys(frees))
+            live -= sum(sizes.get(n, 0) for n in s.frees)
+        return peak
+
+    # -- running --------------------------------------------------------------
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        env: dict[str, torch.Tensor] = dict(self.consts)
+        for v, t in zip(self.graph.inputs, inputs):
+            env[v.name] = t
+        for s in self.steps:
+            if s.kind == "run":
+                outs = s.node.run(env)
+                if s.node.kind == "movement":  # kept physical: really materialised, never an alias
+                    outs = [_own(t, [env[v.name] for v in s.node.inputs]) for t in outs]
+                for v, t in zip(s.node.outputs, outs):
+                    env[v.name] = t
+            else:
+                env[s.realization.value] = self._realize(s, env)
+            for name in s.frees:
+                env.pop(name, None)
+        return [env[v.name] for v in self.graph.outputs]
+
+    def _realize(self, s: Step, env: dict[str, torch.Tensor]) -> torch.Tensor:
+        m = s.realization.mapping
+        if s.kind == "view":
+            for c in m.checks:
+                c.run(env[c.tensor])
+            st = s.realization.strided
+            src = env[st.source].contiguous()
+            return src.as_strided(m.shape, st.strides, src.storage_offset() + st.offset)
+        tensors = {k: env[k] for k in [*m.sources, *m.index_tensors] if k in env}
+        derive = getattr(movement, "derive_index_tensors", None)  # TODO: direct import once defined
+        if derive is not None:
+            tensors.update(derive(m, tensors))
+        return gather(m, tensors)
+
+
+def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
+    """t, copied into its own contiguous buffer when it aliases one of `inputs`."""
+    ptr = t.untyped_storage().data_ptr()
+    if any(x.untyped_storage().data_ptr() == ptr for x in inputs):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
