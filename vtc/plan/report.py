@@ -117,7 +117,7 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
     for name, kind in realized_as.items():
         r = plan.realized[name]
         nodes = chain_of(graph, plan, name)
-        chains.append(ChainEntry(name, [n.name for n in nodes], [n.op.removeprefix("aten.") for n in nodes],
+        chains.append(ChainEntry(name, [n.name for n in nodes], [n.op.split(".")[1] if n.op.startswith("aten.") else n.op for n in nodes],
                                  str(r.mapping), kind, r.strided is not None, values[name].nbytes))
     runs = [s for s in executor.steps if s.kind == "run"]
     moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather")

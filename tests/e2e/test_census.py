@@ -1,0 +1,73 @@
+"""The movement-op census of one Llama decoder layer (transformers, GQA), op by op.
+
+Pins what the foundation does with every movement op of the layer: which are
+read through mappings (virtual), handed out as zero-copy strided views, or
+realised by one gather of a composed chain.  A change in the frontend, the
+mappings or the simplifier that loses a view or splits a chain fails here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vtc
+from vtc import zoo
+
+V, S, G = "virtual", "view", "gather"
+EXPECTED = [  # (ATen op, fate) in graph order
+    # rotary embedding: position ids, inv_freq outer product, cos/sin
+    ("unsqueeze", V), ("expand", V), ("unsqueeze", S), ("cat", G), ("unsqueeze", S), ("unsqueeze", S),
+    ("unsqueeze", V), ("unsqueeze", S),
+    # q, k, v projections: weight transposes and [B*S, H] views are strided views;
+    # the head split (view -> view -> permute) composes
+    ("permute", S), ("view", S), ("view", V), ("view", V),
+    ("permute", S), ("permute", S), ("view", S), ("view", V), ("view", V),
+    ("permute", S), ("permute", S), ("view", S), ("view", V), ("view", V), ("permute", V),
+    # rotate_half on q and k: slice + neg + cat -> one gather each
+    ("unsqueeze", S), ("unsqueeze", S), ("slice", V), ("slice", S), ("cat", G),
+    ("slice", V), ("slice", S), ("cat", G),
+    # GQA repeat_kv of k and v (unsqueeze -> expand -> clone -> view): never materialised on their own
+    ("unsqueeze", V), ("expand", V), ("clone", V), ("view", V),
+    ("unsqueeze", V), ("expand", V), ("clone", V), ("view", V),
+    # scores = q @ k^T (bmm operands), softmax, probs @ v
+    ("permute", V), ("expand", V), ("clone", V), ("view", S), ("expand", V), ("view", G),
+    ("view", S), ("clone", V), ("expand", V), ("view", S), ("expand", V), ("view", G),
+    # attention output: heads back to [B, S, H], o_proj
+    ("view", V), ("permute", V), ("clone", V), ("view", V), ("permute", S), ("view", G), ("view", S),
+    # MLP: gate, up, down projections
+    ("permute", S), ("view", S), ("view", S), ("permute", S), ("view", S), ("view", S),
+    ("permute", S), ("view", S), ("view", S),
+]
+
+
+@pytest.fixture(scope="module")
+def layer_report():
+    model, inputs = zoo.load("llama_layer", size="tiny")
+    compiled = vtc.compile(model, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
+    return compiled.report
+
+
+def test_census_op_by_op(layer_report):
+    got = [(e.op.split(".")[1], e.fate) for e in layer_report.movement]
+    assert len(got) == len(EXPECTED)
+    for k, (g, e) in enumerate(zip(got, EXPECTED)):
+        assert g == e, f"movement op #{k} ({layer_report.movement[k].node}): got {g}, expected {e}"
+
+
+def test_census_totals(layer_report):
+    r = layer_report.to_dict()
+    assert r["movement_ops"] == len(EXPECTED) == 67
+    assert r["eliminated_movement_ops"] == sum(f != G for _, f in EXPECTED) == 61
+    assert r["fallback_ops"] == []
+    gathered = sum(c["bytes"] for c in r["chains"] if c["realized_as"] == "gather")
+    assert r["materialized_movement_bytes"] == gathered
+
+
+def test_gqa_key_is_read_through_the_head_mapping(layer_report):
+    """repeat_kv of K then transpose: query head h reads KV head h // 2, no expanded copy in between."""
+    chains = {c.value: c for c in layer_report.chains}
+    k = chains["view_12"]
+    assert k.ops == ["unsqueeze", "expand", "clone", "view", "permute", "expand", "view"]
+    assert k.mapping.endswith("add_2[(i0 // 4), ((i0 // 2) % 2), i2, i1]")
