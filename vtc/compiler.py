@@ -21,10 +21,12 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from vtc.frontend.torch_export import export_graph, flatten_inputs, unflatten_outputs
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report
 from vtc.plan.virtualize import Plan, plan_all, plan_none
 from vtc.runtime.executor import Executor
+from vtc.runtime.reference import check_inputs
 
 PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none}
 OPTIONS = {"plan": "all", "oracle": False, "max_specializations": 8}
@@ -70,21 +72,6 @@ def compile_graph(graph: Graph, **options) -> Callable[[list[torch.Tensor]], lis
     return run
 
 
-def check_inputs(graph: Graph, flat: list[Any]) -> None:
-    """Raises TypeError/ValueError naming the input when count, dtype or rank differ from the graph's."""
-    if len(flat) != len(graph.inputs):
-        raise TypeError(f"compiled graph takes {len(graph.inputs)} tensor input(s) "
-                        f"{[v.name for v in graph.inputs]}, received {len(flat)}")
-    for k, (v, t) in enumerate(zip(graph.inputs, flat)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"input {k} ({v.name}): expected a tensor, received {type(t).__name__}")
-        if t.dtype != v.dtype:
-            raise TypeError(f"input {k} ({v.name}): expected dtype {v.dtype}, received {t.dtype}")
-        if t.dim() != len(v.shape):
-            raise ValueError(f"input {k} ({v.name}): expected rank {len(v.shape)} (shape {list(v.shape)}), "
-                             f"received rank {t.dim()} (shape {list(t.shape)})")
-
-
 class Compiled:
     """A model compiled by vtc; call it like the model."""
 
@@ -116,8 +103,6 @@ class Compiled:
         return self._first.graph
 
     def _specialize(self, args: tuple, kwargs: dict) -> Specialization:
-        from vtc.frontend.torch_export import export_graph
-
         key = _signature(args, kwargs)
         with self._lock:
             spec = self._specs.get(key)
@@ -132,15 +117,13 @@ class Compiled:
         return spec
 
     def __call__(self, *args, **kwargs):
-        flat, spec_in = pytree.tree_flatten((args, kwargs))
-        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
         graph = self._first.graph
-        check_inputs(graph, tensors)
+        tensors = flatten_inputs(graph, args, kwargs)
+        check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
-        outs = spec.executor(tensors)
-        return pytree.tree_unflatten(outs, spec.graph.out_spec) if spec.graph.out_spec is not None else outs
+        return unflatten_outputs(spec.graph, spec.executor(tensors))
 
     def __repr__(self) -> str:
         return f"<vtc.Compiled {type(self.model).__name__}: {self.report.summary()}>"

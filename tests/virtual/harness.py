@@ -5,7 +5,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.index.mapping import gather
-from vtc.virtual.movement import Src, pull, push
+from vtc.index.expr import evaluate
+from vtc.virtual.movement import Src, derive_index_tensors, pull, push
 
 
 def random_tensor(shape, dtype=torch.float32, gen=None):
@@ -17,8 +18,8 @@ def random_tensor(shape, dtype=torch.float32, gen=None):
     return torch.randint(-100, 100, shape, generator=gen, dtype=dtype)
 
 
-def check_pull(target, args, kwargs=None):
-    """Evaluates target's pull mappings at every output index and compares with torch; returns them."""
+def pull_of(target, args, kwargs=None):
+    """(target's pull mappings, torch's outputs, {name: tensor}) with the tensor arguments named t0, t1, ..."""
     kwargs = kwargs or {}
     names = iter(f"t{k}" for k in range(100))
     env: dict[str, torch.Tensor] = {}
@@ -33,10 +34,20 @@ def check_pull(target, args, kwargs=None):
     sargs, skwargs = pytree.tree_map(to_src, (args, kwargs))
     expected = target(*args, **kwargs)
     expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
-    maps = pull(target, sargs, skwargs, [e.shape for e in expected])
+    return pull(target, sargs, skwargs, [e.shape for e in expected]), expected, env
+
+
+def realize(m, env):
+    """The tensor mapping m describes, its derived index tensors computed first (as the executor does)."""
+    return gather(m, {**env, **derive_index_tensors(m, env)})
+
+
+def check_pull(target, args, kwargs=None):
+    """Evaluates target's pull mappings at every output index and compares with torch; returns them."""
+    maps, expected, env = pull_of(target, args, kwargs)
     assert len(maps) == len(expected)
     for m, e in zip(maps, expected):
-        got = gather(m, env)
+        got = realize(m, env)
         assert got.shape == e.shape, (str(m), got.shape, e.shape)
         assert got.dtype == e.dtype, (got.dtype, e.dtype)
         torch.testing.assert_close(got, e, rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{target} mapping {m}: {s}")
@@ -61,17 +72,24 @@ def check_push(target, args, kwargs=None):
     expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
     pushes = push(target, sargs, skwargs, [e.shape for e in expected])
     assert pushes, f"{target} defines no push mapping"
-    from vtc.index.expr import evaluate
     for src_name, m in pushes.items():
         x = env[src_name]
         n = len(m.shape)
         venv = {f"i{k}": torch.arange(s).reshape([s if j == k else 1 for j in range(n)]) for k, s in enumerate(m.shape)}
         idx_t = {k: env[k] for k in m.index_tensors}
+        for c in m.checks:
+            c.run(env[c.tensor])
+        taken = torch.zeros(m.shape, dtype=torch.bool)  # the first piece whose predicate holds applies
         for p in m.pieces:
             assert p.source is not None and p.source.startswith("out")
             out = expected[int(p.source[3:])]
-            mask = torch.broadcast_to(evaluate(p.when, venv, idx_t).bool(), m.shape)
+            assert tuple(out.shape) == m.sources[p.source], (p.source, out.shape, m.sources[p.source])
+            mask = torch.broadcast_to(evaluate(p.when, venv, idx_t).bool(), m.shape) & ~taken
+            taken = taken | mask
             where = [torch.broadcast_to(evaluate(i, venv, idx_t), m.shape)[mask] for i in p.index]
+            for k, (w, size) in enumerate(zip(where, out.shape)):
+                inside = bool(((w >= 0) & (w < size)).all())
+                assert inside, f"{target} push of {src_name} {m}: dim {k} leaves [0, {size})"
             torch.testing.assert_close(out[tuple(where)], x[mask], rtol=0, atol=0,
                                        msg=lambda s: f"{target} push of {src_name} {m}: {s}")
     return pushes

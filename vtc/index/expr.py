@@ -116,9 +116,11 @@ def const(v: int) -> Expr:
 
 
 def var(name: str, extent: int) -> Expr:
-    """A loop index named `name` ranging over [0, extent-1]."""
+    """A loop index named `name` ranging over [0, extent-1]; the constant 0 when extent is 1."""
     if extent < 1:
         raise ValueError(f"variable {name!r} needs an extent >= 1, got {extent}")
+    if extent == 1:  # canonical: x + 0 and x must be the same expression
+        return const(0)
     return Expr("var", (name, int(extent)), 0, int(extent) - 1)
 
 
@@ -253,6 +255,17 @@ def _floor(x: float, d: int) -> float:
     return x if math.isinf(x) else x // d
 
 
+def _split_multiple(c: int, terms: dict[Expr, int], d: int) -> tuple[int, Expr, Expr] | None:
+    """(g, y, r) with c + terms == g*y + r, g > 1 dividing d and 0 <= r < g; the largest such g."""
+    for g in sorted({math.gcd(d, k) for k in terms.values()} - {1}, reverse=True):
+        y = {t: k // g for t, k in terms.items() if k % g == 0}
+        rest = {t: k for t, k in terms.items() if k % g != 0}
+        r = _make_sum(c, dict(rest))
+        if y and r.lo >= 0 and r.hi < g:
+            return g, _make_sum(0, y), r
+    return None
+
+
 def floordiv(a: ExprLike, d: ExprLike) -> Expr:
     """floor(a / d) for a constant d > 0."""
     a, d = lift(a), _positive_divisor(d, "floordiv")
@@ -277,9 +290,10 @@ def floordiv(a: ExprLike, d: ExprLike) -> Expr:
         r = c % d
         if out or q:
             return add(_make_sum(q, out), floordiv(_make_sum(r, rest), d))
-        g = math.gcd(d, *rest.values())
-        if g > 1 and r < g:  # floor((g*y + r) / d) == floor(y / (d/g)) when 0 <= r < g
-            return floordiv(_make_sum(0, {t: k // g for t, k in rest.items()}), d // g)
+        split = _split_multiple(c, terms, d)
+        if split:  # floor((g*y + r) / d) == floor(y / (d/g)) when g | d and 0 <= r < g
+            g, y, _ = split
+            return floordiv(y, d // g)
     return Expr("floordiv", (a, d), _floor(a.lo, d), _floor(a.hi, d))
 
 
@@ -296,13 +310,20 @@ def mod(a: ExprLike, m: ExprLike) -> Expr:
         return mod(a.args[0], m)
     if a.op == "sum":
         c, terms = _terms(a)
+        inner = [t for t in terms if t.op == "mod" and t.args[1] % m == 0]
+        if inner:  # (k*(y % M) + z) mod m == (k*y + z) mod m when m | M
+            out = _make_sum(c, {t: k for t, k in terms.items() if t not in inner})
+            for t in inner:
+                out = add(out, mul(t.args[0], terms[t]))
+            return mod(out, m)
         rest = {t: k for t, k in terms.items() if k % m != 0}
         r = c % m
         if len(rest) != len(terms) or r != c:
             return mod(_make_sum(r, rest), m)
-        g = math.gcd(m, *rest.values())
-        if g > 1 and 0 <= r < g:  # (g*y + r) mod m == g*(y mod m/g) + r when 0 <= r < g
-            return add(mul(mod(_make_sum(0, {t: k // g for t, k in rest.items()}), m // g), g), r)
+        split = _split_multiple(c, terms, m)
+        if split:  # (g*y + r) mod m == g*(y mod m/g) + r when g | m and 0 <= r < g
+            g, y, rem = split
+            return add(mul(mod(y, m // g), g), rem)
     lo, hi = 0, m - 1
     if a.lo >= 0 and a.hi - a.lo < m and a.lo % m <= a.hi % m:
         lo, hi = a.lo % m, a.hi % m

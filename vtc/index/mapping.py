@@ -31,7 +31,7 @@ from vtc.index.expr import (TRUE, Expr, affine, and_, evaluate, lift, load, load
 
 
 def out_vars(shape: Iterable[int]) -> tuple[Expr, ...]:
-    """The index variables i0, i1, ... of a tensor of this shape."""
+    """The index variables i0, i1, ... of a tensor of this shape (the constant 0 for a size-1 dim)."""
     return tuple(var(f"i{k}", max(int(s), 1)) for k, s in enumerate(shape))
 
 
@@ -107,7 +107,7 @@ class Mapping:
         return out_vars(self.shape)
 
     def __str__(self) -> str:
-        head = f"({', '.join(v.args[0] for v in self.vars)}) in {list(self.shape)} -> "
+        head = f"({', '.join(f'i{k}' for k in range(len(self.shape)))}) in {list(self.shape)} -> "
         if len(self.pieces) == 1:
             return head + str(self.pieces[0])
         return head + "\n  " + "\n  ".join(str(p) for p in self.pieces)
@@ -131,7 +131,7 @@ class Mapping:
         if form is None:
             return None
         offset, coeffs = form
-        names = [v.args[0] for v in self.vars]
+        names = [f"i{k}" for k in range(len(self.shape))]
         strides = tuple(coeffs.pop(n, 0) for n in names)
         if coeffs:  # pragma: no cover - the index only uses output variables
             return None
@@ -182,7 +182,7 @@ def compose(outer: Mapping, inner: TMapping[str, Mapping]) -> Mapping:
         if tuple(m.shape) != tuple(outer.sources[p.source]):
             raise ValueError(f"cannot compose: {p.source!r} has shape {outer.sources[p.source]} in the outer "
                              f"mapping but its mapping produces {m.shape}")
-        env = {v.args[0]: e for v, e in zip(m.vars, p.index)}
+        env = {f"i{k}": e for k, e in enumerate(p.index)}
         for q in m.pieces:
             when = and_(p.when, subs(q.when, env))
             pieces.append(Piece(q.source, tuple(subs(i, env) for i in q.index), when, q.fill))
@@ -208,6 +208,8 @@ def gather(m: Mapping, tensors: TMapping[str, torch.Tensor]) -> torch.Tensor:
     dtype = next((tensors[p.source].dtype for p in m.pieces if p.source), None)
     if dtype is None:
         dtype = torch.tensor(m.pieces[-1].fill).dtype
+    if 0 in m.shape:
+        return torch.empty(m.shape, dtype=dtype)
     n = len(m.shape)
     env = {f"i{k}": torch.arange(s).reshape([s if j == k else 1 for j in range(n)])
            for k, s in enumerate(m.shape)}

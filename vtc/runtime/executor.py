@@ -24,7 +24,7 @@ import torch
 from vtc.index.mapping import gather
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization
-from vtc.virtual import movement
+from vtc.virtual.movement import derive_index_tensors
 
 
 @dataclass
@@ -132,9 +132,7 @@ class Executor:
             src = env[st.source].contiguous()
             return src.as_strided(m.shape, st.strides, src.storage_offset() + st.offset)
         tensors = {k: env[k] for k in [*m.sources, *m.index_tensors] if k in env}
-        derive = getattr(movement, "derive_index_tensors", None)  # TODO: direct import once defined
-        if derive is not None:
-            tensors.update(derive(m, tensors))
+        tensors.update(derive_index_tensors(m, tensors))
         return gather(m, tensors)
 
 

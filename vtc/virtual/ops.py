@@ -39,7 +39,7 @@ def packet_name(target: Any) -> str | None:
 
 def base_name(name: str) -> str:
     """``permute_copy`` -> ``permute`` (the _copy twins share one definition)."""
-    if name.endswith("_copy") and name[: -len("_copy")] in _BASE:
+    if name.endswith("_copy") and name not in _BASE and name[: -len("_copy")] in _BASE:
         return name[: -len("_copy")]
     return name
 

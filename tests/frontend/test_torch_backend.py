@@ -1,0 +1,70 @@
+"""torch.compile(backend="vtc"): graph breaks tolerated, results equal eager, vtc graphs really used."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vtc  # noqa: F401 - registers the backend
+from vtc.frontend import torch_backend
+
+
+@pytest.fixture
+def graphs(monkeypatch):
+    """Records every Graph the backend compiles."""
+    seen = []
+    real = torch_backend._compile_graph
+
+    def spy(graph):
+        seen.append(graph)
+        return real(graph)
+
+    monkeypatch.setattr(torch_backend, "_compile_graph", spy)
+    torch._dynamo.reset()
+    yield seen
+    torch._dynamo.reset()
+
+
+def test_graph_break_gives_eager_result(graphs, capsys):
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        y = torch.softmax(lin(x).transpose(0, 1), dim=-1)
+        s = y.sum().item()  # graph break
+        print("middle", s > 0)  # graph break
+        return (y * 2).reshape(-1) + s, None
+
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        got = torch.compile(f, backend="vtc")(x)
+        want = f(x)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert got[1] is None
+    assert len(graphs) >= 2  # one graph before the break, one after
+    assert "middle True" in capsys.readouterr().out
+    ops = {n.op for g in graphs for n in g.nodes}
+    assert {"aten.addmm.default", "aten._softmax.default", "aten.permute.default"} <= ops
+
+
+def test_module_with_training_mode_params(graphs):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+    x = torch.randn(2, 3, 8, 8)
+    got = torch.compile(m, backend="vtc")(x)  # params require grad: aot_autograd's forward graph
+    torch.testing.assert_close(got, m(x), rtol=1e-5, atol=1e-5)
+    got.sum().backward()  # the backward graph runs eagerly
+    assert m[0].weight.grad is not None
+    assert graphs and all(v.kind == "input" for v in graphs[0].inputs) and not graphs[0].consts
+
+
+def test_unrepresentable_subgraph_runs_eagerly(graphs):
+    def f(x):
+        return torch.nonzero(x > 0).float().sum(0)  # data-dependent output shape
+
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
+    try:
+        x = torch.randn(6, 2)
+        with pytest.warns(UserWarning, match="vtc: running a subgraph eagerly"):
+            got = torch.compile(f, backend="vtc")(x)
+    finally:
+        torch._dynamo.config.capture_dynamic_output_shape_ops = False
+    torch.testing.assert_close(got, f(x))

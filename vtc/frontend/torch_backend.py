@@ -1,0 +1,64 @@
+"""The ``torch.compile`` backend ``"vtc"``: dynamo graph -> ATen (aot_autograd) -> vtc Graph.
+
+Dynamo hands each captured subgraph (graph breaks split a model into several)
+to the backend as an FX graph of torch-level calls.  ``aot_autograd`` lowers it
+to core ATen (``core_aten_decompositions``); its forward/inference graph, whose
+placeholders are the parameters followed by the user inputs, goes through
+``graph_from_fx`` (every placeholder an ``input`` Value) and then
+``vtc.compiler.compile_graph``.  Backward graphs run eagerly.  A subgraph that vtc
+cannot represent (symbolic shapes, non-tensor results) runs eagerly with a warning.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch._dynamo
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from vtc.frontend.torch_export import CaptureError, graph_from_fx
+from vtc.ir.graph import Graph
+
+
+def _compile_graph(graph: Graph) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    from vtc.compiler import compile_graph  # late: vtc.compiler imports this package
+
+    return compile_graph(graph)
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    """aot_autograd's forward compiler: an ATen GraphModule -> a boxed callable running it with vtc."""
+    try:
+        graph = graph_from_fx(gm)
+    except CaptureError as e:
+        warnings.warn(f"vtc: running a subgraph eagerly: {e}", stacklevel=2)
+        return make_boxed_func(gm.forward)
+    fn = _compile_graph(graph)
+    consts = graph.meta["output_consts"]
+    n_out = len(graph.outputs) + len(consts)
+
+    def run(args: list) -> list:
+        flat = fn(list(args))
+        args.clear()  # boxed calling convention: let the inputs be freed
+        it = iter(flat)
+        return [consts[i] if i in consts else next(it) for i in range(n_out)]
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    run.vtc_graph = graph  # type: ignore[attr-defined]
+    return run
+
+
+def _eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    return make_boxed_func(gm.forward)
+
+
+vtc_backend = aot_autograd(
+    fw_compiler=compile_fx,
+    bw_compiler=_eager,
+    decompositions=torch._decomp.core_aten_decompositions,  # called lazily by aot_autograd
+)
+
+if "vtc" not in torch._dynamo.backends.registry._COMPILER_FNS:
+    torch._dynamo.register_backend(vtc_backend, name="vtc")

@@ -1,0 +1,268 @@
+"""torch.export frontend: a model (or function) -> ExportedProgram (core ATen) -> vtc Graph.
+
+``export_graph`` runs ``torch.export.export(strict=False)`` under ``no_grad`` and
+``run_decompositions()`` (the core ATen op set), then ``graph_from_fx`` turns the
+ATen fx graph into vtc's IR:
+
+- placeholders that the graph signature names as parameters, buffers or lifted
+  tensor constants become ``const`` Values holding their tensor; user inputs
+  become ``input`` Values in torch.export's flat order (non-tensor user inputs,
+  which export specialises, are kept aside in ``graph.meta["input_consts"]``);
+- each ATen call becomes a Node whose kind comes from ``vtc.ir.ops.classify``
+  (an unknown op is a ``fallback``, still runnable);  ``operator.getitem`` on a
+  multi-output op is folded into that node's ``outputs`` (named ``<node>_<i>``),
+  assertion ops are dropped;  shapes and dtypes come from ``meta["val"]``;
+- ``Graph.in_spec``/``out_spec`` are torch.export's pytree specs of
+  ``(args, kwargs)`` and of what the model returns: ``flatten_inputs`` and
+  ``unflatten_outputs`` go between them and the graph's flat tensor lists
+  (non-tensor outputs are kept in ``graph.meta["output_consts"]``).
+
+Only static shapes are supported: a symbolic size raises ``CaptureError``.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from vtc.ir.graph import Graph, Node, Value
+from vtc.ir.ops import classify
+
+_TRY_COMPILE = 'Try torch.compile(model, backend="vtc"), which tolerates graph breaks.'
+
+
+class CaptureError(RuntimeError):
+    """torch.export could not capture the model, or its graph uses what vtc cannot represent."""
+
+
+def _as_module(fn: Callable) -> torch.nn.Module:
+    """Wraps a plain callable in an nn.Module whose forward has fn's signature (so inputs keep their names)."""
+
+    class FnModule(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return fn(*args, **kwargs)
+
+    try:
+        sig = inspect.signature(fn)
+        self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)
+        FnModule.forward.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    except (TypeError, ValueError):  # a builtin without a signature: args_0, args_1, ...
+        pass
+    return FnModule()
+
+
+def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
+    """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
+    model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
+    args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
+        model_or_fn, "__name__", repr(model_or_fn))
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, args, example_kwargs, strict=False).run_decompositions()
+    except Exception as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
+        cause = f"{type(e).__name__}: " + "\n    ".join(lines)
+        raise CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}") from e
+
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    consts: dict[str, torch.Tensor] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+            consts[spec.arg.name] = t.detach()
+        elif spec.kind != InputKind.USER_INPUT:
+            raise CaptureError(f"{name}: graph input {spec.arg.name} of kind {spec.kind.name} "
+                               f"({spec.target}) is not supported by vtc")
+    bad = [f"{s.arg.name} ({s.kind.name} of {s.target})" for s in ep.graph_signature.output_specs
+           if s.kind != OutputKind.USER_OUTPUT]
+    if bad:
+        raise CaptureError(f"{name} mutates state, which vtc does not support: {', '.join(bad)}. "
+                           "Call model.eval() and build transformers models with use_cache=False.")
+    try:
+        graph = graph_from_fx(ep.graph_module, consts, in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec)
+    except CaptureError as e:
+        raise CaptureError(f"{name}: {e}\n{_TRY_COMPILE}") from e
+    graph.meta["source"] = f"torch.export of {name}"
+    return graph
+
+
+# ----------------------------------------------------------------------------- fx -> Graph
+
+# ops with no result that only check things: dropped
+_DROPPED = ("_assert", "sym_constrain_range", "_check", "_functional_sym_constrain_range")
+
+
+def graph_from_fx(
+    gm: fx.GraphModule | fx.Graph,
+    consts: dict[str, torch.Tensor] | None = None,
+    in_spec: Any = None,
+    out_spec: Any = None,
+) -> Graph:
+    """An ATen fx graph -> Graph; placeholders named in ``consts`` become const Values."""
+    fx_graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
+    module = gm if isinstance(gm, fx.GraphModule) else fx_graph.owning_module
+    consts = consts or {}
+    taken = {n.name for n in fx_graph.nodes}
+    env: dict[fx.Node, Any] = {}
+    inputs: list[Value] = []
+    const_vals: list[Value] = []
+    nodes: list[Node] = []
+    outs: list[Value] = []
+    meta: dict[str, Any] = {"input_consts": {}, "output_consts": {}}
+    n_user = 0
+
+    def const(name: str, t: torch.Tensor) -> Value:
+        v = Value(name, tuple(t.shape), t.dtype, "const", data=t)
+        const_vals.append(v)
+        return v
+
+    def lookup(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            v = env.get(a)
+            if v is None or isinstance(v, (bool, int, float, str)):
+                return v  # a specialised non-tensor input
+            if not isinstance(v, Value):
+                raise CaptureError(f"{a.name} is used as a tensor but is {v!r} (a {type(v).__name__})")
+            return v
+        if isinstance(a, torch.Tensor):  # a tensor baked into the arguments
+            name = _fresh("_tensor_constant", taken)
+            return const(name, a.detach())
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise CaptureError(f"symbolic value {a} in the arguments; vtc supports static shapes only")
+        return a
+
+    for n in fx_graph.nodes:
+        if n.op == "placeholder":
+            val = n.meta.get("val")
+            if n.name in consts:
+                env[n] = const(n.name, consts[n.name])
+            elif isinstance(val, torch.Tensor):
+                env[n] = Value(n.name, _static_shape(n.name, val), val.dtype, "input")
+                inputs.append(env[n])
+            elif val is None or isinstance(val, (bool, int, float, str)):
+                meta["input_consts"][n_user] = val  # a non-tensor input that export specialised
+                env[n] = val
+            else:
+                raise CaptureError(f"input {n.name} is a {type(val).__name__} ({val}); vtc supports "
+                                   "tensor inputs with static shapes and constant non-tensor inputs")
+            n_user += n.name not in consts
+        elif n.op == "get_attr":
+            obj = module
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            if not isinstance(obj, torch.Tensor):
+                raise CaptureError(f"{n.name}: attribute {n.target} is a {type(obj).__name__}, not a tensor "
+                                   "(higher-order ops such as cond/while_loop are not supported)")
+            env[n] = const(n.name, obj.detach())
+        elif n.op == "call_function":
+            if n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
+                env[n] = env[n.args[0]][n.args[1]]
+                continue
+            if _is_check(n.target):
+                continue
+            args, kwargs = _plain(n.args, lookup), _plain(dict(n.kwargs), lookup)
+            outputs = _outputs(n, taken)
+            nodes.append(Node(n.name, n.target, args, kwargs, outputs, classify(n.target, args, kwargs)))
+            env[n] = outputs[0] if isinstance(n.meta.get("val"), torch.Tensor) else outputs
+        elif n.op == "output":
+            for i, leaf in enumerate(pytree.tree_leaves(n.args[0], is_leaf=lambda x: x is None)):
+                v = env[leaf] if isinstance(leaf, fx.Node) else leaf
+                if isinstance(v, Value):
+                    outs.append(v)
+                elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool, tuple)):
+                    raise CaptureError(f"graph output {i} is {v!r}; vtc supports tensor outputs")
+                else:
+                    meta["output_consts"][i] = v
+        else:
+            raise CaptureError(f"{n.name}: fx op {n.op!r} ({n.target}) is not an ATen call; "
+                               "graph_from_fx takes ATen graphs (export + run_decompositions)")
+    return Graph(inputs, const_vals, nodes, outs, in_spec=in_spec, out_spec=out_spec, meta=meta)
+
+
+def _plain(a: Any, leaf: Callable) -> Any:
+    """fx's immutable lists/dicts -> plain lists/tuples/dicts, with ``leaf`` applied to the rest."""
+    if isinstance(a, tuple):
+        return tuple(_plain(x, leaf) for x in a)
+    if isinstance(a, list):
+        return [_plain(x, leaf) for x in a]
+    if isinstance(a, dict):
+        return {k: _plain(v, leaf) for k, v in a.items()}
+    return leaf(a)
+
+
+def _is_check(target: Any) -> bool:
+    """Assertion ops with no result (``_assert_tensor_metadata``, ``_assert_async``, ...)."""
+    if not isinstance(target, torch._ops.OpOverload) or target._schema.returns:
+        return False
+    if target._opname.startswith(_DROPPED):
+        return True
+    raise CaptureError(f"{target}: an op with side effects and no result; vtc does not keep side effects")
+
+
+def _static_shape(name: str, t: torch.Tensor) -> tuple[int, ...]:
+    if any(not isinstance(s, int) for s in t.shape):
+        raise CaptureError(f"%{name} has symbolic shape {list(t.shape)}; vtc supports static shapes only "
+                           "(export without dynamic_shapes, or torch.compile(..., dynamic=False))")
+    return tuple(t.shape)
+
+
+def _outputs(n: fx.Node, taken: set[str]) -> tuple[Value, ...]:
+    """The Values an fx call produces: one per tensor of ``meta["val"]``."""
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return (Value(n.name, _static_shape(n.name, val), val.dtype),)
+    if not isinstance(val, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in val):
+        what = "no recorded result" if val is None else f"a {type(val).__name__} result {val!r:.80}"
+        raise CaptureError(f"{n.name} ({n.target}) has {what}; vtc supports ops whose results are tensors")
+    base = n.name
+    while any(f"{base}_{i}" in taken for i in range(len(val))):
+        base += "_"
+    names = [f"{base}_{i}" for i in range(len(val))]
+    taken.update(names)
+    return tuple(Value(nm, _static_shape(nm, t), t.dtype) for nm, t in zip(names, val))
+
+
+def _fresh(prefix: str, taken: set[str]) -> str:
+    i = 0
+    while f"{prefix}{i}" in taken:
+        i += 1
+    taken.add(f"{prefix}{i}")
+    return f"{prefix}{i}"
+
+
+# ----------------------------------------------------------------------------- specs
+
+def flatten_inputs(graph: Graph, args: Any, kwargs: dict | None = None) -> list[torch.Tensor]:
+    """The user's ``(args, kwargs)`` -> the graph's flat input tensors (checked against ``in_spec``)."""
+    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
+    kwargs = dict(kwargs or {})
+    spec = graph.in_spec
+    if spec is not None and spec.num_children == 2 and spec.child(1).type is dict:
+        keys = list(spec.child(1).context)
+        if set(keys) == set(kwargs):
+            kwargs = {k: kwargs[k] for k in keys}  # torch.export's keyword order
+    leaves, got = pytree.tree_flatten((args, kwargs))
+    if spec is not None and got != spec:
+        raise ValueError(f"inputs do not match the captured structure:\n  expected {spec}\n  received {got}")
+    consts = graph.meta.get("input_consts", {})
+    for i, c in consts.items():
+        if isinstance(leaves[i], torch.Tensor) or leaves[i] != c:
+            raise ValueError(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
+                             "capture again for a new value")
+    return [leaf for i, leaf in enumerate(leaves) if i not in consts]
+
+
+def unflatten_outputs(graph: Graph, flat: list[torch.Tensor]) -> Any:
+    """The graph's flat output tensors -> what the model returns (via ``out_spec``)."""
+    consts = graph.meta.get("output_consts", {})
+    it = iter(flat)
+    leaves = [consts[i] if i in consts else next(it) for i in range(len(flat) + len(consts))]
+    if graph.out_spec is None:
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+    return pytree.tree_unflatten(leaves, graph.out_spec)
