@@ -1,0 +1,1 @@
+"""Subcommands of the `vtc` command line (see vtc/cli.py)."""
