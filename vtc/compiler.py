@@ -29,7 +29,8 @@ from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
 PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none}
-OPTIONS = {"plan": "all", "oracle": False, "max_specializations": 8}
+OPTIONS = {"plan": "all", "backend": "torch", "oracle": False, "max_specializations": 8}
+BACKENDS = ("torch", "cpu")
 
 
 @dataclass
@@ -50,13 +51,15 @@ def check_options(options: dict) -> dict:
     out = {**OPTIONS, **options}
     if out["plan"] not in PLANS:
         raise ValueError(f"plan={out['plan']!r} is not one of {sorted(PLANS)}")
+    if out["backend"] not in BACKENDS:
+        raise ValueError(f"backend={out['backend']!r} is not one of {list(BACKENDS)}")
     return out
 
 
 def specialize(graph: Graph, options: dict) -> Specialization:
     """Plans and schedules a captured graph."""
     plan = PLANS[options["plan"]](graph)
-    executor = Executor(graph, plan, oracle=options["oracle"])
+    executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"])
     return Specialization(graph, plan, executor, build_report(graph, plan, executor))
 
 

@@ -100,6 +100,8 @@ def _mb(n: int) -> str:
 def build_report(graph: Graph, plan: Plan, executor) -> Report:
     """The report of `graph` run by `executor` under `plan`."""
     realized_as = {s.realization.value: s.kind for s in executor.steps if s.realization is not None}
+    copies = [s for s in executor.steps if s.kind == "kernel" and s.kernel.step.kernel.kind == "copy"]
+    realized_as.update({s.kernel.outputs[0].name: "gather" for s in copies})  # a copy kernel is a gather
     movement, eliminated = [], 0
     for n in graph.nodes:
         if n.kind != "movement":
@@ -120,14 +122,14 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         chains.append(ChainEntry(name, [n.name for n in nodes], [n.op.split(".")[1] if n.op.startswith("aten.") else n.op for n in nodes],
                                  str(r.mapping), kind, r.strided is not None, values[name].nbytes))
     runs = [s for s in executor.steps if s.kind == "run"]
-    moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather")
+    moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather") + sum(s.out_bytes for s in copies)
     moved += sum(s.out_bytes for s in runs if s.node.kind == "movement")
     return Report(
         plan=plan.mode,
         movement_ops=len(movement),
         eliminated_movement_ops=eliminated,
         materialized_movement_bytes=moved,
-        kernels=sum(1 for s in executor.steps if s.kind in ("run", "gather")),
+        kernels=sum(1 for s in executor.steps if s.kind in ("run", "gather", "kernel")),
         fallback_ops=[n.op for n in graph.nodes if n.kind == "fallback"],
         peak_memory_bytes=executor.peak_bytes,
         movement=movement,

@@ -17,6 +17,7 @@ Calls share no mutable state, so one executor may run in several threads.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -29,11 +30,12 @@ from vtc.virtual.movement import derive_index_tensors
 
 @dataclass
 class Step:
-    """One thing the executor does: run a node, or make a virtual value physical."""
+    """One thing the executor does: run a node, call a kernel, or make a virtual value physical."""
 
-    kind: str  # "run" | "view" | "gather"
+    kind: str  # "run" | "view" | "gather" | "kernel"
     node: Node | None = None
     realization: Realization | None = None
+    kernel: "CompiledKernel | None" = None
     out_bytes: int = 0  # bytes of the buffers this step allocates
     frees: tuple[str, ...] = ()  # values whose last reader is this step
 
@@ -41,6 +43,8 @@ class Step:
     def reads(self) -> list[str]:
         if self.node is not None:
             return [v.name for v in self.node.inputs]
+        if self.kernel is not None:
+            return self.kernel.reads
         m = self.realization.mapping
         return [*m.sources, *m.index_tensors]
 
@@ -48,21 +52,30 @@ class Step:
     def writes(self) -> list[str]:
         if self.node is not None:
             return [v.name for v in self.node.outputs]
+        if self.kernel is not None:
+            return [b.name for b in self.kernel.outputs]
         return [self.realization.value]
 
 
 class Executor:
-    """Runs `graph` under `plan`; a call maps flat input tensors to flat output tensors."""
+    """Runs `graph` under `plan`; a call maps flat input tensors to flat output tensors.
 
-    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False) -> None:
-        self.graph, self.plan, self.oracle = graph, plan, oracle
+    backend="torch" runs compute through torch and realises virtual tensors by
+    views and gathers; backend="cpu" runs generated C++ kernels (vtc.codegen)
+    and torch only for library nodes.
+    """
+
+    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch") -> None:
+        self.graph, self.plan, self.oracle, self.backend = graph, plan, oracle, backend
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
-        self.steps = self._schedule()
+        self.lowering = None
+        self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
         self.peak_bytes = self._liveness()
 
     # -- building -------------------------------------------------------------
     def _realize_step(self, name: str) -> Step:
+        """A view or gather step for virtual value `name` (torch backend)."""
         r = self.plan.realized[name]
         kind = "gather" if self.oracle or r.strided is None else "view"
         nbytes = self.values[name].nbytes if kind == "gather" else 0
@@ -82,6 +95,24 @@ class Executor:
             if self.plan.is_virtual(v.name) and v.name not in done:
                 steps.append(self._realize_step(v.name))
                 done.add(v.name)
+        return steps
+
+    def _schedule_cpu(self) -> list[Step]:
+        """Steps from the code generator's lowering; every kernel built (in parallel) before returning."""
+        from vtc.codegen.lower import lower
+
+        self.lowering, lowered = lower(self.graph, self.plan)
+        ksteps = [payload for kind, payload in lowered if kind == "kernel"]
+        compiled = dict(zip((id(k) for k in ksteps), build_kernels(ksteps)))
+        steps: list[Step] = []
+        for kind, payload in lowered:
+            if kind == "run":
+                steps.append(Step("run", node=payload, out_bytes=sum(v.nbytes for v in payload.outputs)))
+            elif kind == "view":
+                steps.append(Step("view", realization=self.plan.realized[payload]))
+            else:
+                ck = compiled[id(payload)]
+                steps.append(Step("kernel", kernel=ck, out_bytes=sum(b.nbytes for b in ck.outputs)))
         return steps
 
     def _liveness(self) -> int:
@@ -117,6 +148,9 @@ class Executor:
                     outs = [_own(t, [env[v.name] for v in s.node.inputs]) for t in outs]
                 for v, t in zip(s.node.outputs, outs):
                     env[v.name] = t
+            elif s.kind == "kernel":
+                for b, t in zip(s.kernel.outputs, s.kernel(env)):
+                    env[b.name] = t
             else:
                 env[s.realization.value] = self._realize(s, env)
             for name in s.frees:
@@ -142,3 +176,58 @@ def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
     if any(x.untyped_storage().data_ptr() == ptr for x in inputs):
         return t.clone(memory_format=torch.contiguous_format)
     return t
+
+
+class CompiledKernel:
+    """A generated kernel loaded from its shared library, called on tensors looked up by name."""
+
+    def __init__(self, step, fn) -> None:
+        from vtc.codegen.cpp import buffer_order
+
+        self.step, self.fn = step, fn
+        k = step.kernel
+        self.order = buffer_order(k)
+        stored = {st.buffer.name for st in k.stores}
+        self.outputs = [b for b in self.order if b.name in stored]
+        self.inputs = [b for b in self.order if b.name not in stored]
+        self.reads = [b.name for b in self.inputs]
+
+    def __call__(self, env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        k = self.step
+        for c in k.checks:
+            c.run(env[c.tensor])
+        local = {b.name: env[b.name] for b in self.inputs if b.name in env}
+        for m in k.derived:
+            local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local}))
+        outs = [torch.empty(b.shape, dtype=b.dtype) for b in self.outputs]
+        tensors = []
+        for b in self.inputs:
+            t = local[b.name]
+            if t.dtype != b.dtype or tuple(t.shape) != tuple(b.shape):
+                raise RuntimeError(f"kernel {k.kernel.name}: buffer {b.name} is {t.dtype} {list(t.shape)}, "
+                                   f"generated for {b.dtype} {list(b.shape)}")
+            tensors.append(t if t.is_contiguous() else t.contiguous())
+        tensors += outs
+        ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+        self.fn(ptrs)
+        return outs
+
+
+KERNELS_PER_LIBRARY = 24
+
+
+def build_kernels(steps: list) -> list[CompiledKernel]:
+    """Generates, compiles (in parallel, cached on disk) and loads the kernels of `steps`."""
+    from vtc.codegen.cpp import PRELUDE, generate
+    from vtc.runtime import cbuild
+
+    chunks = [steps[i:i + KERNELS_PER_LIBRARY] for i in range(0, len(steps), KERNELS_PER_LIBRARY)]
+    sources = [PRELUDE + "".join(generate(s.kernel).replace(PRELUDE, "") for s in chunk) for chunk in chunks]
+    libs = cbuild.build_many(sources, name="vtc")
+    out = []
+    for chunk, lib in zip(chunks, libs):
+        for s in chunk:
+            fn = getattr(lib, s.kernel.name)
+            fn.argtypes, fn.restype = [ctypes.c_void_p], None
+            out.append(CompiledKernel(s, fn))
+    return out

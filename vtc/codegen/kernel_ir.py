@@ -1,0 +1,171 @@
+"""Kernel IR: what one generated kernel loads, computes and stores.
+
+A kernel iterates over a *domain* (the shape of what it stores) and, for
+reductions and row kernels, over one reduced index ``r`` per output element.
+Its three stages:
+
+- **load**: ``Scalar("load", (buffer, index))`` leaves read a physical buffer at
+  an index expression of the index algebra.  Virtual tensors appear only here:
+  the index is a composed mapping, and a piece chosen by an index predicate is
+  a ``Scalar("pick", (predicate, a, b))``; a padding fill is a constant.
+- **compute**: a DAG of scalar ops (``unary``/``binary``/``where``/``cast``/
+  ``const``/``iota``), the same whether the inputs were physical or virtual.
+- **store**: each output buffer is written at the domain index (contiguous).
+
+Scalars are hash-consed (``Scalar.make``), so common subexpressions are shared
+and the code generators can emit each once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vtc.index.expr import Expr
+
+_TABLE: dict[tuple, "Scalar"] = {}
+
+
+class Scalar:
+    """A hash-consed scalar expression node with a torch dtype."""
+
+    __slots__ = ("op", "args", "dtype", "__weakref__")
+
+    def __init__(self, op: str, args: tuple, dtype: torch.dtype) -> None:
+        self.op, self.args, self.dtype = op, args, dtype
+
+    @staticmethod
+    def make(op: str, args: tuple, dtype: torch.dtype) -> "Scalar":
+        """The unique node for (op, args, dtype)."""
+        key = (op, args, dtype)
+        hit = _TABLE.get(key)
+        if hit is None:
+            hit = _TABLE[key] = Scalar(op, args, dtype)
+        return hit
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.op}, {self.args!r}, {self.dtype})"
+
+
+def clear_cache() -> None:
+    """Forgets hash-consed scalars (between compilations, to bound memory)."""
+    _TABLE.clear()
+
+
+def const(value: float | int | bool, dtype: torch.dtype) -> Scalar:
+    """A constant of `dtype`."""
+    if dtype == torch.bool:
+        value = bool(value)
+    elif not dtype.is_floating_point:
+        value = int(value)
+    else:
+        value = float(value)
+    return Scalar.make("const", (value,), dtype)
+
+
+def load(buffer: str, index: tuple[Expr, ...], dtype: torch.dtype) -> Scalar:
+    """buffer[index] (a physical tensor read at an index expression)."""
+    return Scalar.make("load", (buffer, index), dtype)
+
+
+def iota(e: Expr, dtype: torch.dtype) -> Scalar:
+    """The integer value of index expression `e`, as `dtype` (arange and friends)."""
+    return Scalar.make("iota", (e,), dtype)
+
+
+def cast(x: Scalar, dtype: torch.dtype) -> Scalar:
+    """x converted to dtype (identity when it already is)."""
+    if x.dtype == dtype:
+        return x
+    if x.op == "const":
+        return const(x.args[0], dtype)
+    return Scalar.make("cast", (x,), dtype)
+
+
+def unary(fn: str, x: Scalar, dtype: torch.dtype | None = None) -> Scalar:
+    """fn(x), fn one of the names the code generators know (exp, tanh, ...)."""
+    return Scalar.make("unary", (fn, x), dtype or x.dtype)
+
+
+def binary(fn: str, a: Scalar, b: Scalar, dtype: torch.dtype | None = None) -> Scalar:
+    """fn(a, b), fn one of add, sub, mul, div, max, min, pow, lt, ..."""
+    return Scalar.make("binary", (fn, a, b), dtype or a.dtype)
+
+
+def where(c: Scalar, a: Scalar, b: Scalar) -> Scalar:
+    """a if c else b (c computed by the compute stage)."""
+    return Scalar.make("where", (c, a, b), a.dtype)
+
+
+def pick(p: Expr, a: Scalar, b: Scalar) -> Scalar:
+    """a if index predicate p holds else b (only the chosen side is loaded)."""
+    if p.is_const:
+        return a if p.value else b
+    return Scalar.make("pick", (p, a, b), a.dtype)
+
+
+def acc(name: str, dtype: torch.dtype) -> Scalar:
+    """The value of a row kernel's named accumulator (e.g. the row max of a softmax)."""
+    return Scalar.make("acc", (name,), dtype)
+
+
+@dataclass
+class Buffer:
+    """A physical tensor a kernel reads or writes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.empty((), dtype=self.dtype).element_size()
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass
+class Reduction:
+    """One accumulator of a row kernel: acc = combine(acc, value) over r in [0, extent)."""
+
+    name: str
+    combine: str  # "sum" | "max" | "min" | "prod" | "any" | "all"
+    value: Scalar  # over the domain index and r
+    dtype: torch.dtype
+
+
+@dataclass
+class Store:
+    """buffer[index] = value; a per_r store is done for every r of the row, else once per row."""
+
+    buffer: Buffer
+    index: tuple[Expr, ...]
+    value: Scalar
+    per_r: bool = False
+
+
+@dataclass
+class Kernel:
+    """One generated kernel: loops over `domain` (and r), computes, stores.
+
+    Domain variables are ``i0, i1, ...``; a row kernel also has ``r`` in
+    [0, r_extent).  `phases` are its reduction passes over r, in order; a pass
+    may read the accumulators of earlier passes (``acc``), and so may the
+    stores.  A pointwise kernel has no phases and r_extent 0.
+    """
+
+    name: str
+    kind: str  # "pointwise" | "row"
+    domain: tuple[int, ...]
+    r_extent: int
+    phases: list[list[Reduction]]
+    stores: list[Store]
+    inputs: list[Buffer] = field(default_factory=list)
+    source_nodes: list[str] = field(default_factory=list)  # graph nodes this kernel computes

@@ -1,0 +1,416 @@
+"""Lowering a planned graph to generated kernels and framework calls.
+
+Every value ends up in one of these states:
+
+- **physical**: inputs, parameters, outputs of library nodes (GEMM, conv,
+  fallbacks, anything without a code-generator definition), outputs of kernels;
+- **virtual**: a movement op's output (from the plan), read through its
+  composed mapping by every kernel that needs it;
+- **inline**: a pointwise value computed inside the one kernel that reads it
+  (producer-consumer fusion), never stored.
+
+A value is read by *readers*: kernels, library nodes, the graph's outputs.  A
+pointwise value is inlined when exactly one kernel reads it (through any chain
+of virtual tensors and other inlined values), or when it loads nothing (a
+constant or an index ramp, free to recompute).  A virtual value that a library
+node or the graph output needs is *realised*: as a zero-copy strided view when
+its mapping is one (``plan.realized[..].strided``), else by a copy kernel that
+reads through the mapping (and inlines its single-use producers).
+
+``lower(graph, plan)`` returns the steps in graph order; every decision that
+keeps something physical is visible in the kernels' ``source_nodes`` and in the
+report.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
+from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
+from vtc.index.expr import Expr, const, loads, subs, var, walk
+from vtc.index.mapping import IndexCheck, Mapping, out_vars
+from vtc.ir.graph import Graph, Node, Value
+from vtc.plan.virtualize import Plan
+from vtc.virtual.movement import bind, delinearize
+
+OUTPUT, INDEX = "<output>", "<index>"
+
+
+@dataclass
+class KernelStep:
+    """A generated kernel with the range checks and derived index tensors it needs first."""
+
+    kernel: Kernel
+    checks: list[IndexCheck] = field(default_factory=list)
+    derived: list[Mapping] = field(default_factory=list)  # mappings whose derived index tensors to compute
+
+
+def broadcast_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The index into an operand of `in_shape` broadcast against `out_shape` (right-aligned)."""
+    lead = len(out_shape) - len(in_shape)
+    if lead < 0:
+        raise NotSupported(f"operand of shape {in_shape} is larger than the output {out_shape}")
+    return tuple(const(0) if s == 1 else idx[lead + k] for k, s in enumerate(in_shape))
+
+
+class Lowering:
+    """Decides physical / virtual / inline for every value and builds the kernels."""
+
+    def __init__(self, graph: Graph, plan: Plan) -> None:
+        self.graph, self.plan = graph, plan
+        self.values: dict[str, Value] = {v.name: v for v in graph.values()}
+        self.producer: dict[str, Node] = {o.name: n for n in graph.nodes for o in n.outputs}
+        self.users = graph.users()
+        self.outputs = {v.name for v in graph.outputs}
+        self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors}
+        self.kind = {n.name: self._classify(n) for n in graph.nodes}
+        self.why_torch: dict[str, str] = {}
+        self.inline: set[str] = set()
+        self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
+        self._readers: dict[str, frozenset[str]] = {}
+        self._decide()
+
+    # -- classification -------------------------------------------------------
+    def _classify(self, n: Node) -> str:
+        if n.kind == "movement":
+            return "kept" if n.name in self.plan.kept else "virtual"
+        for kind, table in (("pointwise", POINTWISE), ("row", ROW)):
+            fn = lookup(table, n.target)
+            if fn is None:
+                continue
+            bad = [v for v in [*n.inputs, *n.outputs] if v.dtype not in C_TYPES]
+            if bad:
+                self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
+                return "library"
+            try:
+                self._probe(n, kind)
+            except NotSupported as e:
+                self._torch(n, str(e))
+                return "library"
+            return kind
+        return "library"
+
+    def _torch(self, n: Node, why: str) -> None:
+        self.__dict__.setdefault("why_torch", {})[n.name] = why
+
+    def _probe(self, n: Node, kind: str) -> None:
+        """Runs n's definition against placeholder loads, to find out whether it is supported."""
+        ctx = _ProbeCtx(n)
+        args = bind(n.target, n.args, n.kwargs)
+        if kind == "pointwise":
+            if len(n.outputs) != 1:
+                raise NotSupported("pointwise op with several outputs")
+            ctx.index = out_vars(n.outputs[0].shape)
+            lookup(POINTWISE, n.target)(ctx, args, n.outputs[0])
+        else:
+            spec = lookup(ROW, n.target)(ctx, args, n.outputs)
+            for phase in spec.phases:
+                for _, _, value, _ in phase:
+                    value(ctx)
+            for _, value, _ in spec.stores:
+                value(ctx)
+
+    # -- who reads what -------------------------------------------------------
+    def readers(self, name: str) -> frozenset[str]:
+        """Who reads `name`: kernels and library nodes, through virtual and inlined values.
+
+        A virtual value that something other than a kernel reads directly (a
+        library node, the graph output, a mapping's index) shows up as the
+        reader ``realize:<name>``: the view or copy that makes it physical.
+        """
+        hit = self._readers.get(name)
+        if hit is not None:
+            return hit
+        direct = self._direct_readers(name)
+        out: set[str] = set()
+        for n in self.users.get(name, []):
+            k = self.kind[n.name]
+            if k == "virtual":
+                for o in n.outputs:
+                    out |= self.readers(o.name)
+            elif k == "pointwise" and n.outputs[0].name in self.inline:
+                out |= self.readers(n.outputs[0].name)
+        if self.plan.is_virtual(name):
+            out |= {r for r in direct if self._is_kernel(r)}
+            if any(not self._is_kernel(r) for r in direct):
+                out.add(f"realize:{name}")
+        else:
+            out |= direct
+        self._readers[name] = frozenset(out)
+        return self._readers[name]
+
+    def _direct_readers(self, name: str) -> set[str]:
+        """Readers of `name` itself: non-virtual, non-inlined nodes, the output, mapping indices."""
+        out = {n.name for n in self.users.get(name, [])
+               if self.kind[n.name] not in ("virtual",)
+               and not (self.kind[n.name] == "pointwise" and n.outputs[0].name in self.inline)}
+        if name in self.outputs:
+            out.add(OUTPUT)
+        if name in self.index_names:
+            out.add(INDEX)
+        return out
+
+    def _is_kernel(self, reader: str) -> bool:
+        if reader.startswith("realize:"):
+            return self.realize.get(reader[len("realize:"):]) == "copy"
+        return self.kind.get(reader) in ("pointwise", "row")
+
+    def _decide(self) -> None:
+        """Reverse graph order: each value's readers are decided before the value itself."""
+        for n in reversed(self.graph.nodes):
+            k = self.kind[n.name]
+            if k == "virtual":
+                for o in n.outputs:
+                    if any(not self._is_kernel(r) for r in self._direct_readers(o.name)):
+                        r = self.plan.realized.get(o.name)
+                        self.realize[o.name] = "view" if r is not None and r.strided is not None else "copy"
+            elif k == "pointwise":
+                o = n.outputs[0].name
+                readers = self.readers(o)
+                self._readers.pop(o, None)
+                if OUTPUT in readers or INDEX in readers:
+                    continue
+                kernels = [r for r in readers if self._is_kernel(r)]
+                if len(kernels) != len(readers):
+                    continue  # a library node or a view reads it: it must be physical
+                if len(kernels) == 1 or self._loads_nothing(n):
+                    self.inline.add(o)
+
+    def _loads_nothing(self, n: Node) -> bool:
+        return not n.inputs
+
+    # -- scalar expressions ---------------------------------------------------
+    def is_physical(self, name: str) -> bool:
+        """True when `name` lives in memory (read with a load)."""
+        return name not in self.inline and not self.plan.is_virtual(name)
+
+    def value_at(self, name: str, idx: tuple[Expr, ...], memo: dict) -> Scalar:
+        """The element of value `name` at index `idx`, as a scalar expression."""
+        key = (name, idx)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        v = self.values[name]
+        if self.plan.is_virtual(name):
+            out = self._through_mapping(self.plan.mappings[name], idx, v.dtype, memo)
+        elif name in self.inline:
+            out = self._pointwise(self.producer[name], idx, memo)
+        else:
+            out = K.load(name, idx, v.dtype)
+        memo[key] = out
+        return out
+
+    def _through_mapping(self, m: Mapping, idx: tuple[Expr, ...], dtype, memo) -> Scalar:
+        env = {f"i{k}": e for k, e in enumerate(idx)}
+        out: Scalar | None = None
+        for p in reversed(m.pieces):
+            if p.source is None:
+                val = K.const(p.fill, dtype)
+            else:
+                val = K.cast(self.value_at(p.source, tuple(subs(e, env) for e in p.index), memo), dtype)
+            out = val if out is None else K.pick(subs(p.when, env), val, out)
+        return out
+
+    def _pointwise(self, n: Node, idx: tuple[Expr, ...], memo) -> Scalar:
+        ctx = _Ctx(self, n, idx, n.outputs[0].shape, memo)
+        return K.cast(lookup(POINTWISE, n.target)(ctx, bind(n.target, n.args, n.kwargs), n.outputs[0]),
+                      n.outputs[0].dtype)
+
+    # -- kernels --------------------------------------------------------------
+    def pointwise_kernel(self, name: str, kind: str, sources: list[str]) -> Kernel:
+        """A kernel storing every element of value `name` (computed, or read through its mapping)."""
+        v = self.values[name]
+        idx = out_vars(v.shape)
+        memo: dict = {}
+        if self.plan.is_virtual(name):
+            value = self._through_mapping(self.plan.mappings[name], idx, v.dtype, memo)
+        else:
+            value = self._pointwise(self.producer[name], idx, memo)
+        buf = Buffer(name, v.shape, v.dtype)
+        return self._finish(Kernel(f"k_{_ident(name)}", kind, v.shape, 0, [], [Store(buf, idx, value)],
+                                   source_nodes=sources))
+
+    def row_kernel(self, n: Node) -> Kernel:
+        """A reduction / softmax / normalisation kernel for node n."""
+        args = bind(n.target, n.args, n.kwargs)
+        spec = lookup(ROW, n.target)(_ProbeCtx(n), args, n.outputs)
+        x = next(v for v in n.inputs)
+        dims = spec.dims
+        keep = [d for d in range(len(x.shape)) if d not in dims]
+        domain = tuple(x.shape[d] for d in keep)
+        dvars = out_vars(domain)
+        r_extent = 1
+        for d in dims:
+            r_extent *= x.shape[d]
+        r = var("r", r_extent) if r_extent > 1 else const(0)
+        rparts = delinearize(r, [x.shape[d] for d in dims])
+        full = [None] * len(x.shape)
+        for d, e in zip(keep, dvars):
+            full[d] = e
+        for d, e in zip(dims, rparts):
+            full[d] = e
+        full_t = tuple(full)
+        memo: dict = {}
+        ctx = _Ctx(self, n, full_t, x.shape, memo)
+        phases = [[Reduction(name, comb, value(ctx), dt) for name, comb, value, dt in phase] for phase in spec.phases]
+        stores = []
+        for k, value, per_r in spec.stores:
+            o = n.outputs[k]
+            if per_r:
+                index = full_t
+            elif len(o.shape) == len(domain):
+                index = dvars
+            elif len(o.shape) == len(x.shape):
+                index = tuple(const(0) if d in dims else full[d] for d in range(len(x.shape)))
+            else:
+                raise NotSupported(f"{n.op}: output {o.name} of shape {o.shape} for input {x.shape}")
+            stores.append(Store(Buffer(o.name, o.shape, o.dtype), index, K.cast(value(ctx), o.dtype), per_r))
+        return self._finish(Kernel(f"k_{_ident(n.name)}", "row", domain, r_extent, phases, stores,
+                                   source_nodes=[n.name]))
+
+    def _finish(self, k: Kernel) -> Kernel:
+        """Fills the kernel's input buffers from the loads it makes."""
+        names: dict[str, Buffer] = {}
+        exprs: list[Expr] = []
+        for s in _scalars(k):
+            if s.op == "load":
+                name, idx = s.args
+                names.setdefault(name, Buffer(name, self.values[name].shape, self.values[name].dtype))
+                exprs.extend(idx)
+            elif s.op in ("iota", "pick"):
+                exprs.append(s.args[0])
+        for st in k.stores:
+            exprs.extend(st.index)
+        for e in exprs:
+            for x in walk(e):
+                if x.op == "load" and x.args[0] not in names:
+                    t = x.args[0]
+                    shape, dtype = self._index_tensor(t)
+                    names[t] = Buffer(t, shape, dtype)
+        k.inputs = list(names.values())
+        return k
+
+    def _index_tensor(self, name: str) -> tuple[tuple[int, ...], torch.dtype]:
+        if name in self.values:
+            v = self.values[name]
+            return v.shape, v.dtype
+        for m in self.plan.mappings.values():
+            if name in m.index_tensors:
+                return tuple(m.index_tensors[name]), torch.int64
+        raise KeyError(f"unknown index tensor {name!r}")
+
+    def mappings_read(self, k: Kernel) -> list[Mapping]:
+        """The virtual mappings whose index tensors kernel k loads (for checks and derived tensors)."""
+        used = {b.name for b in k.inputs}
+        return [m for m in self.plan.mappings.values() if set(m.index_tensors) & used]
+
+
+class _Ctx:
+    """What an op definition sees: the current index and operand reads."""
+
+    def __init__(self, low: Lowering, node: Node, index: tuple[Expr, ...], shape: tuple[int, ...], memo: dict):
+        self.low, self.node, self.index, self.shape, self.memo = low, node, index, shape, memo
+
+    def arg(self, x, dtype: torch.dtype) -> Scalar:
+        """Operand x (a Value or a Python number) at the current index, as dtype."""
+        if isinstance(x, Value):
+            idx = broadcast_index(self.index, self.shape, x.shape)
+            return K.cast(self.low.value_at(x.name, idx, self.memo), dtype)
+        if isinstance(x, (bool, int, float)):
+            return K.const(x, dtype)
+        raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
+
+
+class _ProbeCtx:
+    """A context whose reads are placeholders: used to test whether a definition supports a call."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.index: tuple[Expr, ...] = ()
+
+    def arg(self, x, dtype: torch.dtype) -> Scalar:
+        if isinstance(x, Value):
+            if x.dtype not in C_TYPES:
+                raise NotSupported(f"operand dtype {x.dtype}")
+            return K.load(x.name, (), dtype)
+        if isinstance(x, (bool, int, float)):
+            return K.const(x, dtype)
+        raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _scalars(k: Kernel):
+    """Every scalar node of kernel k, each once."""
+    seen: set[int] = set()
+    stack = [r.value for phase in k.phases for r in phase] + [s.value for s in k.stores]
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        stack.extend(a for a in s.args if isinstance(a, Scalar))
+
+
+def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
+    """The steps that run `graph` under `plan`: ("kernel", KernelStep) | ("run", Node) | ("view", name)."""
+    low = Lowering(graph, plan)
+    steps: list = []
+    done: set[str] = set()
+
+    def realise(name: str) -> None:
+        if name in done or not plan.is_virtual(name):
+            return
+        done.add(name)
+        if low.realize.get(name) == "view":
+            steps.append(("view", name))
+        else:
+            chain = [c.name for c in _chain(graph, plan, name)]
+            steps.append(("kernel", _step(low, low.pointwise_kernel(name, "copy", chain))))
+
+    for n in graph.nodes:
+        k = low.kind[n.name]
+        if k == "virtual":
+            for o in n.outputs:
+                if o.name in low.index_names:
+                    realise(o.name)
+            continue
+        if k == "pointwise":
+            if n.outputs[0].name not in low.inline:
+                steps.append(("kernel", _step(low, low.pointwise_kernel(n.outputs[0].name, "pointwise", [n.name]))))
+            continue
+        if k == "row":
+            steps.append(("kernel", _step(low, low.row_kernel(n))))
+            continue
+        for v in n.inputs:  # library and kept nodes read physical tensors
+            if plan.is_virtual(v.name):
+                realise(v.name)
+            elif v.name in low.inline:  # pragma: no cover - _decide never inlines what a library node reads
+                raise AssertionError(f"{v.name} is inlined but {n.name} needs it in memory")
+        steps.append(("run", n))
+    for v in graph.outputs:
+        realise(v.name)
+    return low, steps
+
+
+def _step(low: Lowering, k: Kernel) -> KernelStep:
+    maps = low.mappings_read(k)
+    checks = list(dict.fromkeys(c for m in maps for c in m.checks))
+    return KernelStep(k, checks, maps)
+
+
+def _chain(graph: Graph, plan: Plan, name: str) -> list[Node]:
+    from vtc.plan.virtualize import chain_of
+
+    return chain_of(graph, plan, name)
+
+
+def index_tensor_loads(e: Expr) -> set[str]:
+    """Names of the index tensors an index expression loads."""
+    return loads(e)

@@ -1,0 +1,380 @@
+"""The compute stage of each ATen op vtc generates code for, as scalar expressions.
+
+``POINTWISE[name](ctx, args, out) -> Scalar`` gives one output element of a
+pointwise op at the current index (``ctx.arg`` reads an operand there, through
+broadcasting, virtual mappings and inlined producers).  ``ROW[name](ctx, args,
+outs) -> RowSpec`` describes a reduction, softmax or normalisation as
+accumulator passes over one reduced index ``r`` plus what to store.
+
+An op missing here, or called with arguments a definition rejects
+(``NotSupported``), runs through torch instead.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Scalar
+
+C_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+
+class NotSupported(Exception):
+    """This call is left to torch (with the reason as message)."""
+
+
+@dataclass
+class RowSpec:
+    """A row kernel: which dims are reduced, accumulator passes, and the stores of each output."""
+
+    dims: tuple[int, ...]  # reduced dims of the input
+    phases: list[list[tuple[str, str, Callable[[Any], Scalar], torch.dtype]]]  # (acc name, combine, value(ctx), dtype)
+    stores: list[tuple[int, Callable[[Any], Scalar], bool]]  # (output k, value(ctx), per_r)
+
+
+POINTWISE: dict[str, Callable] = {}
+ROW: dict[str, Callable] = {}
+
+
+def pointwise(*names: str):
+    """Registers a pointwise definition under ATen names ("packet" or "packet.overload")."""
+    def deco(fn):
+        for n in names:
+            POINTWISE[n] = fn
+        return fn
+    return deco
+
+
+def row(*names: str):
+    """Registers a row (reduction / softmax / norm) definition under ATen names."""
+    def deco(fn):
+        for n in names:
+            ROW[n] = fn
+        return fn
+    return deco
+
+
+def lookup(table: dict, target: Any) -> Callable | None:
+    """The definition for an ATen overload: exact "packet.overload" first, then "packet"."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return None
+    return table.get(f"{target._opname}.{target._overloadname}") or table.get(target._opname)
+
+
+def result_type(*xs) -> torch.dtype:
+    """torch's type promotion over tensors (IR Values) and Python scalars."""
+    probes = [torch.empty([1] * len(x.shape), dtype=x.dtype) if hasattr(x, "shape") else x for x in xs]
+    out = probes[0] if isinstance(probes[0], torch.Tensor) else torch.tensor(probes[0])
+    for p in probes[1:]:
+        out = torch.empty([1] * max(out.dim(), p.dim() if isinstance(p, torch.Tensor) else 0),
+                          dtype=torch.result_type(out, p))
+    return out.dtype
+
+
+# ---------------------------------------------------------------------------
+# pointwise: unary math
+_UNARY = {
+    "neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu",
+    "rsqrt": "rsqrt", "sqrt": "sqrt", "abs": "abs", "cos": "cos", "sin": "sin", "erf": "erf",
+    "reciprocal": "reciprocal", "silu": "silu", "floor": "floor", "ceil": "ceil", "expm1": "expm1",
+    "log1p": "log1p", "exp2": "exp2", "log2": "log2", "sign": "sign", "tan": "tan", "atan": "atan",
+    "round": "round", "trunc": "trunc", "hardswish": "hardswish", "hardsigmoid": "hardsigmoid",
+}
+
+
+def _unary(fn: str):
+    def lower(ctx, args, out):
+        if out.dtype not in (torch.float32, torch.float64) and fn not in ("neg", "abs", "relu", "sign"):
+            raise NotSupported(f"{fn} on {out.dtype}")
+        return K.unary(fn, ctx.arg(args["self"], out.dtype), out.dtype)
+    return lower
+
+
+for _name, _fn in _UNARY.items():
+    POINTWISE[_name] = _unary(_fn)
+
+
+@pointwise("gelu")
+def _gelu(ctx, args, out):
+    x = ctx.arg(args["self"], out.dtype)
+    return K.unary("gelu_tanh" if args.get("approximate", "none") == "tanh" else "gelu", x, out.dtype)
+
+
+@pointwise("logical_not", "bitwise_not")
+def _not(ctx, args, out):
+    x = ctx.arg(args["self"], torch.bool if out.dtype == torch.bool else out.dtype)
+    return K.unary("not" if out.dtype == torch.bool else "bitnot", x, out.dtype)
+
+
+@pointwise("leaky_relu")
+def _leaky_relu(ctx, args, out):
+    x = ctx.arg(args["self"], out.dtype)
+    slope = K.const(args.get("negative_slope", 0.01), out.dtype)
+    return K.where(K.binary("gt", x, K.const(0, out.dtype), torch.bool), x, K.binary("mul", x, slope))
+
+
+@pointwise("clamp", "hardtanh")
+def _clamp(ctx, args, out):
+    x = ctx.arg(args["self"], out.dtype)
+    lo = args.get("min", args.get("min_val"))
+    hi = args.get("max", args.get("max_val"))
+    if lo is not None:
+        x = K.binary("max", x, ctx.arg(lo, out.dtype))
+    if hi is not None:
+        x = K.binary("min", x, ctx.arg(hi, out.dtype))
+    return x
+
+
+# ---------------------------------------------------------------------------
+# pointwise: binary arithmetic and comparisons
+def _binary(fn: str, alpha: bool = False):
+    def lower(ctx, args, out):
+        a = ctx.arg(args["self"], out.dtype)
+        b = ctx.arg(args["other"], out.dtype)
+        if alpha and args.get("alpha", 1) != 1:
+            b = K.binary("mul", b, K.const(args["alpha"], out.dtype))
+        return K.binary(fn, a, b, out.dtype)
+    return lower
+
+
+POINTWISE.update({
+    "add": _binary("add", alpha=True), "sub": _binary("sub", alpha=True), "rsub": None,
+    "mul": _binary("mul"), "maximum": _binary("max"), "minimum": _binary("min"),
+    "fmod": _binary("fmod"), "remainder": _binary("remainder"), "atan2": _binary("atan2"),
+})
+del POINTWISE["rsub"]
+
+
+@pointwise("div")
+def _div(ctx, args, out):
+    mode = args.get("rounding_mode")
+    a, b = ctx.arg(args["self"], out.dtype), ctx.arg(args["other"], out.dtype)
+    if mode is None:
+        if not out.dtype.is_floating_point:
+            raise NotSupported("true division into an integer dtype")
+        return K.binary("div", a, b, out.dtype)
+    return K.binary("div_floor" if mode == "floor" else "div_trunc", a, b, out.dtype)
+
+
+@pointwise("pow")
+def _pow(ctx, args, out):
+    a = ctx.arg(args["self"], out.dtype)
+    e = args["exponent"]
+    if isinstance(e, (int, float)):
+        if e == 2:
+            return K.binary("mul", a, a)
+        if e == 1:
+            return a
+        if e == 0.5:
+            return K.unary("sqrt", a)
+        if e == -1:
+            return K.unary("reciprocal", a)
+    if not out.dtype.is_floating_point:
+        raise NotSupported("integer pow")
+    return K.binary("pow", a, ctx.arg(e, out.dtype), out.dtype)
+
+
+def _compare(fn: str):
+    def lower(ctx, args, out):
+        common = result_type(args["self"], args["other"])
+        return K.binary(fn, ctx.arg(args["self"], common), ctx.arg(args["other"], common), torch.bool)
+    return lower
+
+
+for _fn in ("eq", "ne", "lt", "le", "gt", "ge"):
+    POINTWISE[_fn] = _compare(_fn)
+
+
+def _logical(fn: str):
+    def lower(ctx, args, out):
+        if out.dtype == torch.bool:
+            return K.binary(fn, ctx.arg(args["self"], torch.bool), ctx.arg(args["other"], torch.bool), torch.bool)
+        if fn in ("and", "or", "xor") and not out.dtype.is_floating_point:
+            return K.binary("bit" + fn, ctx.arg(args["self"], out.dtype), ctx.arg(args["other"], out.dtype))
+        raise NotSupported(f"{fn} into {out.dtype}")
+    return lower
+
+
+for _name, _fn in (("logical_and", "and"), ("logical_or", "or"), ("logical_xor", "xor"),
+                   ("bitwise_and", "and"), ("bitwise_or", "or"), ("bitwise_xor", "xor")):
+    POINTWISE[_name] = _logical(_fn)
+
+
+@pointwise("where")
+def _where(ctx, args, out):
+    if "condition" not in args:
+        raise NotSupported("where with one argument (nonzero)")
+    return K.where(ctx.arg(args["condition"], torch.bool), ctx.arg(args["self"], out.dtype),
+                   ctx.arg(args["other"], out.dtype))
+
+
+@pointwise("masked_fill")
+def _masked_fill(ctx, args, out):
+    return K.where(ctx.arg(args["mask"], torch.bool), ctx.arg(args["value"], out.dtype),
+                   ctx.arg(args["self"], out.dtype))
+
+
+@pointwise("_to_copy", "to", "type_as")
+def _cast(ctx, args, out):
+    return ctx.arg(args["self"], out.dtype)
+
+
+@pointwise("copy")
+def _copy(ctx, args, out):
+    return ctx.arg(args["src"], out.dtype)
+
+
+# ---------------------------------------------------------------------------
+# pointwise: creation
+@pointwise("full", "full_like", "scalar_tensor", "zeros", "zeros_like", "ones", "ones_like",
+           "new_full", "new_zeros", "new_ones")
+def _full(ctx, args, out):
+    name = ctx.node.target._opname
+    value = args.get("fill_value", args.get("s"))
+    if value is None:
+        value = 1 if "ones" in name else 0
+    if isinstance(value, torch.Tensor) or hasattr(value, "shape"):
+        raise NotSupported("fill value given as a tensor")
+    return K.const(value, out.dtype)
+
+
+@pointwise("arange")
+def _arange(ctx, args, out):
+    start, step = args.get("start", 0), args.get("step", 1)
+    i = ctx.index[0]
+    if isinstance(start, int) and isinstance(step, int):
+        return K.cast(K.iota(i * step + start, torch.int64), out.dtype)
+    v = K.binary("mul", K.cast(K.iota(i, torch.int64), torch.float64), K.const(step, torch.float64))
+    return K.cast(K.binary("add", v, K.const(start, torch.float64)), out.dtype)
+
+
+# ---------------------------------------------------------------------------
+# row kernels: reductions, softmax, normalisation
+def _dims(dims, rank: int) -> tuple[int, ...]:
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return tuple(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(sorted(d % max(rank, 1) for d in dims))
+
+
+_COMBINE = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "prod", "any": "any", "all": "all"}
+
+
+def _reduce(kind: str):
+    def lower(ctx, args, outs):
+        x = args["self"]
+        dims = _dims(args.get("dim"), len(x.shape))
+        out = outs[0]
+        acc_dtype = out.dtype if kind not in ("any", "all") else torch.bool
+        if out.dtype.is_floating_point and out.dtype != torch.float64:
+            acc_dtype = torch.float32
+        if kind in ("amax", "amin") and out.dtype == torch.bool:
+            raise NotSupported("amax/amin of bool")
+        n = math.prod(x.shape[d] for d in dims) if dims else 1
+
+        def value(c):
+            return c.arg(x, acc_dtype)
+
+        def store(c):
+            a = K.acc("a", acc_dtype)
+            if kind == "mean":
+                a = K.binary("div", a, K.const(n, acc_dtype))
+            return K.cast(a, out.dtype)
+
+        if kind == "mean" and not out.dtype.is_floating_point:
+            raise NotSupported("integer mean")
+        return RowSpec(dims, [[("a", _COMBINE[kind], value, acc_dtype)]], [(0, store, False)])
+    return lower
+
+
+for _kind in ("sum", "mean", "amax", "amin", "prod", "any", "all"):
+    ROW[_kind] = _reduce(_kind)
+
+
+@row("var")
+def _var(ctx, args, outs):
+    x, out = args["self"], outs[0]
+    if not out.dtype.is_floating_point:
+        raise NotSupported("var of integers")
+    dims = _dims(args.get("dim"), len(x.shape))
+    n = math.prod(x.shape[d] for d in dims) if dims else 1
+    correction = args.get("correction")
+    correction = 1 if correction is None else correction
+    dt = out.dtype
+
+    def mean(c):
+        return K.binary("div", K.acc("s", dt), K.const(n, dt))
+
+    def dev2(c):
+        d = K.binary("sub", c.arg(x, dt), mean(c))
+        return K.binary("mul", d, d)
+
+    def store(c):
+        return K.binary("div", K.acc("q", dt), K.const(max(n - correction, 0), dt))
+
+    return RowSpec(dims, [[("s", "sum", lambda c: c.arg(x, dt), dt)], [("q", "sum", dev2, dt)]], [(0, store, False)])
+
+
+@row("_softmax", "softmax", "_log_softmax", "log_softmax")
+def _softmax(ctx, args, outs):
+    x, out = args["self"], outs[0]
+    if out.dtype not in (torch.float32, torch.float64):
+        raise NotSupported(f"softmax in {out.dtype}")
+    dt = out.dtype
+    log = "log" in ctx.node.target._opname
+    dims = _dims(args["dim"], len(x.shape))
+
+    def shifted(c):
+        return K.binary("sub", c.arg(x, dt), K.acc("m", dt))
+
+    def store(c):
+        if log:
+            return K.binary("sub", shifted(c), K.unary("log", K.acc("s", dt)))
+        return K.binary("div", K.unary("exp", shifted(c)), K.acc("s", dt))
+
+    return RowSpec(dims, [[("m", "max", lambda c: c.arg(x, dt), dt)],
+                          [("s", "sum", lambda c: K.unary("exp", shifted(c)), dt)]], [(0, store, True)])
+
+
+@row("native_layer_norm")
+def _layer_norm(ctx, args, outs):
+    x = args["input"]
+    dt = outs[0].dtype
+    if dt not in (torch.float32, torch.float64):
+        raise NotSupported(f"layer_norm in {dt}")
+    k = len(args["normalized_shape"])
+    rank = len(x.shape)
+    dims = tuple(range(rank - k, rank))
+    n = math.prod(x.shape[d] for d in dims)
+    w, b, eps = args.get("weight"), args.get("bias"), float(args["eps"])
+
+    def mean(c):
+        return K.binary("div", K.acc("s", dt), K.const(n, dt))
+
+    def dev(c):
+        return K.binary("sub", c.arg(x, dt), mean(c))
+
+    def rstd(c):
+        var = K.binary("div", K.acc("q", dt), K.const(n, dt))
+        return K.unary("rsqrt", K.binary("add", var, K.const(eps, dt)))
+
+    def normed(c):
+        y = K.binary("mul", dev(c), rstd(c))
+        if w is not None:
+            y = K.binary("mul", y, c.arg(w, dt))
+        if b is not None:
+            y = K.binary("add", y, c.arg(b, dt))
+        return y
+
+    return RowSpec(dims, [[("s", "sum", lambda c: c.arg(x, dt), dt)],
+                          [("q", "sum", lambda c: K.binary("mul", dev(c), dev(c)), dt)]],
+                   [(0, normed, True), (1, lambda c: K.cast(mean(c), outs[1].dtype), False),
+                    (2, lambda c: K.cast(rstd(c), outs[2].dtype), False)])
