@@ -1,8 +1,9 @@
 """C++ (OpenMP) code generator: one ``Kernel`` -> one ``extern "C"`` function.
 
-Generated functions take ``void* const* bufs``: the kernel's input buffers in
-``kernel.inputs`` order, then its output buffers in store order (each once),
-all contiguous.  Loop structure:
+Generated functions take ``(void* const* bufs, int nthreads)``: the kernel's
+input buffers in ``kernel.inputs`` order, then its output buffers in store
+order (each once), all contiguous; and the thread count (torch's, passed by
+the executor, since OpenMP's setting is per calling thread).  Loop structure:
 
 - pointwise: ``parallel for`` over the rows (all dims but the last), the row
   index split into i0, i1, ...; an ``omp simd`` loop over the last dim;
@@ -38,19 +39,63 @@ static inline int64_t vtc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; re
 static inline int64_t vtc_mod(int64_t a, int64_t b) { int64_t r = a % b; return r + ((r != 0) & ((r < 0) != (b < 0))) * b; }
 template <class T> static inline T vtc_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> static inline T vtc_min(T a, T b) { return (a < b || a != a) ? a : b; }
-template <class T> static inline T vtc_sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
-template <class T> static inline T vtc_gelu(T x) { return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440))); }
+// float exp/erf/tanh as branch-free arithmetic, so that loops calling them vectorise
+// (Cephes expf polynomial, ~1 ulp; erf by Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
+static inline float vtc_exp(float x) {
+  const float hi = 88.72283935f, lo = -86.0f;  // ln(FLT_MAX); below lo the result is < 5e-38, returned as 0
+  float xc = x > lo ? x : lo;  // NaN -> lo, restored at the end
+  xc = xc < hi ? xc : hi;
+  float m = xc * 1.44269504088896341f + 12582912.0f;  // round(x / ln 2) in the low mantissa bits
+  float fl = m - 12582912.0f;
+  int32_t n = __builtin_bit_cast(int32_t, m) - 0x4B400000;
+  float z = xc - fl * 0.693359375f + fl * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * z + 1.3981999507e-3f; y = y * z + 8.3334519073e-3f; y = y * z + 4.1665795894e-2f;
+  y = y * z + 1.6666665459e-1f; y = y * z + 5.0000001201e-1f;
+  y = y * z * z + z + 1.0f;
+  float r = y * __builtin_bit_cast(float, (n + 126) << 23) * 2.0f;
+  r = x < lo ? 0.0f : r;
+  r = x > hi ? INFINITY : r;
+  return x != x ? x : r;
+}
+static inline double vtc_exp(double x) { return std::exp(x); }
+static inline float vtc_erf(float x) {
+  float z = x * x;  // |x| < 1: Cephes erff polynomial (relative error ~1e-7)
+  float small = x * ((((((7.853861353153693e-5f * z - 8.010193625184903e-4f) * z + 5.188327685732524e-3f) * z
+                       - 2.685381193529856e-2f) * z + 1.128358514861418e-1f) * z - 3.761262582423300e-1f) * z
+                     + 1.128379165726710e+0f);
+  float a = std::fabs(x), t = 1.0f / (1.0f + 0.3275911f * a);  // |x| >= 1: Abramowitz-Stegun 7.1.26
+  float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
+  float big = 1.0f - y * vtc_exp(-z);
+  big = x < 0 ? -big : big;
+  return a < 1.0f ? small : big;
+}
+static inline double vtc_erf(double x) { return std::erf(x); }
+static inline float vtc_tanh(float x) {
+  float z = x * x;  // |x| < 0.625: Cephes tanhf polynomial, else from exp
+  float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
+                  + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  float e = vtc_exp(-2.0f * std::fabs(x)), big = (1.0f - e) / (1.0f + e);
+  big = x < 0 ? -big : big;
+  return std::fabs(x) < 0.625f ? small : big;
+}
+static inline double vtc_tanh(double x) { return std::tanh(x); }
+template <class T> static inline T vtc_sigmoid(T x) { return T(1) / (T(1) + vtc_exp(-x)); }
+template <class T> static inline T vtc_gelu(T x) {
+  T r = T(0.5) * x * (T(1) + vtc_erf(x * T(0.70710678118654752440)));
+  T d = x - x;  // NaN for +-inf and NaN, as torch returns there
+  return d != d ? d : (x < T(-20) ? T(-0.0) : r); }  // below -20 the true value underflows
 template <class T> static inline T vtc_gelu_tanh(T x) {
-  return T(0.5) * x * (T(1) + std::tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
+  return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 template <class T> static inline T vtc_fmod_floor(T a, T b) { T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0)); }
 """
 
 _UNARY_FMT = {
-    "neg": "(-{x})", "exp": "std::exp({x})", "log": "std::log({x})", "tanh": "std::tanh({x})",
+    "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "std::log({x})", "tanh": "vtc_tanh({x})",
     "sigmoid": "vtc_sigmoid({x})", "relu": "vtc_max({x}, ({t})0)", "rsqrt": "(({t})1 / std::sqrt({x}))",
     "sqrt": "std::sqrt({x})", "abs": "std::abs({x})", "cos": "std::cos({x})", "sin": "std::sin({x})",
-    "erf": "std::erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "({x} * vtc_sigmoid({x}))",
+    "erf": "vtc_erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "({x} * vtc_sigmoid({x}))",
     "floor": "std::floor({x})", "ceil": "std::ceil({x})", "expm1": "std::expm1({x})", "log1p": "std::log1p({x})",
     "exp2": "std::exp2({x})", "log2": "std::log2({x})", "sign": "vtc_sign({x})", "tan": "std::tan({x})",
     "atan": "std::atan({x})", "round": "std::nearbyint({x})", "trunc": "std::trunc({x})",
@@ -249,7 +294,7 @@ def _decompose(names: list[str], sizes: tuple[int, ...], flat: str, indent: str)
 
 
 def generate(k: Kernel) -> str:
-    """The C++ source of kernel k (with the prelude), exporting `extern "C" void <k.name>(void* const*)`."""
+    """The C++ source of kernel k (with the prelude), exporting `extern "C" void <k.name>(void* const*, int)`."""
     em = _Emitter(k)
     body: list[str] = []
     for b in buffer_order(k):
@@ -257,7 +302,7 @@ def generate(k: Kernel) -> str:
         body.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
     body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
-    return PRELUDE + f'\nextern "C" void {k.name}(void* const* bufs) {{\n' + "\n".join(body) + "\n}\n"
+    return PRELUDE + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 
 def _store(em: _Emitter, st, indent: str) -> str:
@@ -271,7 +316,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         return em.hoist([s.value for s in k.stores], "  ") + [_store(em, s, "  ") for s in k.stores]
     rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
     names = [f"i{d}" for d in range(len(shape))]
-    lines = [f"  #pragma omp parallel for if({n} >= {PARALLEL_MIN_WORK})",
+    lines = [f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})",
              f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
     lines += _decompose(names[:-1], shape[:-1], "o", "    ")
     lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
@@ -282,10 +327,30 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     return lines
 
 
+def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:
+    """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise."""
+    acc, t = f"acc_{red.name}", ctype(red.dtype)
+    em.forget()
+    body = em.hoist([red.value], "      ")
+    v = em.scalar(red.value)
+    if red.combine in _ASSOC:
+        op = _ASSOC[red.combine]
+        return [f"    #pragma omp simd reduction({op}:{acc})", f"    {rloop}", *body,
+                f"      {acc} = {acc} {op} {v};", "    }"]
+    cmp = ">" if red.combine == "max" else "<"
+    if not red.dtype.is_floating_point:
+        return [f"    #pragma omp simd reduction({red.combine}:{acc})", f"    {rloop}", *body,
+                f"      {{ const {t} v_ = {v}; {acc} = v_ {cmp} {acc} ? v_ : {acc}; }}", "    }"]
+    return [f"    bool {acc}_nan = false;",
+            f"    #pragma omp simd reduction({red.combine}:{acc}) reduction(||:{acc}_nan)", f"    {rloop}", *body,
+            f"      {{ const {t} v_ = {v}; {acc} = v_ {cmp} {acc} ? v_ : {acc}; {acc}_nan = {acc}_nan || (v_ != v_); }}",
+            "    }", f"    if ({acc}_nan) {acc} = ({t})NAN;"]
+
+
 def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     rows = math.prod(k.domain)
     names = [f"i{d}" for d in range(len(k.domain))]
-    lines = [f"  #pragma omp parallel for if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",
+    lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",
              f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
     lines += _decompose(names, k.domain, "o", "    ")
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
@@ -298,19 +363,7 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
                 init = f"std::numeric_limits<{t}>::{'lowest' if lim == 'min' else 'max'}()"
             lines.append(f"    {t} acc_{red.name} = ({t}){init};")
         for red in phase:
-            pragma = f"    #pragma omp simd reduction({_ASSOC[red.combine]}:acc_{red.name})" \
-                if red.combine in _ASSOC else None
-            if pragma:
-                lines.append(pragma)
-            lines.append(f"    {rloop}")
-            em.forget()
-            lines += em.hoist([red.value], "      ")
-            v = em.scalar(red.value)
-            if red.combine in _ASSOC:
-                lines.append(f"      acc_{red.name} = acc_{red.name} {_ASSOC[red.combine]} {v};")
-            else:
-                lines.append(f"      acc_{red.name} = vtc_{red.combine}<{ctype(red.dtype)}>(acc_{red.name}, {v});")
-            lines.append("    }")
+            lines += _reduction_loop(red, em, rloop)
     per_r = [s for s in k.stores if s.per_r]
     if per_r:
         lines += ["    #pragma omp simd", f"    {rloop}"]

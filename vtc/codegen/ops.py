@@ -258,11 +258,13 @@ def _arange(ctx, args, out):
 # ---------------------------------------------------------------------------
 # row kernels: reductions, softmax, normalisation
 def _dims(dims, rank: int) -> tuple[int, ...]:
+    if rank == 0:
+        return ()  # a 0-d tensor: dim 0 / -1 names its single element, nothing to reduce over
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(rank))
     if isinstance(dims, int):
         dims = [dims]
-    return tuple(sorted(d % max(rank, 1) for d in dims))
+    return tuple(sorted(d % rank for d in dims))
 
 
 _COMBINE = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "prod", "any": "any", "all": "all"}

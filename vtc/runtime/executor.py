@@ -209,7 +209,7 @@ class CompiledKernel:
             tensors.append(t if t.is_contiguous() else t.contiguous())
         tensors += outs
         ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-        self.fn(ptrs)
+        self.fn(ptrs, torch.get_num_threads())
         return outs
 
 
@@ -228,6 +228,6 @@ def build_kernels(steps: list) -> list[CompiledKernel]:
     for chunk, lib in zip(chunks, libs):
         for s in chunk:
             fn = getattr(lib, s.kernel.name)
-            fn.argtypes, fn.restype = [ctypes.c_void_p], None
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
             out.append(CompiledKernel(s, fn))
     return out
