@@ -309,22 +309,57 @@ def _store(em: _Emitter, st, indent: str) -> str:
     return f"{indent}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
 
 
+TILE = 32  # edge of the square tiles of a pointwise kernel that reads across its inner dim
+
+
+def _strided_inner_read(k: Kernel, em: _Emitter) -> bool:
+    """True when some load walks memory with a large stride along the innermost dim (a transpose)."""
+    from vtc.codegen.lower import scalars_of
+    from vtc.index.expr import affine, lift
+
+    inner, outer = f"i{len(k.domain) - 1}", f"i{len(k.domain) - 2}"
+    for s in scalars_of(k):
+        if s.op != "load":
+            continue
+        lin = lift(0)
+        for i, st in zip(s.args[1], contiguous_strides(em.shapes[s.args[0]])):
+            lin = lin + i * st
+        form = affine(lin)
+        if form is not None and abs(form[1].get(inner, 1)) >= 16 and form[1].get(outer, 0) != 0:
+            return True
+    return False
+
+
 def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     shape = k.domain
     n = math.prod(shape)
     if not shape:
         return em.hoist([s.value for s in k.stores], "  ") + [_store(em, s, "  ") for s in k.stores]
-    rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
     names = [f"i{d}" for d in range(len(shape))]
-    lines = [f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})",
-             f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
-    lines += _decompose(names[:-1], shape[:-1], "o", "    ")
-    lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
+    par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
+    if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):
+        a, b = shape[-2], shape[-1]
+        ta, tb = -(-a // TILE), -(-b // TILE)
+        outer = n // (a * b)
+        lines = [par, f"  for (int64_t t = 0; t < {outer * ta * tb}; ++t) {{",
+                 f"    const int64_t o = t / {ta * tb}, ta = (t / {tb}) % {ta}, tb = t % {tb};"]
+        lines += _decompose(names[:-2], shape[:-2], "o", "    ")
+        lines += [f"    for (int64_t {names[-2]} = ta * {TILE}; {names[-2]} < std::min<int64_t>(ta * {TILE} + {TILE}, {a}); "
+                  f"++{names[-2]}) {{",
+                  "      #pragma omp simd",
+                  f"      for (int64_t {names[-1]} = tb * {TILE}; {names[-1]} < std::min<int64_t>(tb * {TILE} + {TILE}, {b}); "
+                  f"++{names[-1]}) {{"]
+        close, indent = ["      }", "    }", "  }"], "        "
+    else:
+        rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
+        lines = [par, f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
+        lines += _decompose(names[:-1], shape[:-1], "o", "    ")
+        lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
+        close, indent = ["    }", "  }"], "      "
     em.forget()
-    lines += em.hoist([s.value for s in k.stores], "      ")
-    lines += [_store(em, s, "      ") for s in k.stores]
-    lines += ["    }", "  }"]
-    return lines
+    lines += em.hoist([s.value for s in k.stores], indent)
+    lines += [_store(em, s, indent) for s in k.stores]
+    return lines + close
 
 
 def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:

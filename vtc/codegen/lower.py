@@ -275,7 +275,7 @@ class Lowering:
         """Fills the kernel's input buffers from the loads it makes."""
         names: dict[str, Buffer] = {}
         exprs: list[Expr] = []
-        for s in _scalars(k):
+        for s in scalars_of(k):
             if s.op == "load":
                 name, idx = s.args
                 names.setdefault(name, Buffer(name, self.values[name].shape, self.values[name].dtype))
@@ -345,7 +345,7 @@ def _ident(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
-def _scalars(k: Kernel):
+def scalars_of(k: Kernel):
     """Every scalar node of kernel k, each once."""
     seen: set[int] = set()
     stack = [r.value for phase in k.phases for r in phase] + [s.value for s in k.stores]
