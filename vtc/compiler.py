@@ -29,7 +29,7 @@ from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
 PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none}
-OPTIONS = {"plan": "all", "backend": "torch", "oracle": False, "max_specializations": 8}
+OPTIONS = {"plan": "all", "backend": "cpu", "oracle": False, "max_specializations": 8}
 BACKENDS = ("torch", "cpu")
 
 
@@ -53,6 +53,8 @@ def check_options(options: dict) -> dict:
         raise ValueError(f"plan={out['plan']!r} is not one of {sorted(PLANS)}")
     if out["backend"] not in BACKENDS:
         raise ValueError(f"backend={out['backend']!r} is not one of {list(BACKENDS)}")
+    if out["oracle"]:
+        out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
 
 
@@ -149,9 +151,26 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     """Compiles a torch module or function for these example inputs; returns a callable Compiled.
 
     Options: plan="all" (every movement op virtual) or "none" (ablation: every
-    movement op materialised); oracle=True realises every virtual tensor by a
-    gather through its composed mapping (a check of the mappings).
+    movement op materialised); backend="cpu" (generated C++ kernels, default)
+    or "torch" (compute through torch, virtual tensors realised by views and
+    gathers); oracle=True (torch backend, every virtual tensor realised by a
+    gather through its composed mapping: a check of the mappings).
+
+    An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to
+    ``vtc.frontend.onnx.compile_onnx`` (``dims={name: size}`` resolves symbolic
+    dims when no example inputs are given) and returns an ``OnnxCompiled``.
     """
-    if isinstance(model_or_fn, (str, bytes)) or type(model_or_fn).__name__ == "ModelProto":
-        raise NotImplementedError("ONNX models are not supported yet (see the ONNX frontend issue)")
+    import os
+
+    is_path = isinstance(model_or_fn, (str, os.PathLike))
+    if (is_path and os.fspath(model_or_fn).lower().endswith(".onnx")) or type(model_or_fn).__name__ == "ModelProto":
+        from vtc.frontend.onnx import compile_onnx
+
+        # ONNX: example inputs positionally (tuple/list) or by name (a dict, or example_kwargs)
+        empty = example_inputs is None or (isinstance(example_inputs, (tuple, list)) and len(example_inputs) == 0)
+        examples = (example_kwargs or None) if empty else example_inputs
+        return compile_onnx(model_or_fn, examples, **options)
+    if is_path or isinstance(model_or_fn, (bytes, bytearray)):
+        raise TypeError(f"vtc.compile takes a torch module or function, or an ONNX model (a path ending in "
+                        f".onnx or an onnx.ModelProto); received {type(model_or_fn).__name__} {model_or_fn!r:.80}")
     return Compiled(model_or_fn, example_inputs, example_kwargs, options)

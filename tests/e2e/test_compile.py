@@ -85,19 +85,25 @@ def test_pure_view_chain_is_free():
     assert [ch["strided"] for ch in r["chains"]] == [True]
 
 
-def test_non_view_chain_is_one_gather():
-    """permute -> reshape (not a view) -> cat -> pad: the whole chain is one gather."""
+def test_non_view_chain_is_one_gather_or_none():
+    """permute -> reshape (not a view) -> cat -> pad -> relu: one gather with torch, no movement with kernels."""
     def f(x, y):
         z = torch.cat([x.permute(1, 0, 2).reshape(4, 6), y], 0)
         return torch.nn.functional.pad(z, (1, 2)).relu()
 
     x, y = torch.randn(2, 4, 3), torch.randn(5, 6)
-    c = vtc.compile(f, (x, y))
+    c = vtc.compile(f, (x, y), backend="torch")
     torch.testing.assert_close(c(x, y), f(x, y), **TOL)
     r = c.report.to_dict()
     assert [ch["realized_as"] for ch in r["chains"]] == ["gather"]
     assert r["materialized_movement_bytes"] == 9 * 9 * 4  # only the final padded tensor is written
     assert r["kernels"] == 2  # one gather + relu
+
+    c = vtc.compile(f, (x, y))  # generated kernels: relu reads through the composed mapping
+    torch.testing.assert_close(c(x, y), f(x, y), **TOL)
+    r = c.report.to_dict()
+    assert r["materialized_movement_bytes"] == 0 and r["chains"] == []
+    assert r["kernels"] == 1 and r["eliminated_movement_ops"] == r["movement_ops"] == 5
 
 
 def test_wrong_inputs_raise_with_expected_and_received():
