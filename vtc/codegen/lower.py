@@ -66,8 +66,8 @@ class Lowering:
         self.users = graph.users()
         self.outputs = {v.name for v in graph.outputs}
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors}
+        self.why_torch: dict[str, str] = {}  # node -> why a known op still runs through torch
         self.kind = {n.name: self._classify(n) for n in graph.nodes}
-        self.why_torch: dict[str, str] = {}
         self.inline: set[str] = set()
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
@@ -94,15 +94,16 @@ class Lowering:
         return "library"
 
     def _torch(self, n: Node, why: str) -> None:
-        self.__dict__.setdefault("why_torch", {})[n.name] = why
+        self.why_torch[n.name] = why
 
     def _probe(self, n: Node, kind: str) -> None:
         """Runs n's definition against placeholder loads, to find out whether it is supported."""
         ctx = _ProbeCtx(n)
         args = bind(n.target, n.args, n.kwargs)
         if kind == "pointwise":
-            if len(n.outputs) != 1:
-                raise NotSupported("pointwise op with several outputs")
+            extra = [o for o in n.outputs[1:] if self.users.get(o.name) or o.name in self.outputs]
+            if extra:
+                raise NotSupported(f"pointwise op whose extra output {extra[0].name} is used")
             ctx.index = out_vars(n.outputs[0].shape)
             lookup(POINTWISE, n.target)(ctx, args, n.outputs[0])
         else:
@@ -324,6 +325,13 @@ class _Ctx:
         raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
 
 
+    def channel(self, x, dim: int, dtype: torch.dtype) -> Scalar:
+        """1-D operand x read at the current index of dimension `dim` (per-channel parameters)."""
+        if not isinstance(x, Value) or len(x.shape) != 1:
+            raise NotSupported(f"per-channel operand {x!r} is not a 1-D tensor")
+        return K.cast(self.low.value_at(x.name, (self.index[dim],), self.memo), dtype)
+
+
 class _ProbeCtx:
     """A context whose reads are placeholders: used to test whether a definition supports a call."""
 
@@ -339,6 +347,11 @@ class _ProbeCtx:
         if isinstance(x, (bool, int, float)):
             return K.const(x, dtype)
         raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
+
+    def channel(self, x, dim: int, dtype: torch.dtype) -> Scalar:
+        if not isinstance(x, Value) or len(x.shape) != 1:
+            raise NotSupported(f"per-channel operand {x!r} is not a 1-D tensor")
+        return self.arg(x, dtype)
 
 
 def _ident(name: str) -> str:

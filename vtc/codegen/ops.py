@@ -380,3 +380,22 @@ def _layer_norm(ctx, args, outs):
                           [("q", "sum", lambda c: K.binary("mul", dev(c), dev(c)), dt)]],
                    [(0, normed, True), (1, lambda c: K.cast(mean(c), outs[1].dtype), False),
                     (2, lambda c: K.cast(rstd(c), outs[2].dtype), False)])
+
+
+@pointwise("_native_batch_norm_legit_no_training", "native_batch_norm")
+def _batch_norm(ctx, args, out):
+    """Inference batch norm: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c], c = dim 1."""
+    if args.get("training", False):
+        raise NotSupported("batch norm in training mode")
+    dt = out.dtype
+    if dt not in (torch.float32, torch.float64):
+        raise NotSupported(f"batch norm in {dt}")
+    x = ctx.arg(args["input"], dt)
+    mean = ctx.channel(args["running_mean"], 1, dt)
+    scale = K.unary("rsqrt", K.binary("add", ctx.channel(args["running_var"], 1, dt), K.const(args["eps"], dt)))
+    if args.get("weight") is not None:
+        scale = K.binary("mul", scale, ctx.channel(args["weight"], 1, dt))
+    y = K.binary("mul", K.binary("sub", x, mean), scale)
+    if args.get("bias") is not None:
+        y = K.binary("add", y, ctx.channel(args["bias"], 1, dt))
+    return y
