@@ -1,6 +1,8 @@
 """The ``vtc`` command line: one module per subcommand under ``vtc/commands``.
 
     vtc analyze MODEL [--size small|tiny] [--plan all|none] [--graph] [--json FILE]
+    vtc run MODEL.onnx [--inputs FILE.npz] [--dim NAME=VALUE ...]
+    vtc bench [--quick] [--workloads a,b] [--systems x,y]
 
 Each command module defines ``register(subparsers)``, which adds its parser and
 sets ``func`` (a function of the parsed arguments returning the exit code).
@@ -11,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("vtc.commands.analyze",)
+COMMANDS = ("vtc.commands.analyze", "vtc.commands.run", "vtc.commands.bench")
 
 
 def main(argv: list[str] | None = None) -> int:

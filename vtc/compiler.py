@@ -24,11 +24,12 @@ import torch.utils._pytree as pytree
 from vtc.frontend.torch_export import export_graph, flatten_inputs, unflatten_outputs
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report
+from vtc.plan.greedy import plan_greedy
 from vtc.plan.virtualize import Plan, plan_all, plan_none
 from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
-PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none}
+PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none, "greedy": plan_greedy}
 OPTIONS = {"plan": "all", "backend": "cpu", "oracle": False, "max_specializations": 8}
 BACKENDS = ("torch", "cpu")
 

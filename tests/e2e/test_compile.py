@@ -182,3 +182,22 @@ def test_kv_cache_update_then_attention():
     assert [ch["ops"][0] for ch in r["chains"] if ch["realized_as"] == "gather"] == ["index_put"]  # index_copy decomposes to index_put
     with pytest.raises(IndexError, match="index_put: index 16 is out of range"):
         c(q, cache, k_new, torch.tensor([16]))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_flip_is_never_a_negative_stride_view(backend):
+    x = torch.randn(3, 5)
+    for f in (lambda x: x.flip(-1), lambda x: x.flip(0) * 2):
+        torch.testing.assert_close(vtc.compile(f, (x,), backend=backend)(x), f(x))
+
+
+def test_index_put_with_index_tensors_that_are_views():
+    """The index tensors are themselves virtual (columns of idx): realised before the kernel, kept alive."""
+    def f(d, idx, u):
+        return torch.index_put(d, (idx[:, 0], idx[:, 1]), u) * 2
+
+    d, idx, u = torch.randn(5, 6), torch.tensor([[0, 1], [2, 3], [4, 5]]), torch.randn(3)
+    c = vtc.compile(f, (d, idx, u))
+    torch.testing.assert_close(c(d, idx, u), f(d, idx, u))
+    with pytest.raises(IndexError, match="index_put: index 5 is out of range"):
+        c(d, torch.tensor([[0, 1], [5, 3], [4, 5]]), u)

@@ -18,13 +18,16 @@ import torch.utils._pytree as pytree
 def register(sub) -> None:
     """Adds the `analyze` subcommand."""
     from vtc import zoo
+    from vtc.compiler import PLANS
 
     a = sub.add_parser("analyze", help="movement-op census of a model")
     a.add_argument("model", help=f"built-in name ({', '.join(zoo.NAMES)}) or pkg.module:factory")
     a.add_argument("--size", default="small", choices=zoo.SIZES)
-    a.add_argument("--plan", default="all", choices=("all", "none"))
+    a.add_argument("--plan", default="all", choices=sorted(PLANS))
     a.add_argument("--graph", action="store_true", help="print the captured graph IR first")
     a.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    a.add_argument("--explain", action="store_true",
+                   help="after the census, every movement op's fate and the planner's reason (vtc.plan.explain)")
     a.set_defaults(func=analyze)
 
 
@@ -64,6 +67,11 @@ def analyze(args: argparse.Namespace) -> int:
           f"{report.materialized_movement_bytes:,} B with plan={args.plan}")
     print(f"peak intermediate memory: {baseline.peak_memory_bytes:,} B with plan=none -> "
           f"{report.peak_memory_bytes:,} B with plan={args.plan}")
+    if getattr(args, "explain", False):
+        from vtc.plan.explain import explain
+
+        print()
+        print(explain(compiled.graph, compiled._first.plan, report, baseline, backend=compiled.options["backend"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "size": args.size, "max_error": err,

@@ -46,23 +46,31 @@ def register(sub) -> None:
     b = sub.add_parser("bench", help="benchmark vtc against eager, Inductor, ONNX Runtime and OpenVINO",
                        description="Runs the benchmark suite in bench/ and writes bench/results/<host>-<date>.json "
                                    "and BENCHMARKS.md.")
-    # the options are defined by the harness; added lazily so `vtc --help` needs no bench/ import
-    _add_arguments(b)
+    add_run_arguments(b)
     b.set_defaults(func=bench)
 
 
-def _add_arguments(b: argparse.ArgumentParser) -> None:
-    try:
-        load_harness().add_run_arguments(b)
-    except RuntimeError as e:  # no checkout: keep the command so that it can say why
-        b.set_defaults(_bench_error=str(e))
-        b.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `vtc bench` (also those of `python -m bench.harness`)."""
+    p.add_argument("--quick", action="store_true", help="few small workloads, 5 runs, no memory probes (< 3 min)")
+    p.add_argument("--workloads", metavar="A,B",
+                   help="workload names, globs, groups (unit, model, attention, micro) or 'all' (see --list)")
+    p.add_argument("--systems", metavar="X,Y", help="systems (see --list; 'vtc' = every vtc variant)")
+    p.add_argument("--out", metavar="DIR", help="where the JSON (and, for non-default runs, the report) goes")
+    p.add_argument("--markdown", metavar="FILE", help="where to write the markdown report")
+    p.add_argument("--runs", type=int, help="timed runs per system (default 20, quick 5)")
+    p.add_argument("--threads", type=int, help="threads for every system (default: all cores)")
+    p.add_argument("--no-memory", dest="memory", action="store_const", const=False, default=None,
+                   help="skip the per-process memory probes")
+    p.add_argument("--memory", dest="memory", action="store_const", const=True,
+                   help="memory probes for every group (also in --quick; default: units and models, not in --quick)")
+    p.add_argument("--memory-groups", metavar="G,H", help="memory probes for these groups only (unit, model, attention, micro)")
+    p.add_argument("--memory-systems", metavar="X,Y", help="memory probes for these systems only (default: all)")
+    p.add_argument("--list", action="store_true", help="list the workloads and systems and exit")
 
 
 def bench(args: argparse.Namespace) -> int:
     """Runs the suite with the parsed options; returns 0 when it ran."""
-    if getattr(args, "_bench_error", None):
-        raise RuntimeError(args._bench_error)
     harness = load_harness()
     command = "vtc bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else None
     harness.run_from_args(args, command=command or _command_from(args))
@@ -77,6 +85,10 @@ def _command_from(args: argparse.Namespace) -> str:
         v = getattr(args, opt, None)
         if v is not None:
             parts.append(f"--{opt} {v}")
-    if args.memory is not None:
+    if getattr(args, "memory_groups", None):
+        parts.append(f"--memory-groups {args.memory_groups}")
+    if getattr(args, "memory_systems", None):
+        parts.append(f"--memory-systems {args.memory_systems}")
+    elif args.memory is not None:
         parts.append("--memory" if args.memory else "--no-memory")
     return " ".join(parts)

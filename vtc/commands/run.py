@@ -1,6 +1,6 @@
 """``vtc run MODEL.onnx``: compile an ONNX model with vtc, run it, compare with onnxruntime.
 
-    vtc run model.onnx [--inputs file.npz] [--dim name=value ...] [--plan all|none] [--runs N]
+    vtc run model.onnx [--inputs file.npz] [--dim name=value ...] [--plan all|none|...] [--runs N]
 
 Inputs come from ``--inputs`` (arrays named like the model's inputs, or
 ``arr_0, arr_1, ...`` in input order, as ``np.savez`` names them) or are random,
@@ -32,7 +32,9 @@ def register(sub) -> None:
     r.add_argument("--inputs", metavar="FILE.npz", help="input arrays (by input name, or arr_0, arr_1, ...)")
     r.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
                    help="value of a symbolic input dim (repeatable)")
-    r.add_argument("--plan", default="all", choices=("all", "none"))
+    from vtc.compiler import PLANS
+
+    r.add_argument("--plan", default="all", choices=tuple(PLANS), help="which movement ops become virtual")
     r.add_argument("--runs", type=int, default=5, help="timed calls of each runtime (median is printed)")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     r.add_argument("--json", metavar="FILE", help="also write the errors, timings and report as JSON")

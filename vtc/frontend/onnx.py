@@ -347,13 +347,15 @@ class _Lowering:
                              "compiles static shapes only")
         if any(isinstance(x, list) for x in ins):
             raise self.error("ONNX sequences are not supported as inputs of ops vtc does not lower")
-        specs = [None if x is None else (tuple(x.shape), x.dtype) for x in ins]
-        fn = OrtOp(node, self.opsets, self.model.ir_version, specs)
-        present = [x for x in ins if x is not None]
-        if all(isinstance(x, torch.Tensor) for x in present) and node.op_type not in NONDETERMINISTIC:
-            res = list(fn(*present))
-        else:
-            args = tuple(self.const_value(x) if isinstance(x, torch.Tensor) else x for x in present)
+        runtime = [x for x in ins if isinstance(x, Value)]
+        if not runtime and node.op_type not in NONDETERMINISTIC:  # fold: run it now on the constants
+            fn = OrtOp(node, self.opsets, self.model.ir_version,
+                       [None if x is None else (tuple(x.shape), x.dtype) for x in ins])
+            res = list(fn(*[x for x in ins if x is not None]))
+        else:  # constants become initializers of the one-node model; the node reads the runtime inputs
+            fn = OrtOp(node, self.opsets, self.model.ir_version,
+                       [(x.shape, x.dtype) if isinstance(x, Value) else x for x in ins])
+            args = tuple(runtime)
             outs = tuple(Value(_fresh(f"{self._base}_ort", self.value_names), shape, dtype)
                          for shape, dtype in fn.output_specs())
             added = self._add(fn, args, {}, outs, classify(fn, args, {}))
@@ -464,11 +466,9 @@ class _Lowering:
         elem, dims = exp
         want = ONNX_TO_TORCH.get(elem)
         if dims is not None and all(isinstance(d, int) for d in dims) and tuple(dims) != tuple(x.shape):
-            if len(dims) != len(x.shape):
-                raise self.error(f"vtc's lowering gives output {name!r} shape {list(x.shape)}, ONNX shape "
-                                 f"inference gives {list(dims)} (a bug in vtc's ONNX op table)")
-            # same rank, other sizes: onnxruntime (whose float32 arithmetic vtc follows) and ONNX shape
-            # inference (float64) can disagree, e.g. Resize of 10 by scale 0.7; recorded, not fatal
+            # recorded, not fatal: onnxruntime (whose float32 arithmetic vtc follows) and ONNX shape inference
+            # (float64) can disagree, e.g. Resize of 10 by scale 0.7; a model may declare wrong output shapes
+            # (onnxruntime only warns); the tests require no notes on the models they check
             self.shape_notes.append(f"{self.where}: output {name!r} is {list(x.shape)} (as onnxruntime computes "
                                     f"it), ONNX shape inference says {list(dims)}")
         if want is not None and want != x.dtype:
@@ -506,7 +506,7 @@ def _tensor(t: onnx.TensorProto) -> torch.Tensor:
     """An initializer / Constant as a torch tensor."""
     arr = onnx.numpy_helper.to_array(t)
     if t.data_type == onnx.TensorProto.BFLOAT16:
-        return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(arr).view(np.int16).copy()).view(torch.bfloat16)
     torch_dtype(t.data_type, f"tensor {t.name!r}")
     return from_numpy(np.array(arr, copy=True))
 
@@ -535,6 +535,8 @@ class OnnxCompiled:
         self.dims = dict(dims or {})
         self._specs: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
+        if isinstance(example_inputs, (np.ndarray, np.generic, torch.Tensor)):
+            example_inputs = [example_inputs]  # the one input of a one-input model
         if example_inputs is not None and not (isinstance(example_inputs, (tuple, list, dict))
                                                and len(example_inputs) == 0):
             tensors, _ = self._tensors(example_inputs)
@@ -559,15 +561,15 @@ class OnnxCompiled:
         return [s.name for s in self.specs]
 
     def replan(self, **options) -> "OnnxCompiled":
-        """The same model compiled with other options (same example shapes)."""
-        shapes = {s.name: shape for s, shape in zip(self.specs, self._example_shapes)}
+        """The same imported graph compiled with other options (no new import)."""
+        from vtc.compiler import check_options, specialize
+
         out = OnnxCompiled.__new__(OnnxCompiled)
         out.__dict__.update(self.__dict__)
-        from vtc.compiler import check_options
-
         out.options = check_options({**self.options, **options})
         out._specs, out._lock = OrderedDict(), threading.Lock()
-        out._first = out._specialize(tuple(shapes[s.name] for s in self.specs))
+        out._first = specialize(self.graph, out.options)
+        out._specs[self._example_shapes] = out._first
         return out
 
     def _specialize(self, shapes: tuple[tuple[int, ...], ...]):

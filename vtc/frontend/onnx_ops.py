@@ -18,7 +18,12 @@ Movement ONNX ops become ATen movement ops (which the plan makes virtual):
     ScatterElements -> scatter.src   Pad -> constant_pad_nd (constant mode) or
     index_select with constant indices (edge / reflect / wrap)
     DepthToSpace -> pixel_shuffle (CRD) or view/permute/view (DCR); SpaceToDepth -> view/permute/view
-    Resize (nearest) -> index_select with constant indices along each resized dim
+    Resize (nearest) -> index_select with constant indices along each resized dim (onnxruntime's
+    float32 index rule; half_pixel_symmetric and tf_* modes fall back)
+
+Compute ops map to the ATen ops ``torch.export`` produces (MatMul -> mm/bmm between
+views and expands, Gemm -> addmm, Conv -> convolution, LayerNormalization ->
+native_layer_norm, ...), so later stages see the same graphs from both frontends.
 
 A handler that cannot express a case raises ``Unsupported(reason)``: the node
 then runs through onnxruntime (``vtc.frontend.onnx_ort``) and is reported as a
@@ -64,6 +69,7 @@ class Attrs:
         return name in self._a
 
     def get(self, name: str, default: Any = None) -> Any:
+        """The attribute's Python value (strings decoded, tensors/graphs as protos), or default."""
         a = self._a.get(name)
         if a is None:
             return default
@@ -71,15 +77,19 @@ class Attrs:
         return v.decode() if isinstance(v, bytes) else v
 
     def i(self, name: str, default: int = 0) -> int:
+        """An int attribute."""
         return int(self.get(name, default))
 
     def f(self, name: str, default: float = 0.0) -> float:
+        """A float attribute."""
         return float(self.get(name, default))
 
     def s(self, name: str, default: str = "") -> str:
+        """A string attribute."""
         return str(self.get(name, default))
 
     def ints(self, name: str, default: Any = None) -> list[int] | None:
+        """An ints attribute as a list, or default."""
         v = self.get(name, None)
         return default if v is None else [int(x) for x in v]
 

@@ -90,7 +90,9 @@ class OrtOp:
     """One ONNX node run by onnxruntime on torch tensors (the frontend's fallback op)."""
 
     def __init__(self, node: onnx.NodeProto, opsets: dict[str, int], ir_version: int,
-                 inputs: Sequence[tuple[tuple[int, ...], torch.dtype] | None]) -> None:
+                 inputs: Sequence[tuple[tuple[int, ...], torch.dtype] | torch.Tensor | None]) -> None:
+        """``inputs``: per ONNX input, None (absent), (shape, dtype) of a runtime tensor (an argument of the
+        call, in order), or a constant tensor (embedded in the one-node model as an initializer)."""
         self.op_type, self.domain, self.node_name = node.op_type, node.domain, node.name
         name = f"onnx.{node.op_type}" if node.domain in ("", "ai.onnx") else f"onnx.{node.domain}.{node.op_type}"
         self.__name__ = self.__qualname__ = name
@@ -99,16 +101,20 @@ class OrtOp:
             if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise ValueError(f"node {node.name!r}: op {node.op_type} has a subgraph attribute {a.name!r}; "
                                  "vtc does not support control flow that depends on runtime data")
-        self.in_specs = list(inputs)
-        graph_inputs, in_names = [], []
+        self.in_specs = [x if x is None or isinstance(x, tuple) else (tuple(x.shape), x.dtype) for x in inputs]
+        graph_inputs, in_names, inits = [], [], []
         for k, spec in enumerate(inputs):
             if spec is None:
                 in_names.append("")
-                continue
-            shape, dtype = spec
-            in_names.append(f"x{len(graph_inputs)}")
-            graph_inputs.append(helper.make_tensor_value_info(in_names[-1], TORCH_TO_ONNX[dtype], list(shape)))
-        self.n_inputs = len(graph_inputs)
+            elif isinstance(spec, torch.Tensor):
+                in_names.append(f"c{k}")
+                inits.append(onnx.numpy_helper.from_array(to_numpy(spec), in_names[-1]))
+            else:
+                shape, dtype = spec
+                in_names.append(f"x{len(graph_inputs)}")
+                graph_inputs.append(helper.make_tensor_value_info(in_names[-1], TORCH_TO_ONNX[dtype], list(shape)))
+        self.runtime_specs = [spec for spec in inputs if isinstance(spec, tuple)]
+        self.n_inputs = len(graph_inputs)  # the call's arguments: the runtime inputs, in order
         out_names = [f"y{k}" if o else "" for k, o in enumerate(node.output)]
         self.out_names = [o for o in out_names if o]
         one = onnx.NodeProto()
@@ -119,7 +125,7 @@ class OrtOp:
         one.output.extend(out_names)
         one.name = node.name or node.op_type
         graph = helper.make_graph([one], f"vtc_fallback_{node.op_type}", graph_inputs,
-                                  [onnx.ValueInfoProto(name=o) for o in self.out_names])
+                                  [onnx.ValueInfoProto(name=o) for o in self.out_names], inits)
         self.model = helper.make_model(
             graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets.items())],
             ir_version=ir_version)
@@ -140,16 +146,13 @@ class OrtOp:
         return tuple(from_numpy(o) for o in outs)
 
     def output_specs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Shapes and dtypes of the outputs: ONNX shape inference, else one run on dummy inputs."""
+        """Shapes and dtypes of the outputs: ONNX shape inference (constant inputs are initializers of the
+        one-node model, so shape arguments are known), else one run on dummy runtime inputs."""
         specs = _inferred_outputs(self.model, self.out_names)
         if specs is not None:
             return specs
-        dummy = []
-        for spec in self.in_specs:
-            if spec is not None:
-                shape, dtype = spec
-                dummy.append(torch.ones(shape, dtype=dtype) if dtype.is_floating_point or dtype == torch.bool
-                             else torch.zeros(shape, dtype=dtype))
+        dummy = [torch.ones(shape, dtype=dtype) if dtype.is_floating_point or dtype == torch.bool
+                 else torch.zeros(shape, dtype=dtype) for shape, dtype in self.runtime_specs]
         try:
             outs = self(*dummy)
         except Exception as e:
@@ -162,16 +165,21 @@ class OrtOp:
         return f"<{self.__name__} via onnxruntime>"
 
     def __reduce__(self):  # pickled as its one-node model, rebuilt (and its session reopened) on load
-        return (_rebuild, (self._bytes, self.node_name, self.in_specs))
+        return (_rebuild, (self._bytes, self.node_name))
 
 
-def _rebuild(model_bytes: bytes, node_name: str, in_specs) -> OrtOp:
+def _rebuild(model_bytes: bytes, node_name: str) -> OrtOp:
     m = onnx.load_from_string(model_bytes)
     node = onnx.NodeProto()
     node.CopyFrom(m.graph.node[0])
     node.name = node_name
     opsets = {o.domain: o.version for o in m.opset_import}
-    return OrtOp(node, opsets, m.ir_version, in_specs)
+    consts = {t.name: torch.from_numpy(onnx.numpy_helper.to_array(t).copy()) for t in m.graph.initializer}
+    types = {i.name: i.type.tensor_type for i in m.graph.input}
+    inputs = [None if not n else consts[n] if n in consts else
+              (tuple(d.dim_value for d in types[n].shape.dim), ONNX_TO_TORCH[types[n].elem_type])
+              for n in node.input]
+    return OrtOp(node, opsets, m.ir_version, inputs)
 
 
 def _inferred_outputs(model: onnx.ModelProto, names: list[str]):

@@ -136,6 +136,8 @@ class Mapping:
         if coeffs:  # pragma: no cover - the index only uses output variables
             return None
         strides = tuple(0 if sz == 1 else s for s, sz in zip(strides, self.shape))
+        if any(s < 0 for s in strides) or offset < 0:  # flip: not expressible as a torch view
+            return None
         return Strided(p.source, offset, strides)
 
 

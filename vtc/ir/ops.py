@@ -5,7 +5,8 @@ Ops are keyed by their ATen packet name (``target._opname``: ``add`` for
 has a *category* that later stages dispatch on (``pointwise`` ops map element
 i of each broadcast input to element i of the output; ``reduction`` ops reduce
 some axes; ``matmul``, ``conv``, ``attention``, ``norm``, ``pool``, ``scan``,
-``creation`` ops are kernels of their own).  Movement ops are decided first by
+``indexed`` (sorting, accumulating scatters), ``creation`` ops are kernels of
+their own).  Movement ops are decided first by
 ``vtc.virtual.ops.is_movement`` (op *and* arguments: ``_to_copy`` that keeps the
 dtype moves data, one that casts computes); anything else that is not in the
 table is a ``fallback`` and is run by torch.
@@ -35,6 +36,8 @@ _CREATION = """arange full full_like zeros zeros_like ones ones_like empty empty
 _REDUCTION = """sum mean amax amin max min var std var_mean std_mean prod any all
     argmax argmin logsumexp norm linalg_vector_norm count_nonzero"""
 _SCAN = "cumsum cumprod"
+_INDEXED = """topk sort argsort scatter_reduce scatter_add index_put index_add index_reduce scatter
+    searchsorted bucketize"""  # reaches here only when not pure movement (reductions, accumulation)
 _SOFTMAX = "softmax _softmax log_softmax _log_softmax _safe_softmax"
 _NORM = """native_layer_norm layer_norm rms_norm _fused_rms_norm group_norm
     native_group_norm batch_norm native_batch_norm _native_batch_norm_legit
@@ -56,6 +59,7 @@ COMPUTE_OPS: dict[str, str] = {
         ("creation", _CREATION),
         ("reduction", _REDUCTION),
         ("scan", _SCAN),
+        ("indexed", _INDEXED),
         ("softmax", _SOFTMAX),
         ("norm", _NORM),
         ("matmul", _MATMUL),

@@ -73,7 +73,7 @@ class Report:
             f"peak intermediate memory {_mb(self.peak_memory_bytes)}",
         ]
         if self.fallback_ops:
-            lines.append(f"  fallback to torch: {', '.join(sorted(set(self.fallback_ops)))}")
+            lines.append(f"  fallback ops (run by the framework): {', '.join(sorted(set(self.fallback_ops)))}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -13,14 +13,17 @@ another movement op.  How it is made physical is decided here too:
   source, so it is handed out as a zero-copy ``as_strided`` view;
 - ``gather``: anything else is realised by one gather from its sources.
 
-The planner issue replaces ``plan_all`` by a cost-driven choice; this module's
-``Plan`` is what the executor and the report consume.
+``plan_keeping(graph, mode, keep)`` is the mechanism under every planner: every
+movement op virtual except the ones in ``keep`` (node name -> why), which run
+physically.  ``plan_all`` keeps nothing; the cost-driven planner
+(``vtc.plan.greedy``) decides ``keep`` and logs its ``decisions`` here.  This
+module's ``Plan`` is what the executor and the report consume.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vtc.index.mapping import Mapping, Strided, compose
+from vtc.index.mapping import Mapping, Strided, compose, contiguous_strides
 from vtc.ir.graph import Graph, Node, Value
 from vtc.virtual import movement
 
@@ -47,6 +50,7 @@ class Plan:
     realized: dict[str, Realization] = field(default_factory=dict)  # virtual values that something reads
     kept: dict[str, str] = field(default_factory=dict)  # movement node name -> why it stays physical
     needs: dict[str, list[str]] = field(default_factory=dict)  # node name -> virtual inputs to realise first
+    decisions: list = field(default_factory=list)  # a planner's log (vtc.plan.greedy.Decision), in decision order
 
     def is_virtual(self, value: str) -> bool:
         return value in self.mappings
@@ -63,10 +67,19 @@ def plan_none(graph: Graph) -> Plan:
 
 def plan_all(graph: Graph) -> Plan:
     """Every movement op with a pull mapping becomes virtual over physical tensors."""
-    plan = Plan("all")
+    return plan_keeping(graph, "all", {})
+
+
+def plan_keeping(graph: Graph, mode: str, keep: dict[str, str]) -> Plan:
+    """Every movement op virtual (composed over its virtual inputs) except those named in `keep`.
+
+    `keep` maps a movement node's name to why it stays physical; such a node
+    runs through the framework on physical (or realised) inputs.
+    """
+    plan = Plan(mode)
     for n in graph.nodes:
         if n.kind == "movement":
-            reason = _virtualize(plan, n)
+            reason = keep.get(n.name) or _virtualize(plan, n)
             if reason:
                 plan.kept[n.name] = reason
         _note_needs(plan, n, data_only=n.kind == "movement" and n.name not in plan.kept)
@@ -75,14 +88,21 @@ def plan_all(graph: Graph) -> Plan:
     return plan
 
 
-def _virtualize(plan: Plan, node: Node) -> str | None:
-    """Composes node's pull with its inputs' mappings; returns why it cannot, or None."""
+def pull_of(node: Node) -> tuple[Mapping, ...] | str:
+    """The pull mapping of each output of movement node `node`, or why there is none."""
     if not movement.has_pull(node.target):
         return f"no pull mapping for {node.op}"
     try:
-        maps = movement.pull(node.target, node.args, node.kwargs, [o.shape for o in node.outputs])
+        return movement.pull(node.target, node.args, node.kwargs, [o.shape for o in node.outputs])
     except (NotImplementedError, ValueError, IndexError, TypeError) as e:
         return f"pull mapping failed: {type(e).__name__}: {e}"
+
+
+def _virtualize(plan: Plan, node: Node) -> str | None:
+    """Composes node's pull with its inputs' mappings; returns why it cannot, or None."""
+    maps = pull_of(node)
+    if isinstance(maps, str):
+        return maps
     for out, m in zip(node.outputs, maps):
         inner = {s: plan.mappings[s] for s in m.sources if s in plan.mappings}
         plan.mappings[out.name] = compose(m, inner) if inner else m
@@ -100,7 +120,7 @@ def _note_needs(plan: Plan, node: Node, data_only: bool) -> None:
         names = [v.name for v in node.inputs]
     need = [name for name in names if plan.is_virtual(name)]
     for name in need:
-        _realize(plan, name)
+        _realize(plan, name, dense=not data_only and needs_dense(node))
     if need:
         plan.needs[node.name] = need
 
@@ -109,10 +129,34 @@ def _index_of(plan: Plan, node: Node, v: Value) -> bool:
     return any(v.name in plan.mappings[o.name].index_tensors for o in node.outputs)
 
 
-def _realize(plan: Plan, name: str) -> None:
-    if name in plan.mappings and name not in plan.realized:
-        m = plan.mappings[name]
-        plan.realized[name] = Realization(name, m, m.strided())
+def _realize(plan: Plan, name: str, dense: bool = False) -> None:
+    """Records how virtual `name` is made physical; `dense`: a reader needs it row-major (else a gather)."""
+    if name not in plan.mappings:
+        return
+    r = plan.realized.get(name)
+    m = plan.mappings[name] if r is None else r.mapping
+    st = m.strided() if r is None else r.strided
+    if dense and st is not None and not is_dense(st, m.shape):
+        st = None
+    if r is None or st is not r.strided:
+        plan.realized[name] = Realization(name, m, st)
+
+
+VIEW_ONLY = frozenset({"view", "_unsafe_view", "view_as"})  # framework ops that reject most strided inputs
+
+
+def needs_dense(node: Node) -> bool:
+    """True when movement node `node`, run by the framework, needs a row-major input (aten.view does)."""
+    from vtc.virtual.ops import base_name, packet_name
+
+    name = packet_name(node.target)
+    return node.kind == "movement" and name is not None and base_name(name) in VIEW_ONLY
+
+
+def is_dense(st: Strided, shape: tuple[int, ...]) -> bool:
+    """True when strided view `st` of `shape` is row-major (any offset; size-1 dims ignored)."""
+    want = contiguous_strides(shape)
+    return all(s == w for s, w, n in zip(st.strides, want, shape) if n > 1)
 
 
 def chain_of(graph: Graph, plan: Plan, value: str) -> list[Node]:

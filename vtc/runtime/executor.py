@@ -190,7 +190,8 @@ class CompiledKernel:
         stored = {st.buffer.name for st in k.stores}
         self.outputs = [b for b in self.order if b.name in stored]
         self.inputs = [b for b in self.order if b.name not in stored]
-        self.reads = [b.name for b in self.inputs]
+        derived_from = [n for m in step.derived for n in m.index_tensors] + [c.tensor for c in step.checks]
+        self.reads = list(dict.fromkeys([b.name for b in self.inputs] + derived_from))
 
     def __call__(self, env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         k = self.step

@@ -1,0 +1,754 @@
+"""What removing a movement op saves: the planner's cost model.
+
+Three layers, from facts to policy:
+
+- ``Machine``: figures of this machine (copy bandwidth measured once by timing
+  a large torch copy, cache line, vector width from torch's CPU capability,
+  threads), cached in the vtc cache directory; ``VTC_NO_MEASURE=1`` gives the
+  fixed ``FALLBACK`` instead (tests set it).
+- ``access(mapping)``: how a reader walks a tensor through a mapping (the
+  contiguity class, the contiguous chunk, cache lines touched per element, the
+  index arithmetic per element), found by evaluating the mapping on a sample of
+  consecutive output positions.
+- ``CostModel``: prices (seconds) for reading through an access, writing,
+  copying, and whether a library takes a strided view.  This is the policy:
+  one swappable class with no correctness duties.
+
+``Estimator`` ties them to a graph: given a strategy (the set of movement ops
+made virtual), it lists the latency *terms* the movement-related work costs —
+a kept op's copy, a kernel's reads of a (virtual) tensor, the realisation of a
+virtual tensor that a library node or the graph output needs (a zero-copy view
+or a copy), a library's own copy of a view it cannot take — following what the
+lowering (``vtc.codegen.lower``) and the executor do.  ``saving(choice,
+state)`` is latency without the choice minus latency with it, over the terms
+the choice can change; it comes as a ``Saving(seconds, reason)``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+
+import torch
+
+from vtc.index.expr import walk
+from vtc.index.mapping import Mapping, Strided, compose, contiguous_strides
+from vtc.ir.graph import Node, Value
+from vtc.plan.virtualize import is_dense, needs_dense
+from vtc.plan.vtog import PUSH, VTOG, Choice, category
+
+# ---------------------------------------------------------------------------
+# the machine
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Figures of one machine that the prices use."""
+
+    bandwidth_gbs: float  # sustained copy bandwidth: (bytes read + bytes written) per second / 1e9
+    cache_line: int = 64  # bytes
+    vector_bytes: int = 32  # SIMD register width in bytes
+    cache_bytes: int = 1 << 20  # a working set that stays in cache (strided re-reads hit it)
+    threads: int = 1
+    measured: bool = False
+
+
+FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False)
+_VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
+                 "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
+MEASURE_BYTES = 64 << 20
+
+
+@lru_cache(maxsize=1)
+def machine() -> Machine:
+    """This machine's figures: measured once and cached on disk, or FALLBACK when VTC_NO_MEASURE=1."""
+    if os.environ.get("VTC_NO_MEASURE", "") not in ("", "0"):
+        return FALLBACK
+    cap = torch.backends.cpu.get_cpu_capability()
+    key = {"capability": cap, "threads": torch.get_num_threads(), "host": os.uname().nodename}
+    path = None
+    try:
+        from vtc.runtime.cbuild import cache_dir
+
+        path = cache_dir() / "machine.json"
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            return Machine(**data["machine"])
+    except (OSError, ValueError, KeyError, TypeError, PermissionError):
+        pass
+    m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
+                threads=torch.get_num_threads(), measured=True)
+    if path is not None:
+        try:
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({"key": key, "machine": asdict(m)}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return m
+
+
+def _measure_bandwidth() -> float:
+    """(read + written) GB/s of the best of a few copies of MEASURE_BYTES with torch."""
+    n = MEASURE_BYTES // 4
+    src, dst = torch.ones(n), torch.empty(n)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n * 4 / best / 1e9
+
+
+# ---------------------------------------------------------------------------
+# how a mapping is walked
+
+CONTIGUOUS, VIEW, BROADCAST, CHUNKED, SCATTERED, INDIRECT = (
+    "contiguous", "view", "broadcast", "chunked", "scattered", "indirect")
+TYPE_I = (CONTIGUOUS, VIEW, BROADCAST)
+INDEX_OPS = ("floordiv", "mod", "select", "load", "min", "max")
+PROBE = 512  # consecutive output positions sampled per probe
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a reader walks a tensor through a mapping, in the tensor's row-major order.
+
+    kind: "contiguous" (a dense strided view), "view" (another strided view),
+    "broadcast" (a strided view that repeats elements), "chunked" (contiguous
+    runs of at least a cache line), "scattered" (shorter runs), "indirect"
+    (index loads from a tensor).
+    """
+
+    kind: str
+    chunk_bytes: float  # mean bytes read contiguously
+    stride: int  # most common step (in source elements) between neighbouring output elements
+    lines_per_element: float  # distinct cache lines touched per element read
+    index_ops: int  # div/mod/select/min/max/load nodes per element, plus one per extra piece
+    source_bytes: int  # bytes of the sources the mapping reads
+    strided: Strided | None = None
+
+    @property
+    def type_i(self) -> bool:
+        return self.kind in TYPE_I
+
+    def describe(self) -> str:
+        """A short phrase for logs: "Type I (strided view, stride 1)", "contiguous chunks of 32 B", ..."""
+        if self.kind == CONTIGUOUS:
+            return "Type I (contiguous)"
+        if self.kind in (VIEW, BROADCAST):
+            return f"Type I (strided view, inner stride {self.stride})"
+        if self.kind == INDIRECT:
+            return f"indirect (index loads, {self.index_ops} index ops per element)"
+        what = "chunked" if self.kind == CHUNKED else "scattered"
+        return (f"{what}: contiguous runs of {self.chunk_bytes:.0f} B, {self.lines_per_element:.2f} cache lines "
+                f"and {self.index_ops} index ops per element")
+
+
+def index_ops(m: Mapping) -> int:
+    """div/mod/select/min/max/load nodes per element, in each piece's linear source offset (as the code
+    generator emits it) and predicate, plus one select per extra piece."""
+    from vtc.index.expr import lift
+
+    seen: set[int] = set()
+    n = 0
+    for p in m.pieces:
+        exprs = [p.when]
+        if p.source is not None:
+            lin = lift(0)
+            for i, s in zip(p.index, contiguous_strides(m.sources[p.source])):
+                lin = lin + i * s
+            exprs.append(lin)
+        for e in exprs:
+            for x in walk(e):
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    n += x.op in INDEX_OPS
+    return n + len(m.pieces) - 1
+
+
+def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
+    """How reading the tensor `m` describes, in row-major order, touches its sources."""
+    src_bytes = sum(_numel(s) for s in m.sources.values()) * itemsize
+    ops = index_ops(m)
+    if m.index_tensors or any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):
+        chunk, stride, lines = _probe(m, itemsize, line)  # with random indices in each load's range
+        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes)
+    st = m.strided()
+    if st is not None:
+        chunk, stride, lines = _strided_walk(st, m.shape, itemsize, line)
+        dense = [s for s, n in zip(st.strides, m.shape) if n > 1]
+        want = [s for s, n in zip(contiguous_strides(m.shape), m.shape) if n > 1]
+        kind = CONTIGUOUS if dense == want else BROADCAST if stride == 0 else VIEW
+        return Access(kind, chunk, stride, lines, ops, src_bytes, st)
+    chunk, stride, lines = _probe(m, itemsize, line)
+    return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes)
+
+
+def _strided_walk(st: Strided, shape: tuple[int, ...], itemsize: int, line: int) -> tuple[float, int, float]:
+    """(contiguous run in bytes, inner stride, cache lines per element) of a strided view, from its strides."""
+    dims = [(n, s) for n, s in zip(shape, st.strides) if n > 1]
+    if not dims:
+        return float(itemsize), 1, itemsize / line
+    run, want = 1, 1
+    for n, s in reversed(dims):
+        if s == 0:
+            continue  # a repeated element: read from cache
+        if s != want:
+            break
+        run, want = run * n, want * n
+    inner = dims[-1][1]
+    if inner == 0:
+        lines = 1 / (dims[-1][0] * max(1, line // itemsize))
+    elif inner == 1:  # runs of `run` elements, each run on at least one line of its own
+        lines = max(itemsize / line, 1 / run) if run * itemsize < line else itemsize / line
+    else:
+        lines = min(1.0, abs(inner) * itemsize / line)
+    return float(run * itemsize), inner, lines
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _probe(m: Mapping, itemsize: int, line: int) -> tuple[float, int, float]:
+    """(mean contiguous run in bytes, most common step, cache lines per element) over sampled positions."""
+    from vtc.index.expr import evaluate
+
+    numel = _numel(m.shape)
+    if numel <= 1:
+        return float(itemsize), 1, itemsize / line
+    k = min(numel, PROBE)
+    tensors = _random_indices(m)
+    starts = sorted({0, (numel // 2) // k * k if numel > 2 * k else 0})
+    runs, n_read, lines, steps = [], 0, 0, []
+    base = {s: j << 40 for j, s in enumerate(m.sources)}  # different sources are never contiguous
+    for start in starts:
+        lin = torch.arange(start, min(start + k, numel))
+        env, rest = {}, lin
+        for d in reversed(range(len(m.shape))):
+            env[f"i{d}"] = rest % max(m.shape[d], 1)
+            rest = rest // max(m.shape[d], 1)
+        off = torch.full(lin.shape, -1, dtype=torch.int64)
+        todo = torch.ones(lin.shape, dtype=torch.bool)
+        for p in m.pieces:
+            when = evaluate(p.when, env, tensors).bool().expand(lin.shape) & todo
+            todo &= ~when
+            if p.source is None:
+                continue
+            o = torch.full(lin.shape, base[p.source], dtype=torch.int64)
+            for i, s in zip(p.index, contiguous_strides(m.sources[p.source])):
+                o = o + evaluate(i, env, tensors).expand(lin.shape) * s
+            off = torch.where(when, o, off)
+        off = off[off >= 0]
+        if off.numel() == 0:
+            continue
+        n_read += off.numel()
+        lines += torch.unique(off * itemsize // line).numel()
+        if off.numel() > 1:
+            d = off[1:] - off[:-1]
+            steps.append(d)
+            brk = ((d != 0) & (d != 1)).nonzero().flatten()
+            edges = torch.cat([torch.tensor([-1]), brk, torch.tensor([off.numel() - 1])])
+            runs.extend((edges[1:] - edges[:-1]).tolist())
+        else:
+            runs.append(1)
+    if n_read == 0:
+        return float(itemsize), 1, 0.0
+    stride = int(torch.cat(steps).mode().values) if steps else 1
+    return sum(runs) / len(runs) * itemsize, stride, lines / n_read
+
+
+def _random_indices(m: Mapping) -> dict[str, torch.Tensor]:
+    """A stand-in for each index tensor a mapping loads: random values in the range its loads declare."""
+    rng: dict[str, tuple[int, int]] = {}
+    for p in m.pieces:
+        for e in (*p.index, p.when):
+            for x in walk(e):
+                if x.op == "load":
+                    lo, hi = rng.get(x.args[0], (x.args[2], x.args[3]))
+                    rng[x.args[0]] = (min(lo, x.args[2]), max(hi, x.args[3]))
+    g = torch.Generator().manual_seed(0)
+    return {name: torch.randint(int(lo), int(hi) + 1, tuple(shape) or (), generator=g)
+            for name, shape in m.index_tensors.items() if (lo_hi := rng.get(name)) is not None
+            for lo, hi in [lo_hi]}
+
+
+DENSE = Access(CONTIGUOUS, float("inf"), 1, 0.0, 0, 0)  # a physical buffer read in order
+
+
+# ---------------------------------------------------------------------------
+# prices (the policy)
+
+
+@dataclass(frozen=True)
+class Saving:
+    """Estimated latency without a choice minus latency with it (positive: the choice pays), and why."""
+
+    seconds: float
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{fmt_seconds(self.seconds)}: {self.reason}"
+
+
+def fmt_seconds(s: float) -> str:
+    """A signed time in ms or µs: "+0.21 ms", "-3.05 µs"."""
+    if abs(s) >= 1e-4:
+        return f"{s * 1e3:+.2f} ms"
+    return f"{s * 1e6:+.2f} µs"
+
+
+class CostModel:
+    """Prices of data movement on one machine.
+
+    The policy of the planner: subclass or replace it to change what is
+    considered profitable; nothing here affects correctness.  All prices are
+    seconds.  Traffic goes at the machine's copy bandwidth; index arithmetic and
+    scalar (non-vector) loads cost per element, split over the threads.
+    """
+
+    index_op_ns = 0.4  # one div/mod/select/min/max/load per element
+    scalar_load_ns = 0.25  # an element that cannot come from a vector load (inner stride not 0 or 1)
+    call_us = 1.0  # one torch call / kernel launch
+    uncertain = 1.25  # pessimism on the traffic of accesses of unknown locality (scattered, indirect)
+    chunk_penalty = 0.05  # extra traffic of "chunked" accesses (partly used lines at the run ends)
+
+    def __init__(self, machine_: Machine | None = None) -> None:
+        self.machine = machine_ or machine()
+
+    # traffic
+    def transfer(self, nbytes: float) -> float:
+        """Seconds to move nbytes through memory."""
+        return nbytes / (self.machine.bandwidth_gbs * 1e9)
+
+    def traffic(self, numel: int, itemsize: int, acc: Access) -> float:
+        """Bytes brought from memory to read numel elements through acc once."""
+        dense = numel * itemsize
+        if acc is DENSE or acc.kind == CONTIGUOUS:
+            return dense
+        if acc.kind == BROADCAST:
+            return min(dense, max(acc.source_bytes, itemsize))
+        touched = numel * acc.lines_per_element * self.machine.cache_line
+        if acc.source_bytes <= self.machine.cache_bytes:  # lines come back from cache for the next rows
+            touched = min(touched, max(dense, acc.source_bytes))
+        if acc.kind == CHUNKED:
+            return max(dense, touched) * (1 + self.chunk_penalty)
+        if acc.kind in (SCATTERED, INDIRECT):
+            return max(dense, touched) * self.uncertain
+        return max(dense, touched)
+
+    def compute(self, numel: int, acc: Access) -> float:
+        """Seconds of index arithmetic and scalar loads to read numel elements through acc once."""
+        ns = acc.index_ops * self.index_op_ns + (self.scalar_load_ns if acc.stride not in (0, 1) else 0.0)
+        return numel * ns * 1e-9 / max(self.machine.threads, 1)
+
+    # the operations the estimator prices
+    def read(self, numel: int, itemsize: int, acc: Access, reads: int = 1) -> float:
+        """A kernel reading every element `reads` times through acc (re-reads hit cache, redo the index)."""
+        return self.transfer(self.traffic(numel, itemsize, acc)) + reads * self.compute(numel, acc)
+
+    def write(self, numel: int, itemsize: int) -> float:
+        return self.transfer(numel * itemsize)
+
+    def copy(self, numel: int, itemsize: int, acc: Access, generated: bool = True) -> float:
+        """One copy into a new buffer reading through acc: a generated copy kernel computes the index per
+        element; the framework's copy (a kept op, a library making an operand contiguous) walks it
+        incrementally and pays only for scalar loads."""
+        read = self.read(numel, itemsize, acc) if generated else (
+            self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0)))
+        return self.call_us * 1e-6 + self.write(numel, itemsize) + read
+
+    def store(self, numel: int, itemsize: int, acc: Access) -> float:
+        """Extra seconds of writing through acc instead of in order (a push)."""
+        return self.transfer(self.traffic(numel, itemsize, acc) - numel * itemsize) + self.compute(numel, acc)
+
+    # what libraries take
+    def library_takes(self, reader: Node, operand: Value, st: Strided, shape: tuple[int, ...]) -> str | None:
+        """None when library node `reader` takes this strided view as is, else why it copies it."""
+        cat = category(reader)
+        if cat == "matmul" and not _is_bias(reader, operand):
+            return None if blas_layout(st, shape) else (
+                f"composed mapping reads stride {_inner(st, shape)} inside a GEMM operand ({reader.op}): "
+                f"the library copies it anyway")
+        if is_dense(st, shape):
+            return None
+        if cat in ("conv", "attention", "pool", "norm", "fallback", "scan"):
+            return f"{reader.op} makes its non-contiguous operand contiguous"
+        return None
+
+
+def blas_layout(st: Strided, shape: tuple[int, ...]) -> bool:
+    """True when the last two dims are row- or column-major (any batch strides): BLAS reads it in place."""
+    if len(shape) < 2:
+        return len(shape) == 0 or shape[0] <= 1 or st.strides[0] == 1
+    r, c = shape[-2], shape[-1]
+    sr, sc = st.strides[-2], st.strides[-1]
+    row = (c <= 1 or sc == 1) and (r <= 1 or sr >= max(c, 1))
+    col = (r <= 1 or sr == 1) and (c <= 1 or sc >= max(r, 1))
+    return row or col
+
+
+def _inner(st: Strided, shape) -> int:
+    dims = [k for k, n in enumerate(shape) if n > 1]
+    return st.strides[dims[-1]] if dims else 1
+
+
+def _is_bias(reader: Node, operand: Value) -> bool:
+    first = reader.args[0] if reader.args else None
+    return reader.target is not None and getattr(reader.target, "_opname", "") in ("addmm", "baddbmm", "addbmm",
+                                                                                   "addmv") and first is operand
+
+
+# ---------------------------------------------------------------------------
+# latency of a strategy, term by term (mechanism facts, model prices)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One priced piece of work: what, how long, and a phrase for the logs."""
+
+    key: tuple
+    seconds: float
+    note: str
+    cost: bool = True  # False for reads that happen in every strategy (the baseline of a reader)
+
+
+class Estimator:
+    """Latency terms of the movement-related work of `vtog.graph` under a strategy; savings of choices.
+
+    A state is the frozenset of movement ops whose pull choice is taken (their
+    outputs are virtual).  Push choices are priced against a pull state but do
+    not enter it (no lowering stores through a mapping yet).
+    """
+
+    def __init__(self, vtog: VTOG, model: CostModel | None = None) -> None:
+        self.vtog, self.model = vtog, model or CostModel()
+        g = vtog.graph
+        self.graph = g
+        self.values: dict[str, Value] = {v.name: v for v in g.values()}
+        self.nodes: dict[str, Node] = {n.name: n for n in g.nodes}
+        self.producer, self.users = vtog.producer, vtog.users
+        self.outputs = {v.name for v in g.outputs}
+        self._maps: dict[tuple, Mapping] = {}
+        self._acc: dict[tuple, Access] = {}
+        self._st: dict[int, tuple[Mapping, Strided | None]] = {}
+        self._runs: dict[tuple, Mapping] = {}
+        self.rereads: dict[str, int] = {}
+        self.anc: dict[str, frozenset[str]] = {}
+        for n in g.nodes:
+            for o in n.outputs:
+                up: set[str] = set()
+                if n.kind == "movement" and n.name in vtog.pulls:
+                    up.add(n.name)
+                    for v in n.inputs:
+                        up |= self.anc.get(v.name, frozenset())
+                self.anc[o.name] = frozenset(up)
+        self.component = self._components()
+
+    # -- mechanism facts ------------------------------------------------------
+    def _components(self) -> dict[str, int]:
+        """Movement node -> id of its connected group (movement ops sharing a value)."""
+        parent: dict[str, str] = {}
+
+        def find(x: str) -> str:
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for n in self.graph.nodes:
+            if n.kind != "movement":
+                continue
+            for v in [*n.inputs, *n.outputs]:
+                parent[find("v:" + v.name)] = find(n.name)
+        roots: dict[str, int] = {}
+        return {n.name: roots.setdefault(find(n.name), len(roots)) for n in self.graph.nodes if n.kind == "movement"}
+
+    def reads_of(self, node: Node) -> int:
+        """How many times a generated kernel for `node` reads each operand element."""
+        hit = self.rereads.get(node.name)
+        if hit is not None:
+            return hit
+        r = 1
+        if self.vtog.kinds.get(node.name) == "kernel":
+            r = _row_passes(node)
+            if r == 1:  # a pointwise node inlined into its one kernel reader is evaluated as often as it reads
+                users = self.users.get(node.outputs[0].name, [])
+                if len(users) == 1 and self.vtog.kinds.get(users[0].name) == "kernel":
+                    r = self.reads_of(users[0])
+        self.rereads[node.name] = r
+        return r
+
+    def mapping(self, value: str, state: frozenset) -> Mapping | None:
+        """The composed mapping of `value` over physical tensors under `state`, or None when it is physical."""
+        p = self.producer.get(value)
+        if p is None or p.name not in state:
+            return None
+        key = (value, state & self.anc[value])
+        hit = self._maps.get(key)
+        if hit is not None:
+            return hit
+        k = next(i for i, o in enumerate(p.outputs) if o.name == value)
+        m = self.vtog.pulls[p.name][k]
+        inner = {s: mi for s in m.sources if (mi := self.mapping(s, state)) is not None}
+        out = compose(m, inner) if inner else m
+        self._maps[key] = out
+        return out
+
+    def strided(self, m: Mapping) -> Strided | None:
+        """m.strided(), memoised (the memo keeps m alive, so its id stays its own)."""
+        hit = self._st.get(id(m))
+        if hit is None:
+            hit = self._st[id(m)] = (m, m.strided())
+        return hit[1]
+
+    def access(self, m: Mapping, value: str) -> Access:
+        v = self.values[value]
+        size = v.nbytes // max(v.numel, 1) or 1
+        key = (m.shape, m.pieces, tuple(m.sources.items()), tuple(m.index_tensors.items()), size)
+        hit = self._acc.get(key)
+        if hit is None:
+            hit = self._acc[key] = access(m, size, self.model.machine.cache_line)
+        return hit
+
+    def readers(self, value: str, state: frozenset) -> list[str]:
+        """Who needs `value` itself under `state`: node names, "<output>", "<index>" (virtual ops read through)."""
+        out = []
+        for u in self.users.get(value, []):
+            if u.kind == "movement" and u.name in state:
+                maps = self.vtog.pulls[u.name]
+                if any(value in m.index_tensors for m in maps):
+                    out.append("<index>")
+                continue
+            out.append(u.name)
+        if value in self.outputs:
+            out.append("<output>")
+        return list(dict.fromkeys(out))
+
+    # -- terms ----------------------------------------------------------------
+    def value_terms(self, value: str, state: frozenset) -> list[Term]:
+        """Reads of `value` by kernels, and its realisation for everything else, under `state`."""
+        v = self.values[value]
+        size = v.nbytes // max(v.numel, 1) or 1
+        m = self.mapping(value, state)
+        terms = []
+        if m is None:
+            for r in self.readers(value, state):
+                if self.vtog.kinds.get(r) == "kernel":
+                    t = self.model.read(v.numel, size, DENSE, self.reads_of(self.nodes[r]))
+                    terms.append(Term(("read", value, r), t, f"{r} reads it from memory", cost=False))
+            return terms
+        acc = self.access(m, value)
+        st = self.strided(m)
+        copied = False
+        for r in self.readers(value, state):
+            kind = self.vtog.kinds.get(r)
+            if kind == "kernel":
+                n = self.reads_of(self.nodes[r])
+                t = self.model.read(v.numel, size, acc, n)
+                again = f" {n}x" if n > 1 else ""
+                terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
+                                                             f"{acc.describe()}", cost=not acc.type_i or n > 1))
+                continue
+            if st is None:
+                if not copied:
+                    copied = True
+                    who = "the graph output" if r == "<output>" else "an index" if r == "<index>" else r
+                    terms.append(Term(("realise", value), self.model.copy(v.numel, size, acc),
+                                      f"not a strided view: a copy kernel realises it for {who} "
+                                      f"({acc.describe()})"))
+                continue
+            if r in ("<output>", "<index>"):
+                continue  # the output and index loads take any view
+            if self.nodes[r].kind == "movement":  # a kept op reads views in place (its own copy is priced) ...
+                if needs_dense(self.nodes[r]) and not is_dense(st, v.shape) and not copied:
+                    copied = True  # ... except aten.view, which needs it row-major: a copy kernel realises it
+                    terms.append(Term(("realise", value), self.model.copy(v.numel, size, acc),
+                                      f"{r} ({self.nodes[r].op}) needs it row-major: a copy kernel realises it"))
+                continue
+            why = self.model.library_takes(self.nodes[r], v, st, v.shape)
+            if why:
+                terms.append(Term(("libcopy", value, r), self.model.copy(v.numel, size, acc, generated=False), why))
+        return terms
+
+    def op_terms(self, op: str, state: frozenset) -> list[Term]:
+        """The copy a kept movement op makes (it reads strided views of virtual inputs in place)."""
+        n = self.nodes[op]
+        if op in state:
+            return []
+        maps = self.vtog.pulls.get(op)
+        out = []
+        for k, o in enumerate(n.outputs):
+            size = o.nbytes // max(o.numel, 1) or 1
+            if maps is None:
+                acc = DENSE
+            else:
+                inner = {s: mi for s in maps[k].sources
+                         if (mi := self.mapping(s, state)) is not None and self.strided(mi) is not None}
+                key = (op, k, tuple(id(mi) for mi in inner.values()))
+                m = self._runs.get(key)
+                if m is None:
+                    m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
+                acc = self.access(m, o.name)
+            out.append(Term(("run", op, o.name), self.model.copy(o.numel, size, acc, generated=False),
+                            f"{op} runs and copies {_bytes(o.nbytes)} ({acc.describe()})"))
+        return out
+
+    def terms(self, values: list[str], ops: list[str], state: frozenset) -> list[Term]:
+        out = []
+        for v in values:
+            out.extend(self.value_terms(v, state))
+        for op in ops:
+            out.extend(self.op_terms(op, state))
+        return out
+
+    def affected(self, ops: set[str], state: frozenset) -> tuple[list[str], list[str]]:
+        """The values and kept ops whose terms taking the pulls of `ops` from `state` can change."""
+        after = state | ops
+        values: list[str] = []
+        for name in sorted(ops):
+            op = self.nodes[name]
+            values += [v.name for v in op.inputs] + [o.name for o in op.outputs]
+        values = list(dict.fromkeys(values))
+        seen = set(values)
+        stack = [o.name for name in ops for o in self.nodes[name].outputs]
+        while stack:
+            x = stack.pop()
+            for u in self.users.get(x, []):
+                if u.kind == "movement" and u.name in after:
+                    for o in u.outputs:
+                        if o.name not in seen:
+                            seen.add(o.name)
+                            values.append(o.name)
+                            stack.append(o.name)
+        kept = sorted(ops) + sorted({u.name for x in values for u in self.users.get(x, [])
+                                     if u.kind == "movement" and u.name not in after})
+        return values, kept
+
+    def total(self, state: frozenset) -> float:
+        """Estimated seconds of all movement-related work (copies, realisations, reads) under `state`."""
+        ops = [n.name for n in self.graph.nodes if n.kind == "movement"]
+        return sum(t.seconds for t in self.terms(list(self.values), ops, state))
+
+    # -- savings --------------------------------------------------------------
+    def saving(self, choice: Choice, state: frozenset) -> Saving:
+        """Latency without `choice` minus latency with it, from `state`."""
+        if choice.direction == PUSH:
+            return self._push_saving(choice, state)
+        return self.saving_of({choice.op}, state, choice)
+
+    def saving_of(self, ops: set[str], state: frozenset, choice: Choice | None = None) -> Saving:
+        """Latency without minus latency with the pulls of every op in `ops` taken together, from `state`."""
+        values, kept = self.affected(ops, state)
+        before = self.terms(values, kept, state)
+        after = self.terms(values, kept, state | ops)
+        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
+        if choice is None:
+            return Saving(sec, f"{len(ops)} ops together: {_worst(before, after) if sec <= 0 else 'one composed mapping'}")
+        return Saving(sec, self._reason(choice, before, after, sec, state | ops))
+
+    def _reason(self, choice: Choice, before: list[Term], after: list[Term], sec: float, state: frozenset) -> str:
+        if sec <= 0:
+            return _worst(before, after)
+        runs = [t for t in before if t.key[0] == "run" and t.key[1] == choice.op]
+        moved = sum(self.values[t.key[2]].nbytes for t in runs)
+        outs = [v for v in choice.values if self.mapping(v, state) is not None]
+        if not outs:
+            return f"removes {choice.op}'s copy of {_bytes(moved)}"
+        acc = self.access(self.mapping(outs[0], state), outs[0])
+        readers = self.readers(outs[0], state)
+        how = []
+        ks = [r for r in readers if self.vtog.kinds.get(r) == "kernel"]
+        if ks:
+            how.append(f"read through by {', '.join(ks[:3])}{'...' if len(ks) > 3 else ''}")
+        libs = [r for r in readers if r not in ks]
+        if libs:
+            st = self.strided(self.mapping(outs[0], state))
+            how.append(("zero-copy view for " if st is not None else "one copy kernel for ") + ", ".join(libs[:3]))
+        if not readers:
+            how.append("read by later movement ops through the composed mapping")
+        return f"{acc.describe()}; removes {choice.op}'s copy of {_bytes(moved)}; {'; '.join(how)}"
+
+    def _push_saving(self, choice: Choice, state: frozenset) -> Saving:
+        """A push: the op's copy disappears; the producers write through, readers read through the target."""
+        op = self.nodes[choice.op]
+        before = self.op_terms(op.name, frozenset())
+        pushed = {e.src for e in choice.edges}
+        after: list[Term] = []
+        for x in op.inputs:
+            if x.name in pushed:
+                continue
+            size = x.nbytes // max(x.numel, 1) or 1
+            after.append(Term(("run", op.name, x.name), self.model.copy(x.numel, size, DENSE, generated=False),
+                              f"{op.name} still copies %{x.name} into place"))
+        for e in choice.edges:
+            v = self.values[e.src]
+            size = v.nbytes // max(v.numel, 1) or 1
+            acc = self.access(e.mapping, e.src)
+            after.append(Term(("store", e.src), self.model.store(v.numel, size, acc),
+                              f"the producer of %{e.src} writes through {acc.describe()}"))
+            for r in self.readers(e.src, state):
+                if r == op.name:
+                    continue
+                if self.vtog.kinds.get(r) == "kernel":
+                    n = self.reads_of(self.nodes[r])
+                    extra = self.model.read(v.numel, size, acc, n) - self.model.read(v.numel, size, DENSE, n)
+                    after.append(Term(("read", e.src, r), extra, f"{r} reads %{e.src} through %{e.dst}"))
+                elif r not in ("<output>", "<index>") and acc.strided is not None:
+                    why = self.model.library_takes(self.nodes[r], v, acc.strided, v.shape)
+                    if why:
+                        after.append(Term(("libcopy", e.src, r), self.model.copy(v.numel, size, acc, generated=False),
+                                          why))
+                else:
+                    after.append(Term(("realise", e.src), self.model.copy(v.numel, size, acc),
+                                      f"%{e.src} is not a strided view of %{e.dst}: a copy realises it for {r}"))
+        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
+        if sec > 0:
+            acc = self.access(choice.edges[0].mapping, choice.edges[0].src)
+            reason = (f"{', '.join('%' + s for s in sorted(pushed))} written in place into "
+                      f"%{choice.edges[0].dst} ({acc.describe()}); removes {op.name}'s copy")
+        else:
+            bad = sorted(after, key=lambda t: -t.seconds)
+            reason = bad[0].note if bad else "removing it saves nothing measurable"
+        return Saving(sec, reason)
+
+
+def _worst(before: list[Term], after: list[Term]) -> str:
+    """The note of the term that grows most from `before` to `after` (why a choice does not pay)."""
+    was = {t.key: t.seconds for t in before}
+    grew = sorted(((t.seconds - was.get(t.key, 0.0), k, t) for k, t in enumerate(after) if t.cost),
+                  key=lambda x: (-x[0], x[1]))
+    if grew and grew[0][0] > 0:
+        return grew[0][2].note
+    return "removing it saves nothing measurable"
+
+
+def _row_passes(node: Node) -> int:
+    """Passes a generated row kernel makes over its input (accumulator phases, plus per-element stores)."""
+    from vtc.codegen.lower import _ProbeCtx
+    from vtc.codegen.ops import ROW, NotSupported, lookup
+    from vtc.virtual.movement import bind
+
+    fn = lookup(ROW, node.target)
+    if fn is None:
+        return 1
+    try:
+        spec = fn(_ProbeCtx(node), bind(node.target, node.args, node.kwargs), node.outputs)
+    except (NotSupported, TypeError, ValueError, KeyError):
+        return 2
+    return len(spec.phases) + any(per_r for _, _, per_r in spec.stores)  # per-element stores read it again
+
+
+def _bytes(n: int) -> str:
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.2f} MB"
+    if n >= 1 << 10:
+        return f"{n / (1 << 10):.1f} KB"
+    return f"{n} B"
