@@ -204,9 +204,9 @@ class _Emitter:
             x = self.scalar(a[0])
             return f"({x} != 0)" if dt == torch.bool else f"(({ctype(dt)}){x})"
         if op == "unary":
-            return _UNARY_FMT[a[0]].format(x=self.scalar(a[1]), t=ctype(dt))
+            return _narrow(_UNARY_FMT[a[0]].format(x=self.scalar(a[1]), t=ctype(dt)), dt)
         if op == "binary":
-            return self.binary(a[0], self.scalar(a[1]), self.scalar(a[2]), a[1].dtype, dt)
+            return _narrow(self.binary(a[0], self.scalar(a[1]), self.scalar(a[2]), a[1].dtype, dt), dt)
         if op == "where":
             return f"({self.scalar(a[0])} ? {self.scalar(a[1])} : {self.scalar(a[2])})"
         if op == "pick":
@@ -262,6 +262,14 @@ class _Emitter:
 
     def forget(self) -> None:
         self.temps.clear()
+
+
+_NARROW = (torch.bool, torch.uint8, torch.int8, torch.int16)
+
+
+def _narrow(c: str, dtype: torch.dtype) -> str:
+    """C promotes narrow integers to int: convert back so intermediate results wrap as torch's do."""
+    return f"(({ctype(dtype)}){c})" if dtype in _NARROW else c
 
 
 def _outputs(k: Kernel) -> list[Buffer]:

@@ -1,0 +1,123 @@
+"""Helpers of the code generator tests: random inputs, compile + compare, what ran where."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+import vtc
+
+# Tolerances (float32): elementwise math, and anything that accumulates.
+POINTWISE_TOL = dict(rtol=1e-5, atol=1e-5)
+ROW_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+def gen(seed: int) -> torch.Generator:
+    """A CPU generator with this seed."""
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype = torch.float32, *,
+         positive: bool = False, low: float = 0.25, high: float = 2.0) -> torch.Tensor:
+    """Random values, never zero: floats of magnitude in [low, high) with a random sign
+    (positive only when asked); integers in [1, 9] with a random sign (or positive);
+    bools half true."""
+    shape = tuple(shape)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) < 0.5
+    sign = torch.ones(shape) if positive else torch.where(torch.rand(shape, generator=g) < 0.5, -1.0, 1.0)
+    if dtype.is_floating_point:
+        mag = torch.rand(shape, generator=g, dtype=torch.float64) * (high - low) + low
+        return (mag * sign).to(dtype)
+    mag = torch.randint(1, 10, shape, generator=g)
+    if dtype == torch.uint8:
+        return mag.to(dtype)
+    return (mag * sign.long()).to(dtype)
+
+
+def compile_cpu(fn: Callable, inputs: tuple, **options) -> vtc.Compiled:
+    """vtc.compile(fn, inputs, backend="cpu", ...)."""
+    return vtc.compile(fn, inputs, backend="cpu", **options)
+
+
+def as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def assert_matches_eager(compiled, fn: Callable, inputs: tuple, *, rtol: float, atol: float,
+                         names: Sequence[str] | None = None) -> None:
+    """compiled(*inputs) equals fn(*inputs): same dtype and shape, values within the tolerances."""
+    want = as_tuple(fn(*inputs))
+    got = as_tuple(compiled(*inputs))
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        what = names[k] if names else f"output {k}"
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True,
+                                   msg=lambda m, what=what: f"{what}: {m}")
+
+
+def check(fn: Callable, inputs: tuple, *, rtol: float, atol: float, names: Sequence[str] | None = None,
+          **options) -> vtc.Compiled:
+    """Compiles fn for the CPU backend, compares with eager, and returns the compiled object."""
+    compiled = compile_cpu(fn, inputs, **options)
+    assert_matches_eager(compiled, fn, inputs, rtol=rtol, atol=atol, names=names)
+    return compiled
+
+
+def executor(compiled):
+    return compiled._first.executor
+
+
+def steps(compiled, kind: str | None = None) -> list:
+    """The executor's steps (of one kind: "kernel" | "run" | "view" | "gather")."""
+    return [s for s in executor(compiled).steps if kind is None or s.kind == kind]
+
+
+def kernels(compiled) -> list:
+    """The generated kernels (kernel IR) in execution order."""
+    return [s.kernel.step.kernel for s in steps(compiled, "kernel")]
+
+
+def report(compiled) -> dict:
+    return compiled.report.to_dict()
+
+
+def assert_all_generated(compiled) -> None:
+    """Nothing ran through torch: no "run" step, no reason in why_torch, no fallback op."""
+    runs = [s.node.op for s in steps(compiled, "run")]
+    assert runs == [], f"ran through torch instead of a generated kernel: {runs}"
+    why = executor(compiled).lowering.why_torch
+    assert why == {}, f"lowering left nodes to torch: {why}"
+    assert report(compiled)["fallback_ops"] == []
+
+
+def assert_no_movement(compiled) -> None:
+    """Every movement op is read through its mapping: nothing materialised, no copy kernel, no gather."""
+    r = report(compiled)
+    assert r["materialized_movement_bytes"] == 0, compiled.report
+    assert r["eliminated_movement_ops"] == r["movement_ops"], compiled.report
+    copies = [k.source_nodes for k in kernels(compiled) if k.kind == "copy"]
+    assert copies == [], f"copy kernels realise movement: {copies}"
+    assert steps(compiled, "gather") == []
+
+
+def graph_input_names(compiled) -> set[str]:
+    g = compiled.graph
+    return {v.name for v in g.inputs} | {v.name for v in g.consts}
+
+
+def index_tensor_names(compiled) -> set[str]:
+    return {t for m in compiled._first.plan.mappings.values() for t in m.index_tensors}
+
+
+def kernel_storing(compiled, k: int):
+    """The kernel (IR) that stores graph output k."""
+    name = compiled.graph.outputs[k].name
+    hits = [kn for kn in kernels(compiled) if any(st.buffer.name == name for st in kn.stores)]
+    assert len(hits) == 1, f"output {name} is stored by {len(hits)} kernels"
+    return hits[0]
+
+
+def data_reads(compiled, kernel) -> set[str]:
+    """The buffers a kernel reads for data (its inputs that are not index tensors of a mapping)."""
+    return {b.name for b in kernel.inputs} - index_tensor_names(compiled)
