@@ -30,7 +30,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
-from vtc.index.expr import Expr, const, loads, subs, var, walk
+from vtc.index.expr import Expr, const, loads, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan
@@ -65,9 +65,10 @@ class Lowering:
         self.producer: dict[str, Node] = {o.name: n for n in graph.nodes for o in n.outputs}
         self.users = graph.users()
         self.outputs = {v.name for v in graph.outputs}
-        self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors}
         self.why_torch: dict[str, str] = {}  # node -> why a known op still runs through torch
         self.kind = {n.name: self._classify(n) for n in graph.nodes}
+        self.folded = self._foldable_index_tensors()
+        self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
@@ -211,8 +212,69 @@ class Lowering:
             if p.source is None:
                 val = K.const(p.fill, dtype)
             else:
-                val = K.cast(self.value_at(p.source, tuple(subs(e, env) for e in p.index), memo), dtype)
-            out = val if out is None else K.pick(subs(p.when, env), val, out)
+                val = K.cast(self.value_at(p.source, tuple(self._fold(subs(e, env)) for e in p.index), memo), dtype)
+            out = val if out is None else K.pick(self._fold(subs(p.when, env)), val, out)
+        return out
+
+    # -- index tensors computed from indices alone (roll's arange -> add -> fmod) ------
+    def _fold(self, e: Expr) -> Expr:
+        """e with loads from folded index tensors replaced by the index arithmetic that computes them."""
+        if not self.folded:
+            return e
+        return replace_loads(e, lambda t, idx: self.index_expr(t, idx) if t in self.folded else None)
+
+    def index_expr(self, name: str, idx: tuple[Expr, ...]) -> Expr | None:
+        """Value `name` at idx as an index expression, when it is integer arithmetic on indices only."""
+        v = self.values[name]
+        if v.dtype not in (torch.int64, torch.int32) or v.kind != "node":
+            return None
+        if self.plan.is_virtual(name):
+            m = self.plan.mappings[name]
+            if len(m.pieces) != 1 or m.pieces[0].source is None:
+                return None
+            env = {f"i{k}": e for k, e in enumerate(idx)}
+            return self.index_expr(m.pieces[0].source, tuple(subs(e, env) for e in m.pieces[0].index))
+        n = self.producer[name]
+        if self.kind.get(n.name, "pointwise") != "pointwise" or n.kind != "compute":
+            return None
+        args = bind(n.target, n.args, n.kwargs)
+
+        def operand(x) -> Expr | None:
+            if isinstance(x, bool) or not isinstance(x, (int, Value)):
+                return None
+            return const(x) if isinstance(x, int) else self.index_expr(x.name, broadcast_index(idx, v.shape, x.shape))
+
+        op = n.target._opname
+        if op == "arange" and isinstance(args.get("start", 0), int) and isinstance(args.get("step", 1), int):
+            return idx[0] * args.get("step", 1) + args.get("start", 0)
+        if op in ("add", "sub") and args.get("alpha", 1) == 1:
+            a, b = operand(args["self"]), operand(args["other"])
+            return None if a is None or b is None else (a + b if op == "add" else a - b)
+        if op == "mul":
+            a, b = operand(args["self"]), operand(args["other"])
+            if a is not None and b is not None and (a.is_const or b.is_const):
+                return a * b
+            return None
+        if op in ("remainder", "fmod") and isinstance(args["other"], int) and args["other"] > 0:
+            a = operand(args["self"])
+            if a is not None and (op == "remainder" or a.lo >= 0):
+                return a % args["other"]
+        if op == "_to_copy":
+            return operand(args["self"])
+        return None
+
+    def _foldable_index_tensors(self) -> set[str]:
+        """Index tensors that index arithmetic computes, whose range checks hold statically."""
+        out = set()
+        derived = [t for m in self.plan.mappings.values() for t in m.index_tensors if t not in self.values]
+        for m in self.plan.mappings.values():
+            for t in m.index_tensors:
+                if t in out or t not in self.values or any(t in d for d in derived):
+                    continue
+                e = self.index_expr(t, out_vars(self.values[t].shape))
+                checks = [c for mm in self.plan.mappings.values() for c in mm.checks if c.tensor == t]
+                if e is not None and all(c.lo <= e.lo and e.hi <= c.hi for c in checks):
+                    out.add(t)
         return out
 
     def _pointwise(self, n: Node, idx: tuple[Expr, ...], memo) -> Scalar:
@@ -414,7 +476,7 @@ def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
 
 def _step(low: Lowering, k: Kernel) -> KernelStep:
     maps = low.mappings_read(k)
-    checks = list(dict.fromkeys(c for m in maps for c in m.checks))
+    checks = list(dict.fromkeys(c for m in maps for c in m.checks if c.tensor not in low.folded))
     return KernelStep(k, checks, maps)
 
 

@@ -512,6 +512,25 @@ def subs(e: Expr, env: TMapping[str, ExprLike]) -> Expr:
     return go(e)
 
 
+def replace_loads(e: Expr, fn: Callable[[str, tuple[Expr, ...]], Expr | None]) -> Expr:
+    """e with each load(t, idx) replaced by fn(t, idx) where that is not None."""
+    memo: dict[Expr, Expr] = {}
+
+    def go(x: Expr) -> Expr:
+        r = memo.get(x)
+        if r is None:
+            if x.op == "load":
+                idx = tuple(go(i) for i in x.args[1])
+                r = fn(x.args[0], idx)
+                r = load(x.args[0], idx, x.args[2], x.args[3]) if r is None else r
+            else:
+                r = _rebuild(x, go)
+            memo[x] = r
+        return r
+
+    return go(e)
+
+
 def walk(e: Expr) -> Iterable[Expr]:
     """Every sub-expression of e, each once (e first)."""
     seen: set[int] = set()

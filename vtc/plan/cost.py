@@ -511,7 +511,7 @@ class Estimator:
 
     def access(self, m: Mapping, value: str) -> Access:
         v = self.values[value]
-        size = v.nbytes // max(v.numel, 1) or 1
+        size = _size(v)
         key = (m.shape, m.pieces, tuple(m.sources.items()), tuple(m.index_tensors.items()), size)
         hit = self._acc.get(key)
         if hit is None:
@@ -536,7 +536,7 @@ class Estimator:
     def value_terms(self, value: str, state: frozenset) -> list[Term]:
         """Reads of `value` by kernels, and its realisation for everything else, under `state`."""
         v = self.values[value]
-        size = v.nbytes // max(v.numel, 1) or 1
+        size = _size(v)
         m = self.mapping(value, state)
         terms = []
         if m is None:
@@ -586,7 +586,7 @@ class Estimator:
         maps = self.vtog.pulls.get(op)
         out = []
         for k, o in enumerate(n.outputs):
-            size = o.nbytes // max(o.numel, 1) or 1
+            size = _size(o)
             if maps is None:
                 acc = DENSE
             else:
@@ -651,7 +651,8 @@ class Estimator:
         after = self.terms(values, kept, state | ops)
         sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
         if choice is None:
-            return Saving(sec, f"{len(ops)} ops together: {_worst(before, after) if sec <= 0 else 'one composed mapping'}")
+            why = _worst(before, after) if sec <= 0 else "one composed mapping"
+            return Saving(sec, f"{len(ops)} ops together: {why}")
         return Saving(sec, self._reason(choice, before, after, sec, state | ops))
 
     def _reason(self, choice: Choice, before: list[Term], after: list[Term], sec: float, state: frozenset) -> str:
@@ -685,12 +686,12 @@ class Estimator:
         for x in op.inputs:
             if x.name in pushed:
                 continue
-            size = x.nbytes // max(x.numel, 1) or 1
+            size = _size(x)
             after.append(Term(("run", op.name, x.name), self.model.copy(x.numel, size, DENSE, generated=False),
                               f"{op.name} still copies %{x.name} into place"))
         for e in choice.edges:
             v = self.values[e.src]
-            size = v.nbytes // max(v.numel, 1) or 1
+            size = _size(v)
             acc = self.access(e.mapping, e.src)
             after.append(Term(("store", e.src), self.model.store(v.numel, size, acc),
                               f"the producer of %{e.src} writes through {acc.describe()}"))
@@ -744,6 +745,16 @@ def _row_passes(node: Node) -> int:
     except (NotSupported, TypeError, ValueError, KeyError):
         return 2
     return len(spec.phases) + any(per_r for _, _, per_r in spec.stores)  # per-element stores read it again
+
+
+def _size(v: Value) -> int:
+    """Bytes per element of value v."""
+    return _elem_size(v.dtype)
+
+
+@lru_cache(maxsize=None)
+def _elem_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _bytes(n: int) -> str:

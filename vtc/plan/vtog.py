@@ -38,7 +38,8 @@ A conflict-free set of choices is a *strategy*.  ``str(vtog)`` prints it all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
+
+import torch.utils._pytree as pytree
 
 from vtc.index.mapping import Mapping
 from vtc.ir.graph import Graph, Node, Value
@@ -127,6 +128,7 @@ class VTOG:
         self.no_edges: dict[str, str] = {}  # movement node name -> why it has no pull edges
         self.pulls: dict[str, tuple[Mapping, ...]] = {}  # movement node name -> pull mapping per output
         self.choices: list[Choice] = []
+        self._pairs: dict[tuple[int, int], str] = {}  # (id(edge), id(edge)) -> why they conflict
         self._pin()
         self._edges()
         self._conflicts()
@@ -240,10 +242,6 @@ class VTOG:
         node.conflicts.append(Conflict(a, b, reason))
         self._pairs[(id(a), id(b))] = self._pairs[(id(b), id(a))] = reason
 
-    @cached_property
-    def _pairs(self) -> dict[tuple[int, int], str]:
-        return {}
-
     # -- queries --------------------------------------------------------------
     @property
     def edges(self) -> list[Edge]:
@@ -303,8 +301,6 @@ class VTOG:
 
 def _data_inputs(n: Node) -> list[Value]:
     """n's tensor operands in argument order, repeats kept (cat([a, a]) reads a twice)."""
-    import torch.utils._pytree as pytree
-
     return [x for x in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(x, Value)]
 
 
