@@ -789,11 +789,8 @@ def check_mapping(m: Mapping, c: Chain, want: torch.Tensor, what: str) -> None:
     assert reached <= set(m.sources), f"{msg()}\ndoes not read {sorted(reached - set(m.sources))}"
     tensors = {**c.phys, **derive_index_tensors(m, c.phys)}  # inverses of scatter indices, as the executor
     assert set(m.index_tensors) <= set(tensors) - set(c.data), f"{msg()}\nindex tensors {sorted(m.index_tensors)}"
-    got = gather(m, tensors)
-    if m.used_sources():  # a fill-only mapping has no dtype yet: tests/index/test_mapping.py::
-        # test_gather_keeps_dtype_of_a_fill_only_mapping (xfail); drop this condition once it passes
-        assert got.dtype == want.dtype, f"{msg()}\ngives {got.dtype}, torch {want.dtype}"
-    got = got.to(want.dtype)
+    got = gather(m, tensors, dtype=want.dtype if not m.used_sources() else None)  # fill-only: caller's dtype
+    assert got.dtype == want.dtype, f"{msg()}\ngives {got.dtype}, torch {want.dtype}"
     if not torch.equal(got, want):
         bad = (got != want).nonzero()[0].tolist()
         raise AssertionError(f"{msg()}\ndiffers from torch at {bad}: got {got[tuple(bad)].item()}, "

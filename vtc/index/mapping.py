@@ -198,8 +198,12 @@ def compose(outer: Mapping, inner: TMapping[str, Mapping]) -> Mapping:
     return Mapping(outer.shape, pieces_t, sources, index_tensors, tuple(checks))
 
 
-def gather(m: Mapping, tensors: TMapping[str, torch.Tensor]) -> torch.Tensor:
-    """The tensor a mapping describes, computed from concrete sources and index tensors."""
+def gather(m: Mapping, tensors: TMapping[str, torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The tensor a mapping describes, computed from concrete sources and index tensors.
+
+    `dtype` is the result's; by default that of the first source read (a mapping
+    that only fills needs it given, else the fill's Python type decides).
+    """
     for c in m.checks:
         c.run(tensors[c.tensor])
     for name, shape in list(m.sources.items()) + list(m.index_tensors.items()):
@@ -207,7 +211,7 @@ def gather(m: Mapping, tensors: TMapping[str, torch.Tensor]) -> torch.Tensor:
             raise KeyError(f"mapping needs tensor {name!r}; got {sorted(tensors)}")
         if tuple(tensors[name].shape) != tuple(shape):
             raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, mapping expects {shape}")
-    dtype = next((tensors[p.source].dtype for p in m.pieces if p.source), None)
+    dtype = dtype or next((tensors[p.source].dtype for p in m.pieces if p.source), None)
     if dtype is None:
         dtype = torch.tensor(m.pieces[-1].fill).dtype
     if 0 in m.shape:

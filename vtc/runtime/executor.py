@@ -167,7 +167,7 @@ class Executor:
             return src.as_strided(m.shape, st.strides, src.storage_offset() + st.offset)
         tensors = {k: env[k] for k in [*m.sources, *m.index_tensors] if k in env}
         tensors.update(derive_index_tensors(m, tensors))
-        return gather(m, tensors)
+        return gather(m, tensors, self.values[s.realization.value].dtype)
 
 
 def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
