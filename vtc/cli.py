@@ -1,6 +1,6 @@
 """The ``vtc`` command line: one module per subcommand under ``vtc/commands``.
 
-    vtc analyze MODEL [--size small|tiny] [--plan all|none] [--graph] [--json FILE]
+    vtc analyze MODEL [--size small|tiny] [--plan all|none|greedy] [--explain] [--graph] [--json FILE]
     vtc run MODEL.onnx [--inputs FILE.npz] [--dim NAME=VALUE ...]
     vtc bench [--quick] [--workloads a,b] [--systems x,y]
 

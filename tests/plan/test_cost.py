@@ -1,0 +1,104 @@
+"""The cost model: contiguity classes of mappings, prices, machine figures, swapping the policy."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vtc.index.mapping import compose
+from vtc.plan import cost
+from vtc.plan.cost import (BROADCAST, CHUNKED, CONTIGUOUS, FALLBACK, INDIRECT, SCATTERED, VIEW, CostModel, Saving,
+                           access, blas_layout, fmt_seconds, index_ops)
+from vtc.virtual import movement
+from vtc.virtual.movement import Src
+
+
+def pull(op, *args, out, **kw):
+    return movement.pull(op, args, kw, [out])[0]
+
+
+X = Src("x", (8, 16))
+
+
+def test_contiguous_reshape_is_type_i():
+    m = pull(torch.ops.aten.view.default, Src("x", (2, 4, 16)), [8, 16], out=(8, 16))
+    a = access(m, 4)
+    assert (a.kind, a.chunk_bytes, a.stride) == (CONTIGUOUS, 8 * 16 * 4, 1) and a.type_i
+    assert index_ops(m) == 0  # (i0 // 4, i0 % 4) linearises back to i0
+    assert a.describe() == "Type I (contiguous)"
+
+
+def test_transpose_is_a_view_with_large_stride():
+    a = access(pull(torch.ops.aten.permute.default, X, [1, 0], out=(16, 8)), 4)
+    assert (a.kind, a.stride, a.lines_per_element) == (VIEW, 16, 1.0) and a.type_i
+    assert a.describe() == "Type I (strided view, inner stride 16)"
+
+
+def test_expand_is_a_broadcast():
+    a = access(pull(torch.ops.aten.expand.default, Src("x", (8, 1)), [8, 16], out=(8, 16)), 4)
+    assert a.kind == BROADCAST and a.stride == 0
+
+
+def test_cat_chunks():
+    cat = torch.ops.aten.cat.default
+    rows = access(pull(cat, [Src("a", (8, 32)), Src("b", (8, 32))], 1, out=(8, 64)), 4)
+    assert rows.kind == CHUNKED and rows.chunk_bytes == 128 and rows.index_ops == 1
+    short = access(pull(cat, [Src("a", (8, 3)), Src("b", (8, 5))], 1, out=(8, 8)), 4)
+    assert short.kind == SCATTERED and short.chunk_bytes < 64
+
+
+def test_gather_of_rows_is_indirect_with_contiguous_rows():
+    m = pull(torch.ops.aten.embedding.default, Src("w", (100, 64)), Src("ids", (2, 8), torch.int64), out=(2, 8, 64))
+    a = access(m, 4)
+    assert a.kind == INDIRECT and a.chunk_bytes >= 64 * 4 and a.lines_per_element <= 4 / 64 * 1.01
+
+
+def test_reshape_of_transpose_is_not_strided_and_counts_div_mod():
+    t = pull(torch.ops.aten.permute.default, Src("x", (4, 6)), [1, 0], out=(6, 4))
+    r = pull(torch.ops.aten.view.default, Src("t", (6, 4)), [24], out=(24,))
+    m = compose(r, {"t": t})
+    a = access(m, 4)
+    assert m.strided() is None and a.kind == SCATTERED and a.index_ops == 2  # i0 // 4 and i0 % 4
+
+
+def test_blas_layouts():
+    from vtc.index.mapping import Strided
+
+    assert blas_layout(Strided("w", 0, (1, 64)), (64, 32))  # a transposed weight: column-major
+    assert blas_layout(Strided("w", 0, (64, 1)), (32, 64))
+    assert not blas_layout(Strided("b", 0, (1, 2, 128)), (2, 64, 16))  # neither of the last two strides is 1
+
+
+def test_saving_and_time_format():
+    assert str(Saving(-2e-4, "why")) == "-0.20 ms: why"
+    assert fmt_seconds(3.5e-6) == "+3.50 µs"
+
+
+def test_prices_follow_the_access():
+    model = CostModel(FALLBACK)
+    n = 1 << 20
+    dense = access(pull(torch.ops.aten.view.default, Src("x", (1024, 1024)), [n], out=(n,)), 4)
+    trans = access(pull(torch.ops.aten.permute.default, Src("x", (1024, 1024)), [1, 0], out=(1024, 1024)), 4)
+    assert model.read(n, 4, dense) == pytest.approx(n * 4 / 10e9)
+    assert model.read(n, 4, trans) > 10 * model.read(n, 4, dense)  # a line per element, out of cache
+    assert model.copy(n, 4, dense) == pytest.approx(1e-6 + 2 * n * 4 / 10e9)
+
+
+def test_machine_fallback_and_cache(tmp_path, monkeypatch):
+    """VTC_NO_MEASURE=1 gives the fixed figures; a measurement is cached in the vtc cache dir and reused."""
+    assert cost.machine() == FALLBACK
+    monkeypatch.setenv("VTC_NO_MEASURE", "0")
+    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cost, "MEASURE_BYTES", 1 << 20)
+    cost.machine.cache_clear()
+    try:
+        m = cost.machine()
+        assert m.measured and m.bandwidth_gbs > 0 and m.cache_line == 64 and m.vector_bytes in (16, 32, 64)
+        files = list((tmp_path / "cache").rglob("machine.json"))
+        assert len(files) == 1 and json.loads(files[0].read_text())["machine"]["bandwidth_gbs"] == m.bandwidth_gbs
+        monkeypatch.setattr(cost, "_measure_bandwidth", lambda: pytest.fail("measured twice"))
+        cost.machine.cache_clear()
+        assert cost.machine() == m
+    finally:
+        cost.machine.cache_clear()
