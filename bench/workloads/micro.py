@@ -1,0 +1,121 @@
+"""Movement-chain micro-benchmarks: one movement chain feeding one compute op, at 1 MB and 64 MB.
+
+Each size names the bytes of the tensor that the chain moves (float32).
+Chains: transpose -> add, permute -> softmax, cat -> relu, rotate_half
+(slice + neg + cat) -> mul (the RoPE expression), roll -> add (Swin's shifted
+window), index_select -> sum, window partition (view + permute + reshape) ->
+layer_norm; and pure gelu / softmax over rows of 4096 with no movement (the
+floor: what a compute op costs alone).  A plain ``vtc bench`` runs every chain at
+64 MB and three of them at 1 MB (the others at 1 MB run with ``--workloads
+all``).  ``smoke_transpose_add`` is a 16 KB case for the tests.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import Workload, randn
+from .llama3 import rotate_half
+
+MB = 1 << 20
+
+
+class Fn(nn.Module):
+    """A module around a function of tensors (so every exporter sees an nn.Module)."""
+
+    def __init__(self, fn: Callable, name: str, **buffers: torch.Tensor):
+        super().__init__()
+        self.fn, self.label = fn, name
+        for k, v in buffers.items():
+            self.register_buffer(k, v)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+def _transpose_add(n: int):
+    side = int(round(n ** 0.5))
+    return Fn(lambda m, x, y: x.transpose(0, 1) + y, "transpose_add"), (randn(side, side, seed=1), randn(side, side, seed=2))
+
+
+def _permute_softmax(n: int):
+    s = 128 if n <= MB // 4 else 1024
+    t = n // (8 * s)
+    return Fn(lambda m, x: torch.softmax(x.permute(2, 0, 1), dim=-1), "permute_softmax"), (randn(s, t, 8),)
+
+
+def _cat_relu(n: int):
+    hw = 64 if n <= MB // 4 else 256
+    c = n // (2 * hw * hw)
+    return Fn(lambda m, a, b: torch.relu(torch.cat((a, b), dim=1)), "cat_relu"), (
+        randn(1, c, hw, hw, seed=1), randn(1, c, hw, hw, seed=2))
+
+
+def _rope_mul(n: int):
+    h, s = (8, 256) if n <= MB // 4 else (32, 4096)
+    d = n // (h * s)
+    pos = torch.arange(s, dtype=torch.float32)[:, None] / (10000.0 ** (torch.arange(0, d, 2) / d))
+    emb = torch.cat((pos, pos), dim=-1)
+    return Fn(lambda m, x, cos, sin: x * cos + rotate_half(x) * sin, "rope_mul"), (randn(1, h, s, d), emb.cos(), emb.sin())
+
+
+def _roll_add(n: int):
+    b, hw = (1, 64) if n <= MB // 4 else (16, 128)
+    c = n // (b * hw * hw)
+    return Fn(lambda m, x, y: torch.roll(x, shifts=(-3, -3), dims=(1, 2)) + y, "roll_add"), (
+        randn(b, hw, hw, c, seed=1), randn(b, hw, hw, c, seed=2))
+
+
+def _index_select_sum(n: int):
+    d = 256
+    k = n // d
+    idx = torch.randint(0, k, (k,), generator=torch.Generator().manual_seed(5))
+    return Fn(lambda m, table, i: table.index_select(0, i).sum(dim=-1), "index_select_sum"), (randn(k, d), idx)
+
+
+def _window_ln(n: int):
+    b, hw, c, w = (1, 56, 96, 7) if n <= MB // 4 else (14, 112, 96, 7)
+
+    def f(m, x):
+        bb, h, ww, cc = x.shape
+        x = x.view(bb, h // w, w, ww // w, w, cc).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w, cc)
+        return F.layer_norm(x, (cc,), m.weight, m.bias)
+
+    return Fn(f, "window_partition_ln", weight=1 + 0.1 * randn(c, seed=3), bias=0.1 * randn(c, seed=4)), (randn(b, hw, hw, c),)
+
+
+def _gelu(n: int):
+    return Fn(lambda m, x: F.gelu(x), "gelu"), (randn(n // 4096, 4096),)
+
+
+def _softmax(n: int):
+    return Fn(lambda m, x: torch.softmax(x, dim=-1), "softmax"), (randn(n // 4096, 4096),)
+
+
+_CHAINS = {
+    "transpose_add": (_transpose_add, "transpose -> add"),
+    "permute_softmax": (_permute_softmax, "permute -> softmax"),
+    "cat_relu": (_cat_relu, "cat -> relu"),
+    "rope_mul": (_rope_mul, "rotate_half (slice + neg + cat) -> mul (x*cos + rotate_half(x)*sin)"),
+    "roll_add": (_roll_add, "roll -> add"),
+    "index_select_sum": (_index_select_sum, "index_select -> sum"),
+    "window_partition_ln": (_window_ln, "window partition (view/permute/reshape, window 7) -> layer_norm"),
+    "gelu": (_gelu, "gelu over rows of 4096 (no movement)"),
+    "softmax": (_softmax, "softmax over rows of 4096 (no movement)"),
+}
+_QUICK = {"transpose_add", "rope_mul", "window_partition_ln"}  # 1 MB ones in a plain run
+_QUICKER = {"transpose_add", "rope_mul"}  # 1 MB ones in --quick
+
+
+def _make(fn: Callable, n: int):
+    return lambda quick: fn(n)
+
+
+WORKLOADS = [
+    Workload(f"micro_{name}_{mb}mb", "micro", f"{desc}, {mb} MB", _make(fn, mb * MB // 4),
+             in_quick=mb == 1 and name in _QUICKER, default=mb == 64 or name in _QUICK, params=dict(mbytes=mb))
+    for mb in (1, 64) for name, (fn, desc) in _CHAINS.items()
+] + [Workload("smoke_transpose_add", "smoke", "transpose -> add, 64x64 (for the tests)", _make(_transpose_add, 64 * 64))]

@@ -1,0 +1,128 @@
+"""Smoke test of the benchmark suite: one tiny workload, eager + vtc-all, three runs, no subprocesses.
+
+Runs `vtc bench` through the CLI (the command added to ``COMMANDS`` here, as the
+lead will in vtc/cli.py), writing into tmp_path, and checks the JSON fields and
+the BENCHMARKS-style markdown rendered from it.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import vtc.cli
+from vtc.commands import bench as bench_cmd
+
+
+@pytest.fixture(scope="module")
+def harness():
+    return bench_cmd.load_harness()
+
+
+def test_vtc_bench_smoke(tmp_path, monkeypatch, harness):
+    from bench import report
+
+    if "vtc.commands.bench" not in vtc.cli.COMMANDS:
+        monkeypatch.setattr(vtc.cli, "COMMANDS", (*vtc.cli.COMMANDS, "vtc.commands.bench"))
+    monkeypatch.setattr(report, "render_chart", lambda data, path: "skipped in the smoke test")
+    rc = vtc.cli.main(["bench", "--workloads", "smoke_transpose_add", "--systems", "eager,vtc-all",
+                       "--runs", "3", "--no-memory", "--out", str(tmp_path)])
+    assert rc == 0
+    [path] = list(tmp_path.glob("*.json"))
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1 and data["systems"] == ["eager", "vtc-all"]
+    m = data["machine"]
+    for key in ("cpu", "cores", "threads", "versions", "load_avg_start", "host"):
+        assert key in m, key
+    assert {"torch", "onnxruntime", "openvino"} <= set(m["versions"])
+    [w] = data["workloads"]
+    assert w["name"] == "smoke_transpose_add" and w["group"] == "smoke"
+    for s in ("eager", "vtc-all"):
+        r = w["results"][s]
+        assert r["status"] == "ok", r
+        assert r["runs"] == 3 and len(r["times_s"]) == 3
+        assert r["min_s"] <= r["median_s"] <= r["max_s"]
+        assert r["max_err"] == 0.0 and "memory" not in r
+    v = w["results"]["vtc-all"]["vtc"]
+    assert v["compile_cold_s"] > 0 and v["compile_warm_s"] > 0
+    assert v["report"]["movement_ops"] == 1 and v["report"]["eliminated_movement_ops"] == 1
+    md = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "# vtc benchmarks" in md and "## Goal (issue 6)" in md
+    assert "| `smoke_transpose_add` |" in md and "vtc speed-up" in md
+    assert "--workloads smoke_transpose_add" in md  # the exact command
+    assert path.name in md
+
+
+def test_failures_are_results_not_crashes(tmp_path, monkeypatch, harness):
+    """A system that raises, a missing package and a vtc option vtc rejects are recorded, not raised."""
+    from bench import systems
+
+    def boom(ctx):
+        raise RuntimeError("kaboom\nsecond line")
+
+    def flaky(ctx):  # right on its first calls, then raises: a failure in the timed calls
+        calls = []
+        model, inputs = ctx.model, ctx.inputs
+
+        def fn():
+            calls.append(1)
+            if len(calls) > 4:
+                raise RuntimeError("segfault avoided")
+            return model(*inputs)
+        return systems.Prepared(fn, 0.0)
+
+    monkeypatch.setitem(harness.PREPARE, "inductor", boom)
+    monkeypatch.setitem(harness.PREPARE, "onnxruntime", flaky)
+    monkeypatch.setattr(systems, "installed", lambda module: module != "openvino")
+    monkeypatch.setitem(systems.VTC_VARIANTS, "vtc-bogus", {"plan": "no-such-plan"})
+    monkeypatch.setitem(harness.PREPARE, "vtc-bogus", systems._vtc("vtc-bogus"))
+    st = harness.Settings(runs=2, memory=False)
+    entry = harness.run_workload(harness.W.get("smoke_transpose_add"),
+                                 ["eager", "inductor", "onnxruntime", "openvino", "vtc-bogus"], st, tmp_path, print)
+    r = entry["results"]
+    assert r["eager"]["status"] == "ok" and r["eager"]["runs"] == 2
+    assert r["inductor"] == {"status": "failed", "reason": "RuntimeError: kaboom"}
+    assert r["onnxruntime"]["status"] == "failed"
+    assert r["onnxruntime"]["reason"] == "failed on timed call 1: RuntimeError: segfault avoided"
+    assert r["openvino"]["status"] == "not installed"
+    assert r["vtc-bogus"]["status"] == "n/a" and "no-such-plan" in r["vtc-bogus"]["reason"]
+
+
+def test_report_goal_and_speedup_from_raw_numbers(harness):
+    """Speed-up = best other median / headline vtc median; the goal is judged on units only."""
+    from bench import report
+
+    def res(ms, mem=None):
+        r = {"status": "ok", "median_s": ms / 1e3, "min_s": ms / 1e3, "max_s": ms / 1e3}
+        if mem is not None:
+            r["memory"] = {"status": "ok", "peak_delta_bytes": mem}
+        return r
+
+    data = {"others": ["eager", "onnxruntime"], "vtc_variants": ["vtc-none", "vtc-all"],
+            "vtc_headline_order": ["vtc-all", "vtc-greedy"], "workloads": [
+                {"name": "u1", "group": "unit", "results": {"eager": res(4, 100), "onnxruntime": res(2, 50),
+                                                             "vtc-none": res(8), "vtc-all": res(1, 40)}},
+                {"name": "u2", "group": "unit", "results": {"eager": res(4, 100), "onnxruntime": res(3),
+                                                             "vtc-all": res(6, 80)}},
+                {"name": "m", "group": "micro", "results": {"eager": res(1), "vtc-all": res(100)}}]}
+    s = report.summarize(data["workloads"][0], data)
+    assert s["best_other"] == "onnxruntime" and s["speedup"] == pytest.approx(2.0)
+    assert s["memory_reduction"] == pytest.approx(0.6)
+    g = report.goal_status(data)
+    assert g["geomean_speedup"] == pytest.approx((2.0 * 0.5) ** 0.5)
+    assert g["min_speedup"] == pytest.approx(0.5) and g["mean_memory_reduction"] == pytest.approx(0.4)
+    assert g["met"] == {"geomean_speedup": False, "min_speedup": False, "mean_memory_reduction": True}
+
+
+def test_clear_error_without_the_repository(tmp_path, monkeypatch):
+    """vtc installed without its checkout: `vtc bench` says what is missing instead of crashing."""
+    import argparse
+
+    monkeypatch.setattr(bench_cmd, "bench_dir", lambda: tmp_path / "bench")
+    with pytest.raises(RuntimeError, match="needs the vtc source repository"):
+        bench_cmd.load_harness()
+    p = argparse.ArgumentParser()
+    bench_cmd.register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["bench", "--quick"])
+    with pytest.raises(RuntimeError, match="needs the vtc source repository"):
+        args.func(args)
