@@ -2,8 +2,9 @@
 
 MODEL is a built-in name (``vtc.zoo.NAMES``) or a ``pkg.module:factory`` path.
 Prints every movement op with its bytes and fate, the composed mapping of each
-chain of movement ops and whether it is a plain strided view, and the summary
-counts against ``plan="none"``.
+chain of movement ops and whether it is a plain strided view, the summary
+counts against ``plan="none"``, and a quick eager-vs-vtc latency (medians in
+one process; the benchmark suite is ``vtc bench``).
 """
 from __future__ import annotations
 
@@ -13,6 +14,21 @@ import time
 
 import torch
 import torch.utils._pytree as pytree
+
+
+RUNS = 10
+
+
+def _median_ms(fn, inputs) -> float:
+    """Median wall time of fn(*inputs) in ms over RUNS calls after two warm-up calls."""
+    times = []
+    with torch.no_grad():
+        for k in range(RUNS + 2):
+            t0 = time.perf_counter()
+            fn(*inputs)
+            if k >= 2:
+                times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] * 1e3
 
 
 def register(sub) -> None:
@@ -67,6 +83,9 @@ def analyze(args: argparse.Namespace) -> int:
           f"{report.materialized_movement_bytes:,} B with plan={args.plan}")
     print(f"peak intermediate memory: {baseline.peak_memory_bytes:,} B with plan=none -> "
           f"{report.peak_memory_bytes:,} B with plan={args.plan}")
+    eager_ms, vtc_ms = _median_ms(model, inputs), _median_ms(compiled, inputs)
+    print(f"latency (median of {RUNS} after warm-up, {torch.get_num_threads()} threads): eager {eager_ms:.2f} ms, "
+          f"vtc {vtc_ms:.2f} ms ({eager_ms / vtc_ms:.2f}x) — one process, not a benchmark: see BENCHMARKS.md")
     if getattr(args, "explain", False):
         from vtc.plan.explain import explain
 
