@@ -18,9 +18,8 @@ def random_tensor(shape, dtype=torch.float32, gen=None):
     return torch.randint(-100, 100, shape, generator=gen, dtype=dtype)
 
 
-def pull_of(target, args, kwargs=None):
-    """(target's pull mappings, torch's outputs, {name: tensor}) with the tensor arguments named t0, t1, ..."""
-    kwargs = kwargs or {}
+def _named(target, args, kwargs):
+    """(args and kwargs with tensors as Src named t0, t1, ..., torch's outputs, {name: tensor})."""
     names = iter(f"t{k}" for k in range(100))
     env: dict[str, torch.Tensor] = {}
 
@@ -34,6 +33,12 @@ def pull_of(target, args, kwargs=None):
     sargs, skwargs = pytree.tree_map(to_src, (args, kwargs))
     expected = target(*args, **kwargs)
     expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
+    return sargs, skwargs, expected, env
+
+
+def pull_of(target, args, kwargs=None):
+    """(target's pull mappings, torch's outputs, {name: tensor}) with the tensor arguments named t0, t1, ..."""
+    sargs, skwargs, expected, env = _named(target, args, kwargs or {})
     return pull(target, sargs, skwargs, [e.shape for e in expected]), expected, env
 
 
@@ -56,20 +61,7 @@ def check_pull(target, args, kwargs=None):
 
 def check_push(target, args, kwargs=None):
     """Checks each push mapping: writing input x through it into the outputs reproduces torch's outputs there."""
-    kwargs = kwargs or {}
-    names = iter(f"t{k}" for k in range(100))
-    env: dict[str, torch.Tensor] = {}
-
-    def to_src(x):
-        if isinstance(x, torch.Tensor):
-            name = next(names)
-            env[name] = x
-            return Src(name, tuple(x.shape), x.dtype)
-        return x
-
-    sargs, skwargs = pytree.tree_map(to_src, (args, kwargs))
-    expected = target(*args, **kwargs)
-    expected = (expected,) if isinstance(expected, torch.Tensor) else tuple(expected)
+    sargs, skwargs, expected, env = _named(target, args, kwargs or {})
     pushes = push(target, sargs, skwargs, [e.shape for e in expected])
     assert pushes, f"{target} defines no push mapping"
     for src_name, m in pushes.items():

@@ -377,43 +377,40 @@ class _Ctx:
     def __init__(self, low: Lowering, node: Node, index: tuple[Expr, ...], shape: tuple[int, ...], memo: dict):
         self.low, self.node, self.index, self.shape, self.memo = low, node, index, shape, memo
 
+    def _read(self, x: Value, idx: tuple[Expr, ...]) -> Scalar:
+        return self.low.value_at(x.name, idx, self.memo)
+
+    def _operand_index(self, x: Value) -> tuple[Expr, ...]:
+        return broadcast_index(self.index, self.shape, x.shape)
+
     def arg(self, x, dtype: torch.dtype) -> Scalar:
         """Operand x (a Value or a Python number) at the current index, as dtype."""
         if isinstance(x, Value):
-            idx = broadcast_index(self.index, self.shape, x.shape)
-            return K.cast(self.low.value_at(x.name, idx, self.memo), dtype)
+            return K.cast(self._read(x, self._operand_index(x)), dtype)
         if isinstance(x, (bool, int, float)):
             return K.const(x, dtype)
         raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
-
 
     def channel(self, x, dim: int, dtype: torch.dtype) -> Scalar:
         """1-D operand x read at the current index of dimension `dim` (per-channel parameters)."""
         if not isinstance(x, Value) or len(x.shape) != 1:
             raise NotSupported(f"per-channel operand {x!r} is not a 1-D tensor")
-        return K.cast(self.low.value_at(x.name, (self.index[dim],), self.memo), dtype)
+        return K.cast(self._read(x, (self.index[dim],) if self.index else ()), dtype)
 
 
-class _ProbeCtx:
+class _ProbeCtx(_Ctx):
     """A context whose reads are placeholders: used to test whether a definition supports a call."""
 
     def __init__(self, node: Node):
-        self.node = node
-        self.index: tuple[Expr, ...] = ()
+        self.node, self.index, self.shape = node, (), ()
 
-    def arg(self, x, dtype: torch.dtype) -> Scalar:
-        if isinstance(x, Value):
-            if x.dtype not in C_TYPES:
-                raise NotSupported(f"operand dtype {x.dtype}")
-            return K.load(x.name, (), dtype)
-        if isinstance(x, (bool, int, float)):
-            return K.const(x, dtype)
-        raise NotSupported(f"operand {x!r} of type {type(x).__name__}")
+    def _read(self, x: Value, idx: tuple[Expr, ...]) -> Scalar:
+        if x.dtype not in C_TYPES:
+            raise NotSupported(f"operand dtype {x.dtype}")
+        return K.load(x.name, (), x.dtype)
 
-    def channel(self, x, dim: int, dtype: torch.dtype) -> Scalar:
-        if not isinstance(x, Value) or len(x.shape) != 1:
-            raise NotSupported(f"per-channel operand {x!r} is not a 1-D tensor")
-        return self.arg(x, dtype)
+    def _operand_index(self, x: Value) -> tuple[Expr, ...]:
+        return ()
 
 
 def _ident(name: str) -> str:
