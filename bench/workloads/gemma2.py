@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from . import Workload
-from .llama3 import Rotary, apply_rope, causal_mask, layer_inputs, repeat_kv
+from .llama3 import Rotary, attention_inputs, causal_mask, layer_inputs
 
 
 class GemmaRMSNorm(nn.Module):
@@ -57,16 +57,8 @@ class Gemma2Layer(nn.Module):
         b, s, _ = x.shape
         d = self.head_dim
         residual = x
-        h = self.input_layernorm(x)
-        q = self.q_proj(h).view(b, s, self.heads, d).transpose(1, 2)
-        k = self.k_proj(h).view(b, s, self.kv_heads, d).transpose(1, 2)
-        v = self.v_proj(h).view(b, s, self.kv_heads, d).transpose(1, 2)
-        cos, sin = self.rotary(cache_position)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache = k_cache.index_copy(2, cache_position, k)
-        v_cache = v_cache.index_copy(2, cache_position, v)
-        n_rep = self.heads // self.kv_heads
-        keys, values = repeat_kv(k_cache, n_rep), repeat_kv(v_cache, n_rep)
+        q, keys, values, k_cache, v_cache = attention_inputs(self, self.input_layernorm(x), k_cache, v_cache,
+                                                             cache_position)
         scores = torch.matmul(q, keys.transpose(2, 3)) * self.scaling
         scores = torch.tanh(scores / self.softcap) * self.softcap
         scores = scores + causal_mask(cache_position, k_cache.shape[2], self.window, scores.dtype)

@@ -74,6 +74,22 @@ def causal_mask(cache_position: torch.Tensor, kv_len: int, window: int | None, d
     return torch.zeros((), dtype=dtype).masked_fill(masked, torch.finfo(dtype).min)
 
 
+def attention_inputs(layer: nn.Module, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_position: torch.Tensor):
+    """q, repeated keys and values, and the updated caches: projections, RoPE, StaticCache index_copy, repeat_kv."""
+    b, s, _ = h.shape
+    d = layer.head_dim
+    q = layer.q_proj(h).view(b, s, layer.heads, d).transpose(1, 2)
+    k = layer.k_proj(h).view(b, s, layer.kv_heads, d).transpose(1, 2)
+    v = layer.v_proj(h).view(b, s, layer.kv_heads, d).transpose(1, 2)
+    cos, sin = layer.rotary(cache_position)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    k_cache = k_cache.index_copy(2, cache_position, k)
+    v_cache = v_cache.index_copy(2, cache_position, v)
+    n_rep = layer.heads // layer.kv_heads
+    return q, repeat_kv(k_cache, n_rep), repeat_kv(v_cache, n_rep), k_cache, v_cache
+
+
 class Llama3Layer(nn.Module):
     """(hidden [B,S,H], k_cache, v_cache [B,KV,T,D], cache_position [S]) -> (hidden, k_cache, v_cache)."""
 
@@ -97,16 +113,8 @@ class Llama3Layer(nn.Module):
         b, s, _ = x.shape
         d = self.head_dim
         residual = x
-        h = self.input_layernorm(x)
-        q = self.q_proj(h).view(b, s, self.heads, d).transpose(1, 2)
-        k = self.k_proj(h).view(b, s, self.kv_heads, d).transpose(1, 2)
-        v = self.v_proj(h).view(b, s, self.kv_heads, d).transpose(1, 2)
-        cos, sin = self.rotary(cache_position)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_cache = k_cache.index_copy(2, cache_position, k)
-        v_cache = v_cache.index_copy(2, cache_position, v)
-        n_rep = self.heads // self.kv_heads
-        keys, values = repeat_kv(k_cache, n_rep), repeat_kv(v_cache, n_rep)
+        q, keys, values, k_cache, v_cache = attention_inputs(self, self.input_layernorm(x), k_cache, v_cache,
+                                                             cache_position)
         scores = torch.matmul(q, keys.transpose(2, 3)) * d ** -0.5
         scores = scores + causal_mask(cache_position, k_cache.shape[2], None, scores.dtype)
         probs = torch.softmax(scores, dim=-1)

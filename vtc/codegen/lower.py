@@ -30,10 +30,10 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
-from vtc.index.expr import Expr, const, loads, replace_loads, subs, var, walk
+from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, out_vars
 from vtc.ir.graph import Graph, Node, Value
-from vtc.plan.virtualize import Plan
+from vtc.plan.virtualize import Plan, chain_of
 from vtc.virtual.movement import bind, delinearize
 
 OUTPUT, INDEX = "<output>", "<index>"
@@ -178,11 +178,8 @@ class Lowering:
                 kernels = [r for r in readers if self._is_kernel(r)]
                 if len(kernels) != len(readers):
                     continue  # a library node or a view reads it: it must be physical
-                if len(kernels) == 1 or self._loads_nothing(n):
+                if len(kernels) == 1 or not n.inputs:  # one kernel reads it, or it reads nothing
                     self.inline.add(o)
-
-    def _loads_nothing(self, n: Node) -> bool:
-        return not n.inputs
 
     # -- scalar expressions ---------------------------------------------------
     def is_physical(self, name: str) -> bool:
@@ -443,7 +440,7 @@ def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
         if low.realize.get(name) == "view":
             steps.append(("view", name))
         else:
-            chain = [c.name for c in _chain(graph, plan, name)]
+            chain = [c.name for c in chain_of(graph, plan, name)]
             steps.append(("kernel", _step(low, low.pointwise_kernel(name, "copy", chain))))
 
     for n in graph.nodes:
@@ -475,14 +472,3 @@ def _step(low: Lowering, k: Kernel) -> KernelStep:
     maps = low.mappings_read(k)
     checks = list(dict.fromkeys(c for m in maps for c in m.checks if c.tensor not in low.folded))
     return KernelStep(k, checks, maps)
-
-
-def _chain(graph: Graph, plan: Plan, name: str) -> list[Node]:
-    from vtc.plan.virtualize import chain_of
-
-    return chain_of(graph, plan, name)
-
-
-def index_tensor_loads(e: Expr) -> set[str]:
-    """Names of the index tensors an index expression loads."""
-    return loads(e)
