@@ -399,3 +399,6 @@ def _batch_norm(ctx, args, out):
     if args.get("bias") is not None:
         y = K.binary("add", y, ctx.channel(args["bias"], 1, dt))
     return y
+
+
+from vtc.codegen import conv  # noqa: E402,F401  (registers "convolution": depthwise convolutions as pointwise)
