@@ -200,7 +200,7 @@ def gemm_kernel(low, n: Node) -> Kernel:
 
 
 # -- C++ ----------------------------------------------------------------------
-MAX_MR = 16
+MAX_MR = 8  # the largest VTC_MR below
 
 RUNTIME = r"""
 #ifndef VTC_GEMM_RUNTIME
@@ -278,7 +278,7 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
 }
 
 // the micro-kernel for `rows` <= VTC_MR rows and `cols` <= VTC_NR columns (edge columns through a buffer)
-static inline void vtc_ukr_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
+__attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
                                 float* c, int64_t ldc, bool add) {
   alignas(64) float tmp[VTC_MR * VTC_NR];
   const bool full = cols == VTC_NR;
