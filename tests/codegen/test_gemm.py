@@ -87,6 +87,21 @@ def test_linear_with_bias_is_addmm_through_the_transposed_weight():
     _assert_generated_without_movement(c)
 
 
+def test_skinny_rows_against_a_transposed_weight():
+    """M = 1..16 against W^T (decode's Linear): the dot-product path on AVX-512, K and N tails included."""
+    g = gen(12)
+    w, wb = rand((127, 300), g), rand((2, 33, 17), g)
+    xs = tuple(rand((m, 300), g) for m in (1, 2, 3, 16))
+    c = _check(lambda w, wb, *xs: (*(x @ w.t() for x in xs), torch.bmm(rand_like_batch(xs[2]), wb.transpose(1, 2))),
+               (w, wb, *xs), gemm="vtc")
+    _assert_generated_without_movement(c, 5)
+
+
+def rand_like_batch(x):
+    """[3, 300] -> [2, 3, 17] (a movement-made batched operand)."""
+    return x[:, :17].expand(2, 3, 17)
+
+
 @pytest.mark.parametrize("batch", [1, 16])
 def test_baddbmm(batch):
     g = gen(5 + batch)

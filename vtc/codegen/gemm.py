@@ -293,6 +293,99 @@ __CASES__
       for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + tmp[r * VTC_NR + j];
 }
 
+#if defined(__AVX512F__)
+// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
+static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+      t[8 * h + i + 4] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+
+// c[i * ldc + j] = (add ? c : 0) + sum_p a[i * kc + p] * w[j * ldw + p] for i < m, j < J: skinny GEMMs
+// against a row-major weight (B = W^T) read in place, two rows of a at a time
+template <int J>
+static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+                           float* __restrict c, int64_t ldc, bool add) {
+  const int64_t kf = kc / 16 * 16;
+  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
+  int64_t i = 0;
+  for (; i + 2 <= m; i += 2) {
+    __m512 s0[J], s1[J];
+    #pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) { s0[j] = _mm512_setzero_ps(); s1[j] = _mm512_setzero_ps(); }
+    const float* a0 = a + i * kc; const float* a1 = a0 + kc;
+    for (int64_t p = 0; p < kf; p += 16) {
+      const __m512 x0 = _mm512_loadu_ps(a0 + p), x1 = _mm512_loadu_ps(a1 + p);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) {
+        const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
+      }
+    }
+    if (tail) {
+      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf), x1 = _mm512_maskz_loadu_ps(tail, a1 + kf);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) {
+        const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
+      }
+    }
+    for (int j = 0; j < J; ++j) {
+      c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
+      c[(i + 1) * ldc + j] = (add ? c[(i + 1) * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s1[j]);
+    }
+  }
+  for (; i < m; ++i) {
+    __m512 s0[J];
+    #pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) s0[j] = _mm512_setzero_ps();
+    const float* a0 = a + i * kc;
+    for (int64_t p = 0; p < kf; p += 16) {
+      const __m512 x0 = _mm512_loadu_ps(a0 + p);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w + j * ldw + p), s0[j]);
+    }
+    if (tail) {
+      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(tail, w + j * ldw + kf), s0[j]);
+    }
+    for (int j = 0; j < J; ++j) c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
+  }
+}
+
+// columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
+__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const float* w,
+                                                   int64_t ldw, float* c, int64_t ldc, bool add) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) vtc_dot<4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
+  switch (n - j) {
+    case 3: vtc_dot<3>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 2: vtc_dot<2>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 1: vtc_dot<1>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+  }
+}
+#endif
+
 // a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
 static inline float* vtc_gemm_scratch(int which, int64_t n) {
   static thread_local float* buf[2] = {nullptr, nullptr};
@@ -311,6 +404,7 @@ _CASES = "\n".join(f"    case {r}: if ({r} <= VTC_MR) vtc_ukr<{r}>(kc, a, b, dst
 RUNTIME = RUNTIME.replace("__CASES__", _CASES)
 
 PARALLEL_MIN_FLOPS = 1 << 18
+SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
 
 
 def _strided(s: Scalar, names: tuple[str, str], shapes: dict) -> tuple[str, int, int, int] | None:
@@ -347,7 +441,8 @@ def generate(k: Kernel) -> str:
     flops = 2 * B * M * N * KK
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
-        "  int64_t mc = VTC_MC, nc = VTC_NC;",
+        "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
+        f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         "  auto tiles = [&]() { return BATCH * ((M + mc - 1) / mc) * ((N + nc - 1) / nc); };",
         "  while (tiles() < 2 * nthreads && nc > VTC_NR && nc >= N) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
         "  while (tiles() < 2 * nthreads && nc > VTC_NR) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
@@ -355,8 +450,8 @@ def generate(k: Kernel) -> str:
         "  const int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc, ntiles = BATCH * tm * tn;",
         f"  #pragma omp parallel num_threads(nthreads) if(ntiles > 1 && {flops}LL >= {PARALLEL_MIN_FLOPS})",
         "  {",
-        "    float* __restrict ap = vtc_gemm_scratch(0, VTC_MC * VTC_KC);",
-        "    float* __restrict bp = vtc_gemm_scratch(1, VTC_KC * VTC_NC);",
+        "    float* __restrict ap = vtc_gemm_scratch(0, mc * kc);",
+        "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
         "    #pragma omp for schedule(static)",
         "    for (int64_t t = 0; t < ntiles; ++t) {",
         f"      const int64_t {bv or 'bt'} = t / (tm * tn);",
@@ -367,9 +462,12 @@ def generate(k: Kernel) -> str:
     if KK == 0:  # pragma: no cover - _unsupported sends empty operands to torch
         lines.append("      for (int64_t ii = 0; ii < mb; ++ii) std::memset(ct + ii * N, 0, nb * sizeof(float));")
     lines += [
-        "      for (int64_t k0 = 0; k0 < K; k0 += VTC_KC) {",
-        "        const int64_t kb = std::min<int64_t>(VTC_KC, K - k0);",
+        "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
+        "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
+    dot = _dot_path(em, g, "        ")
+    if dot:
+        lines += dot
     lines += _pack_a(em, g, "        ")
     lines += _pack_b(em, g, "        ")
     lines += [
@@ -385,12 +483,33 @@ def generate(k: Kernel) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
+def _dot_path(em, g: GemmOperands, ind: str) -> list[str]:
+    """For M <= SKINNY_M on AVX-512 and B = a row-major weight transposed (unit stride along k): A packed
+    into rows, dot products against the weight read in place (no B panel); else nothing."""
+    if g.m > SKINNY_M:
+        return []
+    bv, _, nv = g.vars
+    st = _strided(g.b, (nv, "r"), em.shapes)
+    if st is None or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
+        return []
+    buf, off, co = st
+    sb, sn = co.get(bv, 0) if bv else 0, co.get(nv, 0)
+    src = f"{em.ptr[buf]} + {off} + {bv + ' * ' + str(sb) if bv and sb else '0'} + n0 * {sn} + k0"
+    return [f"{ind}#if defined(__AVX512F__)",
+            *_pack_a(em, g, ind, rows=True),
+            f"{ind}vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            f"{ind}continue;",
+            f"{ind}#endif"]
+
+
 def _loop_var(name: str, start: str, ind: str) -> list[str]:
     return [f"{ind}const int64_t {name} = {start};"] if name else []
 
 
-def _pack_a(em, g: GemmOperands, ind: str) -> list[str]:
-    """ap[(ii / MR) * MR * kb + pp * MR + ii % MR] = A[batch, m0 + ii, k0 + pp] (the unit stride innermost)."""
+def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
+    """ap[(ii / MR) * MR * kb + pp * MR + ii % MR] = A[batch, m0 + ii, k0 + pp] (the unit stride innermost);
+    rows: ap[ii * kb + pp] instead (the dot-product path)."""
+    base, step = ("ii * kb", "1") if rows else ("(ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR", "VTC_MR")
     bv, mv, _ = g.vars
     st = _strided(g.a, (mv, "r"), em.shapes)
     if st is not None:
@@ -401,12 +520,12 @@ def _pack_a(em, g: GemmOperands, ind: str) -> list[str]:
         if abs(sm) == 1 and abs(sk) != 1:
             body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
                     f"{ind}    for (int64_t ii = 0; ii < mb; ++ii)",
-                    f"{ind}      ap[(ii / VTC_MR) * VTC_MR * kb + pp * VTC_MR + ii % VTC_MR] = src[ii * {sm} + pp * {sk}];"]
+                    f"{ind}      ap[{base} + pp * {step}] = src[ii * {sm} + pp * {sk}];"]
         else:
             body = [f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
-                    f"{ind}    float* __restrict dst = ap + (ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR;",
+                    f"{ind}    float* __restrict dst = ap + {base};",
                     f"{ind}    const float* __restrict s = src + ii * {sm};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * VTC_MR] = s[pp * {sk}];",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"]
     em.forget()
@@ -414,11 +533,11 @@ def _pack_a(em, g: GemmOperands, ind: str) -> list[str]:
     temps = em.hoist([g.a], inner)
     return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
             *_loop_var(mv, "m0 + ii", ind + "  "),
-            f"{ind}  float* __restrict dst = ap + (ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR;",
+            f"{ind}  float* __restrict dst = ap + {base};",
             f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
             f"{inner}const int64_t r = k0 + pp;",
             *temps,
-            f"{inner}dst[pp * VTC_MR] = {em.scalar(g.a)};",
+            f"{inner}dst[pp * {step}] = {em.scalar(g.a)};",
             f"{ind}  }}",
             f"{ind}}}"]
 
@@ -437,22 +556,31 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
         sb, sn, sk = co.get(bv, 0) if bv else 0, co.get(nv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + {bv + ' * ' + str(sb) if bv and sb else '0'} + n0 * {sn} + k0 * {sk}"
         head = [f"{ind}{{ const float* __restrict src = {src};"]
-        if abs(sn) == 1 or abs(sk) != 1:  # row-major B: contiguous runs of NR columns
-            body = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
-                    f"{ind}    float* __restrict dst = bp + jr * kb;",
-                    f"{ind}    const int64_t w = std::min<int64_t>(VTC_NR, nb - jr);",
-                    f"{ind}    if (w == VTC_NR)",
-                    f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
-                    f"{ind}        for (int64_t jj = 0; jj < VTC_NR; ++jj) dst[pp * VTC_NR + jj] = src[pp * {sk} + (jr + jj) * {sn}];",
-                    f"{ind}    else",
-                    f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
-                    f"{ind}        for (int64_t jj = 0; jj < w; ++jj) dst[pp * VTC_NR + jj] = src[pp * {sk} + (jr + jj) * {sn}];",
+        if abs(sn) == 1 or abs(sk) != 1:  # row-major B: each k row walked contiguously across the tile
+            body = [f"{ind}  const int64_t nfull = nb / VTC_NR * VTC_NR;",
+                    f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
+                    f"{ind}    const float* __restrict s = src + pp * {sk};",
+                    f"{ind}    for (int64_t jr = 0; jr < nfull; jr += VTC_NR)",
+                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = s[(jr + jj) * {sn}];",
+                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = s[jj * {sn}];",
                     f"{ind}  }}"]
-        else:  # transposed B (a Linear weight): walk k contiguously per column
-            body = [f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+        else:  # transposed B (a Linear weight): 16 x 16 blocks transposed in registers, the rest per column
+            vec = [f"{ind}  int64_t nfull = 0, kfull = 0;"]
+            if sk == 1:
+                vec = [f"{ind}#if defined(__AVX512F__)",
+                       f"{ind}  const int64_t nfull = nb / 16 * 16, kfull = kb / 16 * 16;",
+                       f"{ind}  for (int64_t j0 = 0; j0 < nfull; j0 += 16)",
+                       f"{ind}    for (int64_t p0 = 0; p0 < kfull; p0 += 16)",
+                       f"{ind}      vtc_transpose16(src + j0 * {sn} + p0, {sn}, "
+                       f"bp + (j0 / VTC_NR) * VTC_NR * kb + p0 * VTC_NR + j0 % VTC_NR, VTC_NR);",
+                       f"{ind}#else",
+                       *vec,
+                       f"{ind}#endif"]
+            body = [*vec,
+                    f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
                     f"{ind}    float* __restrict dst = bp + (jj / VTC_NR) * VTC_NR * kb + jj % VTC_NR;",
                     f"{ind}    const float* __restrict s = src + jj * {sn};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * VTC_NR] = s[pp * {sk}];",
+                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = s[pp * {sk}];",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"] + zero_tail
     em.forget()
