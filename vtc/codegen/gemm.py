@@ -80,15 +80,21 @@ class GemmChoice:
 VTC_GFLOPS = 120.0
 TORCH_GFLOPS = 140.0
 COPY_GBPS = 8.0  # a generated copy kernel: read + write
-MAPPED_PACK_NS = 1.0  # extra per packed element read through a mapping that is not a strided load
+MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 4.0
 
 
-def estimate_us(batch: int, m: int, n: int, k: int, *, copy_bytes: int = 0, mapped_elems: int = 0) -> tuple[float, float]:
-    """(generated kernel, torch on views + copies) estimated microseconds for one call."""
+def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0
+                ) -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one call.
+
+    torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
+    read and written); the generated kernel pays for packing `mapped_elems` elements through mappings
+    that are not plain strided loads.
+    """
     flops = 2.0 * batch * m * n * k
     vtc = flops / (VTC_GFLOPS * 1e3) + mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
-    torch_ = flops / (TORCH_GFLOPS * 1e3) + copy_bytes / (COPY_GBPS * 1e3) + CALL_US
+    torch_ = flops / (TORCH_GFLOPS * 1e3) + sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
     return vtc, torch_
 
 
@@ -96,21 +102,22 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     """vtc or torch for GEMM node n under compile option gemm=`mode` (see the module docstring)."""
     args = bind(n.target, n.args, n.kwargs)
     a, b = _operands(n, args)
-    out = n.outputs[0]
     batch, m, kk = (a.shape if len(a.shape) == 3 else (1, *a.shape))
     nn = b.shape[-1]
     unsupported = _unsupported(n, args)
-    copies = [v for v in (a, b, args.get("self") if "mat1" in args or "batch1" in args else None)
-              if isinstance(v, Value) and low.plan.is_virtual(v.name)
-              and (low.plan.realized.get(v.name) is None or low.plan.realized[v.name].strided is None)]
+    bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
+
+    def needs_copy(v) -> bool:  # a virtual operand torch cannot take as a zero-copy view
+        if not isinstance(v, Value) or not low.plan.is_virtual(v.name):
+            return False
+        r = low.plan.realized.get(v.name)
+        return r is None or r.strided is None
+
+    copies = [v for v in (a, b, bias) if v is not None and needs_copy(v)]
     copy_bytes = sum(v.nbytes for v in copies)
-    op_elems = {v.name: v.numel if hasattr(v, "numel") else _numel(v.shape) for v in (a, b)}
-    mapped = 0
-    for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128))):
-        if low.plan.is_virtual(v.name) and (low.plan.realized.get(v.name) is None
-                                             or low.plan.realized[v.name].strided is None):
-            mapped += op_elems[v.name] * reuse
-    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copy_bytes=copy_bytes, mapped_elems=mapped)
+    # A is packed once per NC-column block, B once per MC-row block
+    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128))) if needs_copy(v))
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
