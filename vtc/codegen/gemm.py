@@ -33,7 +33,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.codegen.ops import NotSupported
-from vtc.index.expr import Expr, affine, lift, var
+from vtc.index.expr import Expr, _terms, free_vars, lift, var
 from vtc.index.mapping import contiguous_strides
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -414,19 +414,31 @@ PARALLEL_MIN_FLOPS = 1 << 18
 SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
 
 
-def _strided(s: Scalar, names: tuple[str, str], shapes: dict) -> tuple[str, int, int, int] | None:
-    """(buffer, offset, stride of names[0], stride of names[1]) when s is an affine load, else None."""
+def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], Expr] | None:
+    """An operand that is one load, as (buffer, per-tile offset in C, {loop var: stride}, rest); else None.
+
+    Its offset into the buffer is split into: terms of the batch index alone (the tile's base: the GQA
+    head mapping h // group lands here), constant strides of the row, column and reduction indices,
+    and `rest`, every other term (a gathered row's index, a division by a non-batch index): const 0
+    for a plain strided operand.
+    """
     if s.op != "load":
         return None
     buf, idx = s.args
     lin = lift(0)
-    for i, st in zip(idx, contiguous_strides(shapes[buf])):
+    for i, st in zip(idx, contiguous_strides(em.shapes[buf])):
         lin = lin + i * st
-    aff = affine(lin)
-    if aff is None:
-        return None
-    off, coeffs = aff
-    return buf, off, coeffs
+    bv, mv, nv = g.vars
+    c, terms = _terms(lin)
+    base, rest, coeffs = lift(c), lift(0), {}
+    for atom, k in terms.items():
+        if atom.op == "var" and atom.args[0] in (mv, nv, "r"):
+            coeffs[atom.args[0]] = k
+        elif free_vars(atom) <= {bv}:
+            base = base + atom * k
+        else:
+            rest = rest + atom * k
+    return buf, em.index(base), coeffs, rest
 
 
 def generate(k: Kernel) -> str:
@@ -495,13 +507,13 @@ def _dot_path(em, g: GemmOperands, ind: str) -> list[str]:
     into rows, dot products against the weight read in place (no B panel); else nothing."""
     if g.m > SKINNY_M:
         return []
-    bv, _, nv = g.vars
-    st = _strided(g.b, (nv, "r"), em.shapes)
-    if st is None or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
         return []
-    buf, off, co = st
-    sb, sn = co.get(bv, 0) if bv else 0, co.get(nv, 0)
-    src = f"{em.ptr[buf]} + {off} + {bv + ' * ' + str(sb) if bv and sb else '0'} + n0 * {sn} + k0"
+    buf, off, co, _ = st
+    sn = co.get(nv, 0)
+    src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0"
     return [f"{ind}#if defined(__AVX512F__)",
             *_pack_a(em, g, ind, rows=True),
             f"{ind}vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
@@ -518,11 +530,20 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
     rows: ap[ii * kb + pp] instead (the dot-product path)."""
     base, step = ("ii * kb", "1") if rows else ("(ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR", "VTC_MR")
     bv, mv, _ = g.vars
-    st = _strided(g.a, (mv, "r"), em.shapes)
-    if st is not None:
-        buf, off, co = st
-        sb, sm, sk = co.get(bv, 0) if bv else 0, co.get(mv, 0), co.get("r", 0)
-        src = f"{em.ptr[buf]} + {off} + {bv + ' * ' + str(sb) if bv and sb else '0'} + m0 * {sm} + k0 * {sk}"
+    st = _strided(g.a, g, em)
+    if st is not None and not st[3].is_const and "r" not in free_vars(st[3]) and free_vars(st[3]) <= {bv, mv}:
+        buf, off, co, rest = st  # rows gathered (an index tensor picks them): a base offset per row
+        sm, sk = co.get(mv, 0), co.get("r", 0)
+        return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
+                *_loop_var(mv, "m0 + ii", ind + "  "),
+                f"{ind}  float* __restrict dst = ap + {base};",
+                f"{ind}  const float* __restrict s = {em.ptr[buf]} + {off} + {em.index(rest)} + {mv or 0} * {sm} + k0 * {sk};",
+                f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
+                f"{ind}}}"]
+    if st is not None and st[3].is_const:
+        buf, off, co, _ = st
+        sm, sk = co.get(mv, 0), co.get("r", 0)
+        src = f"{em.ptr[buf]} + {off} + m0 * {sm} + k0 * {sk}"
         head = [f"{ind}{{ const float* __restrict src = {src};"]
         if abs(sm) == 1 and abs(sk) != 1:
             body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
@@ -551,17 +572,18 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
 
 def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
     """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
-    bv, _, nv = g.vars
-    st = _strided(g.b, (nv, "r"), em.shapes)
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    st = st if st is not None and st[3].is_const else None
     zero_tail = [f"{ind}if (nb % VTC_NR) {{",
                  f"{ind}  float* __restrict dst = bp + (nb / VTC_NR) * VTC_NR * kb;",
                  f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
                  f"{ind}    for (int64_t jj = nb % VTC_NR; jj < VTC_NR; ++jj) dst[pp * VTC_NR + jj] = 0.0f;",
                  f"{ind}}}"]
     if st is not None:
-        buf, off, co = st
-        sb, sn, sk = co.get(bv, 0) if bv else 0, co.get(nv, 0), co.get("r", 0)
-        src = f"{em.ptr[buf]} + {off} + {bv + ' * ' + str(sb) if bv and sb else '0'} + n0 * {sn} + k0 * {sk}"
+        buf, off, co, _ = st
+        sn, sk = co.get(nv, 0), co.get("r", 0)
+        src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0 * {sk}"
         head = [f"{ind}{{ const float* __restrict src = {src};"]
         if abs(sn) == 1 or abs(sk) != 1:  # row-major B: each k row walked contiguously across the tile
             body = [f"{ind}  const int64_t nfull = nb / VTC_NR * VTC_NR;",
