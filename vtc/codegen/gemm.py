@@ -32,7 +32,6 @@ import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
-from vtc.codegen.ops import NotSupported
 from vtc.index.expr import Expr, _terms, free_vars, lift, var
 from vtc.index.mapping import contiguous_strides
 from vtc.ir.graph import Node, Value
