@@ -15,7 +15,9 @@ Systems:
   memory probes, on (its default) when timing;
 - ``vtc-<variant>``: ``vtc.compile(model, inputs, **options)`` for each variant in
   ``VTC_VARIANTS`` (``vtc-torch``: the torch backend, ``vtc-none``: no movement
-  op virtual, ``vtc-all``: every one, later ``vtc-greedy``/``vtc-measured``); a
+  op virtual, ``vtc-all``: every one, later ``vtc-greedy``/``vtc-measured``;
+  ``vtc-gemm-vtc`` / ``vtc-gemm-torch``: every GEMM generated / through torch,
+  run only when named); a
   variant whose options vtc rejects (TypeError/ValueError on a trivial
   function) is "n/a".  The first compile of a workload runs against an empty
   kernel cache (``VTC_CACHE_DIR`` set to a directory of its own: a cold
@@ -45,6 +47,8 @@ VTC_VARIANTS: dict[str, dict] = {
     "vtc-all": {"plan": "all"},
     "vtc-greedy": {"plan": "greedy"},
     "vtc-measured": {"plan": "measured"},
+    "vtc-gemm-vtc": {"plan": "all", "gemm": "vtc"},  # every float32 GEMM a generated kernel
+    "vtc-gemm-torch": {"plan": "all", "gemm": "torch"},  # every GEMM through torch (non-strided operands copied)
 }
 # The vtc variant that speaks for vtc in the summary: the most advanced one that ran (later wins).
 VTC_HEADLINE_ORDER = ("vtc-all", "vtc-greedy", "vtc-measured")
@@ -53,6 +57,7 @@ SYSTEMS = OTHERS + tuple(VTC_VARIANTS)
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "torch": "eager", "torch.compile": "inductor",
            "max-autotune": "inductor-max-autotune", "vtc": ",".join(VTC_VARIANTS)}
 QUICK_SKIP = ("inductor-max-autotune",)
+NAMED_ONLY = ("vtc-gemm-vtc", "vtc-gemm-torch")  # GEMM ablations: run only when named (--systems)
 
 
 class SystemFailure(Exception):
@@ -82,7 +87,7 @@ def one_line(e: BaseException, limit: int = 240) -> str:
 def parse_systems(spec: str | None, quick: bool) -> list[str]:
     """A comma list of system names/aliases -> system names in canonical order."""
     if not spec:
-        return [s for s in SYSTEMS if not (quick and s in QUICK_SKIP)]
+        return [s for s in SYSTEMS if not (quick and s in QUICK_SKIP) and s not in NAMED_ONLY]
     names: list[str] = []
     for item in (s.strip() for s in spec.split(",")):
         if not item:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from vtc.codegen.gemm import GEMM_MODES
 from vtc.frontend.torch_export import export_graph, flatten_inputs, unflatten_outputs
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report
@@ -30,7 +31,7 @@ from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
 PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none, "greedy": plan_greedy}
-OPTIONS = {"plan": "all", "backend": "cpu", "oracle": False, "max_specializations": 8}
+OPTIONS = {"plan": "all", "backend": "cpu", "oracle": False, "max_specializations": 8, "gemm": "auto"}
 BACKENDS = ("torch", "cpu")
 
 
@@ -54,6 +55,8 @@ def check_options(options: dict) -> dict:
         raise ValueError(f"plan={out['plan']!r} is not one of {sorted(PLANS)}")
     if out["backend"] not in BACKENDS:
         raise ValueError(f"backend={out['backend']!r} is not one of {list(BACKENDS)}")
+    if out["gemm"] not in GEMM_MODES:
+        raise ValueError(f"gemm={out['gemm']!r} is not one of {list(GEMM_MODES)}")
     if out["oracle"]:
         out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
@@ -62,7 +65,7 @@ def check_options(options: dict) -> dict:
 def specialize(graph: Graph, options: dict) -> Specialization:
     """Plans and schedules a captured graph."""
     plan = PLANS[options["plan"]](graph)
-    executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"])
+    executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"])
     return Specialization(graph, plan, executor, build_report(graph, plan, executor))
 
 
@@ -155,7 +158,12 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     movement op materialised); backend="cpu" (generated C++ kernels, default)
     or "torch" (compute through torch, virtual tensors realised by views and
     gathers); oracle=True (torch backend, every virtual tensor realised by a
-    gather through its composed mapping: a check of the mappings).
+    gather through its composed mapping: a check of the mappings);
+    gemm="auto" (default: a GEMM whose operand is a virtual tensor that is not
+    a strided view runs as a generated kernel packing it through its mapping,
+    the others through torch on zero-copy views), "vtc" (every float32 GEMM
+    generated) or "torch" (every GEMM through torch); the choice per GEMM node
+    and both estimated costs are in ``report.to_dict()["gemm"]``.
 
     An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to
     ``vtc.frontend.onnx.compile_onnx`` (``dims={name: size}`` resolves symbolic

@@ -4,7 +4,8 @@ A builder takes ``quick`` (smaller sizes for ``vtc bench --quick``) and returns
 ``(model in eval mode, example_inputs)`` with deterministic random weights and
 float32 inputs.  Groups: ``unit`` (the paper's five units), ``model`` (whole
 small models), ``attention`` (FlashTensor attention variants), ``micro``
-(movement-chain micro-benchmarks) and ``smoke`` (a tiny workload for the tests,
+(movement-chain micro-benchmarks), ``gemm`` (vtc's GEMM vs torch and ONNX
+Runtime, run only when named) and ``smoke`` (a tiny workload for the tests,
 never selected unless named).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-GROUPS = ("unit", "model", "attention", "micro", "smoke")
+GROUPS = ("unit", "model", "attention", "micro", "gemm", "smoke")
 SEED = 0
 
 
@@ -49,10 +50,10 @@ def randn(*shape: int, seed: int = 1) -> torch.Tensor:
 
 
 def _registry() -> dict[str, Workload]:
-    from . import attention, c3k2, efficientvit, gemma2, llama3, micro, models, shufflenet_unit
+    from . import attention, c3k2, efficientvit, gemm, gemma2, llama3, micro, models, shufflenet_unit
 
     out: dict[str, Workload] = {}
-    for mod in (llama3, gemma2, efficientvit, c3k2, shufflenet_unit, models, attention, micro):
+    for mod in (llama3, gemma2, efficientvit, c3k2, shufflenet_unit, models, attention, micro, gemm):
         for w in mod.WORKLOADS:
             if w.name in out:
                 raise ValueError(f"duplicate workload name {w.name!r}")

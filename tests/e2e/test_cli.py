@@ -11,7 +11,9 @@ def test_analyze_prints_census_and_writes_json(tmp_path, capsys):
     assert main(["analyze", "llama_layer", "--size", "tiny", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "movement ops eliminated" in text and "composed chains" in text
-    assert "strided view; realised as view" in text and "not a strided view; realised as gather" in text
+    assert "strided view; realised as view" in text
+    # the GQA keys/values and the attention output are not strided views: generated GEMMs pack them
+    assert "GEMMs (batch x M x N x K" in text and "is not a strided view: torch would copy" in text
     data = json.loads(out.read_text())
     assert data["max_error"] < 1e-4
     assert data["report"]["materialized_movement_bytes"] < data["baseline"]["materialized_movement_bytes"]

@@ -303,6 +303,10 @@ def _decompose(names: list[str], sizes: tuple[int, ...], flat: str, indent: str)
 
 def generate(k: Kernel) -> str:
     """The C++ source of kernel k (with the prelude), exporting `extern "C" void <k.name>(void* const*, int)`."""
+    if k.kind == "gemm":
+        from vtc.codegen.gemm import generate as generate_gemm
+
+        return generate_gemm(k)
     em = _Emitter(k)
     body: list[str] = []
     for b in buffer_order(k):

@@ -162,10 +162,11 @@ class Kernel:
     """
 
     name: str
-    kind: str  # "pointwise" | "row"
+    kind: str  # "pointwise" | "row" | "copy" | "gemm"
     domain: tuple[int, ...]
     r_extent: int
     phases: list[list[Reduction]]
     stores: list[Store]
     inputs: list[Buffer] = field(default_factory=list)
     source_nodes: list[str] = field(default_factory=list)  # graph nodes this kernel computes
+    gemm: object = None  # a gemm kernel's operands (vtc.codegen.gemm.GemmOperands); its store reads acc("gemm")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
@@ -59,13 +60,14 @@ def broadcast_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape:
 class Lowering:
     """Decides physical / virtual / inline for every value and builds the kernels."""
 
-    def __init__(self, graph: Graph, plan: Plan) -> None:
-        self.graph, self.plan = graph, plan
+    def __init__(self, graph: Graph, plan: Plan, gemm: str = "auto") -> None:
+        self.graph, self.plan, self.gemm_mode = graph, plan, gemm
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.producer: dict[str, Node] = {o.name: n for n in graph.nodes for o in n.outputs}
         self.users = graph.users()
         self.outputs = {v.name for v in graph.outputs}
         self.why_torch: dict[str, str] = {}  # node -> why a known op still runs through torch
+        self.gemm_choices: dict[str, GemmChoice] = {}  # GEMM node -> generated kernel or torch, with both costs
         self.kind = {n.name: self._classify(n) for n in graph.nodes}
         self.folded = self._foldable_index_tensors()
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
@@ -78,6 +80,9 @@ class Lowering:
     def _classify(self, n: Node) -> str:
         if n.kind == "movement":
             return "kept" if n.name in self.plan.kept else "virtual"
+        if n.op in GEMM_OPS:
+            choice = self.gemm_choices[n.name] = choose(self, n, self.gemm_mode)
+            return "gemm" if choice.choice == "vtc" else "library"
         for kind, table in (("pointwise", POINTWISE), ("row", ROW)):
             fn = lookup(table, n.target)
             if fn is None:
@@ -158,7 +163,7 @@ class Lowering:
     def _is_kernel(self, reader: str) -> bool:
         if reader.startswith("realize:"):
             return self.realize.get(reader[len("realize:"):]) == "copy"
-        return self.kind.get(reader) in ("pointwise", "row")
+        return self.kind.get(reader) in ("pointwise", "row", "gemm")
 
     def _decide(self) -> None:
         """Reverse graph order: each value's readers are decided before the value itself."""
@@ -418,6 +423,8 @@ def scalars_of(k: Kernel):
     """Every scalar node of kernel k, each once."""
     seen: set[int] = set()
     stack = [r.value for phase in k.phases for r in phase] + [s.value for s in k.stores]
+    if k.gemm is not None:
+        stack += [k.gemm.a, k.gemm.b]
     while stack:
         s = stack.pop()
         if id(s) in seen:
@@ -427,9 +434,12 @@ def scalars_of(k: Kernel):
         stack.extend(a for a in s.args if isinstance(a, Scalar))
 
 
-def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
-    """The steps that run `graph` under `plan`: ("kernel", KernelStep) | ("run", Node) | ("view", name)."""
-    low = Lowering(graph, plan)
+def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]:
+    """The steps that run `graph` under `plan`: ("kernel", KernelStep) | ("run", Node) | ("view", name).
+
+    `gemm` is the compile option choosing GEMM kernels (vtc.codegen.gemm.choose).
+    """
+    low = Lowering(graph, plan, gemm)
     steps: list = []
     done: set[str] = set()
 
@@ -456,6 +466,9 @@ def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
             continue
         if k == "row":
             steps.append(("kernel", _step(low, low.row_kernel(n))))
+            continue
+        if k == "gemm":
+            steps.append(("kernel", _step(low, low._finish(gemm_kernel(low, n)))))
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):

@@ -10,7 +10,10 @@ Counts are per call of the compiled graph:
 - ``kernels``: launches (compute/fallback nodes, kept movement ops, gathers);
 - ``fallback_ops``: ops vtc does not know, run by the framework;
 - ``peak_memory_bytes``: peak of live intermediate buffers (inputs and
-  parameters excluded), from the executor's liveness.
+  parameters excluded), from the executor's liveness;
+- ``gemm``: per GEMM node (mm/bmm/addmm/baddbmm) the choice between the
+  generated kernel ("vtc") and torch's library on views ("torch"), why, and
+  both estimated costs (``vtc.codegen.gemm.GemmChoice``; backend="cpu" only).
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class Report:
     peak_memory_bytes: int
     movement: list[MovementEntry] = field(default_factory=list)
     chains: list[ChainEntry] = field(default_factory=list)
+    gemm: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The report as plain data (json-serialisable)."""
@@ -72,6 +76,9 @@ class Report:
             f"  {views} zero-copy strided views, {gathers} gathers, {self.kernels} kernel launches, "
             f"peak intermediate memory {_mb(self.peak_memory_bytes)}",
         ]
+        if self.gemm:
+            own = sum(1 for g in self.gemm if g["choice"] == "vtc")
+            lines.append(f"  GEMMs: {own} generated, {len(self.gemm) - own} through torch")
         if self.fallback_ops:
             lines.append(f"  fallback ops (run by the framework): {', '.join(sorted(set(self.fallback_ops)))}")
         return "\n".join(lines)
@@ -86,6 +93,12 @@ class Report:
             kind = "strided view" if c.strided else "not a strided view"
             out.append(f"  {c.value}  <- {' -> '.join(c.ops)}  [{kind}; realised as {c.realized_as}, {_mb(c.bytes)}]")
             out.extend("      " + line for line in c.mapping.splitlines())
+        if self.gemm:
+            out += ["", "GEMMs (batch x M x N x K; estimated us: generated / torch):"]
+            for g in self.gemm:
+                b, m, n, k = g["shape"]
+                out.append(f"  {g['node']:<20} {b}x{m}x{n}x{k}  {g['choice']:<5} {g['vtc_us']:.1f} / {g['torch_us']:.1f}"
+                           f"  ({g['why']})")
         return "\n".join(out)
 
 
@@ -134,4 +147,5 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         peak_memory_bytes=executor.peak_bytes,
         movement=movement,
         chains=chains,
+        gemm=[c.to_dict() for c in getattr(executor.lowering, "gemm_choices", {}).values()],
     )

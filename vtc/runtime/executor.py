@@ -65,8 +65,9 @@ class Executor:
     and torch only for library nodes.
     """
 
-    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch") -> None:
-        self.graph, self.plan, self.oracle, self.backend = graph, plan, oracle, backend
+    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch",
+                 gemm: str = "auto") -> None:
+        self.graph, self.plan, self.oracle, self.backend, self.gemm = graph, plan, oracle, backend, gemm
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         self.lowering = None
@@ -101,7 +102,7 @@ class Executor:
         """Steps from the code generator's lowering; every kernel built (in parallel) before returning."""
         from vtc.codegen.lower import lower
 
-        self.lowering, lowered = lower(self.graph, self.plan)
+        self.lowering, lowered = lower(self.graph, self.plan, gemm=self.gemm)
         ksteps = [payload for kind, payload in lowered if kind == "kernel"]
         compiled = dict(zip((id(k) for k in ksteps), build_kernels(ksteps)))
         steps: list[Step] = []

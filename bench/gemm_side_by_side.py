@@ -1,0 +1,96 @@
+"""GEMM workloads timed side by side in one process, interleaved, reporting min and median per system.
+
+The harness (``vtc bench --workloads gemm``) times one system after the other and reports medians; on a
+shared, loaded machine those swing by 10x (a 2-thread call that loses its core waits a scheduler quantum).
+This script runs every system once per round, round after round, so each sees the same load, and records
+the minimum (the undisturbed time) next to the median::
+
+    python -m bench.gemm_side_by_side [--workloads gemm] [--threads 2] [--rounds 15] [--out DIR]
+
+Systems: eager (torch.matmul: MKL/oneDNN), onnxruntime (MLAS), vtc-all (gemm="auto"), vtc-gemm-vtc (every
+GEMM generated), vtc-gemm-torch (every GEMM through torch, non-strided operands copied first).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from bench import workloads as W
+from bench.systems import PREPARE, Context, SystemFailure
+
+SYSTEMS = ("eager", "onnxruntime", "vtc-all", "vtc-gemm-vtc", "vtc-gemm-torch")
+MIN_ROUND_S = 0.02  # each system's calls per round last at least this long (small GEMMs repeat)
+
+
+def time_side_by_side(fns: dict, rounds: int) -> dict:
+    """{system: {"min_ms", "median_ms", "calls_per_round"}} from interleaved rounds."""
+    reps = {}
+    for name, fn in fns.items():
+        fn(); fn()
+        t0 = time.perf_counter()
+        fn()
+        reps[name] = max(1, int(MIN_ROUND_S / max(time.perf_counter() - t0, 1e-7)))
+    samples = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(reps[name]):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / reps[name] * 1e3)
+    return {n: {"min_ms": min(s), "median_ms": statistics.median(s), "calls_per_round": reps[n]}
+            for n, s in samples.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="gemm")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for w in W.select(args.workloads):
+            model, inputs = w.build()
+            ctx = Context(w.name, model, inputs, args.threads, Path(tmp))
+            fns, failed = {}, {}
+            for s in SYSTEMS:
+                try:
+                    fns[s] = PREPARE[s](ctx).fn
+                except SystemFailure as e:
+                    failed[s] = e.reason
+            with torch.no_grad():
+                times = time_side_by_side(fns, args.rounds)
+            best_lib = min(times[s]["min_ms"] for s in ("eager", "onnxruntime") if s in times)
+            row = {"workload": w.name, "desc": w.desc, "times": times, "failed": failed,
+                   "vtc_all_vs_best_library": best_lib / times["vtc-all"]["min_ms"],
+                   "vtc_gemm_vs_best_library": best_lib / times["vtc-gemm-vtc"]["min_ms"],
+                   "vtc_gemm_vs_copy_plus_torch": times["vtc-gemm-torch"]["min_ms"] / times["vtc-gemm-vtc"]["min_ms"]}
+            results.append(row)
+            print(f"{w.name:<20} " + "  ".join(f"{s} {t['min_ms']:.3f}/{t['median_ms']:.3f}" for s, t in times.items())
+                  + f"  | vtc-all x{row['vtc_all_vs_best_library']:.2f}, vtc-gemm x{row['vtc_gemm_vs_best_library']:.2f}"
+                    f" of the best library (min ms/median ms)", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gemm-side-by-side-{socket.gethostname()}-{datetime.now():%Y-%m-%d-%H%M%S}.json"
+    data = {"command": "python -m bench.gemm_side_by_side " + " ".join(argv or []), "threads": args.threads,
+            "rounds": args.rounds, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "cpu_count": os.cpu_count(), "results": results}
+    path.write_text(json.dumps(data, indent=1))
+    print(f"wrote {path}; load average before {load_before}, after {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

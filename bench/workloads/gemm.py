@@ -1,0 +1,74 @@
+"""GEMM benchmarks (group ``gemm``, not in a plain ``vtc bench``): vtc's generated GEMM against torch.matmul
+(MKL/oneDNN) and ONNX Runtime's MatMul (MLAS), float32.
+
+- ``gemm_square_<n>``: a @ b on contiguous n x n operands, n = 64 .. 2048;
+- ``gemm_skinny_m<m>``: x @ W^T of an nn.Linear(4096, 4096) for m = 1, 4, 16 rows (decoding);
+- operands made by movement ops, where torch needs a copy first unless the mapping is a strided view:
+  ``gemm_transposed`` (a.t() @ b: a strided view), ``gemm_gqa_scores`` (q @ repeat_kv(k)^T over a 2048-token
+  cache, 4 query heads per KV head), ``gemm_cat`` (cat([a, b], 1) @ w) and ``gemm_gather_rows``
+  (table[idx] @ w).
+
+The vtc variants that matter here: ``vtc-all`` (gemm="auto": the per-node choice), ``vtc-gemm-vtc`` (every
+GEMM generated) and ``vtc-gemm-torch`` (every GEMM through torch, a virtual operand that is not a strided
+view copied first: "materialise + library").
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import Workload, randn
+from .micro import Fn
+
+
+def _square(n: int):
+    return lambda quick: (Fn(lambda m, a, b: a @ b, f"square_{n}"), (randn(n, n, seed=1), randn(n, n, seed=2)))
+
+
+def _skinny(m: int):
+    def build(quick: bool):
+        h = 1024 if quick else 4096
+        lin = nn.Linear(h, h, bias=False)
+        return lin, (randn(m, h, seed=3),)
+    return build
+
+
+def _transposed(quick: bool):
+    n = 256 if quick else 1024
+    return Fn(lambda m, a, b: a.t() @ b, "transposed"), (randn(n, n, seed=1), randn(n, n, seed=2))
+
+
+def _gqa_scores(quick: bool):
+    t = 256 if quick else 2048
+    q, k = randn(1, 32, 16, 128, seed=1), randn(1, 8, t, 128, seed=2)
+
+    def f(m, q, k):
+        kk = k[:, :, None].expand(1, 8, 4, t, 128).reshape(1, 32, t, 128)  # repeat_kv
+        return q @ kk.transpose(-1, -2)
+    return Fn(f, "gqa_scores"), (q, k)
+
+
+def _cat(quick: bool):
+    n = 256 if quick else 1024
+    return Fn(lambda m, a, b, w: torch.cat([a, b], 1) @ w, "cat"), (
+        randn(n // 2, n // 2, seed=1), randn(n // 2, n // 2, seed=2), randn(n, n, seed=3))
+
+
+def _gather_rows(quick: bool):
+    n = 256 if quick else 1024
+    idx = torch.randint(0, 4 * n, (n // 2,), generator=torch.Generator().manual_seed(4))
+    return Fn(lambda m, t, i, w: t[i] @ w, "gather_rows"), (randn(4 * n, n, seed=1), idx, randn(n, n, seed=2))
+
+
+WORKLOADS = [
+    *[Workload(f"gemm_square_{n}", "gemm", f"a @ b, contiguous {n}x{n} float32", _square(n), in_quick=n <= 256,
+               default=False, params=dict(m=n, n=n, k=n)) for n in (64, 256, 512, 1024, 2048)],
+    *[Workload(f"gemm_skinny_m{m}", "gemm", f"x @ W^T (nn.Linear 4096 -> 4096, no bias), {m} rows", _skinny(m),
+               in_quick=m == 1, default=False, params=dict(m=m, n=4096, k=4096)) for m in (1, 4, 16)],
+    Workload("gemm_transposed", "gemm", "a.t() @ b, 1024^3 (a strided view)", _transposed, default=False),
+    Workload("gemm_gqa_scores", "gemm", "q @ repeat_kv(k)^T: 32 query heads x 16 tokens, 8 KV heads x 2048",
+             _gqa_scores, in_quick=True, default=False),
+    Workload("gemm_cat", "gemm", "cat([a, b], 1) @ w, 512x1024 @ 1024x1024", _cat, default=False),
+    Workload("gemm_gather_rows", "gemm", "table[idx] @ w, 512 rows of a 4096x1024 table @ 1024x1024",
+             _gather_rows, default=False),
+]

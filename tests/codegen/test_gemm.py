@@ -1,0 +1,211 @@
+"""Generated GEMM kernels (vtc.codegen.gemm): mm / bmm / addmm / baddbmm against torch.
+
+Every case compiles with ``gemm="vtc"`` (or the default ``"auto"`` where the
+test is about the choice) and compares with eager on random inputs (never
+zeros) at odd sizes (1, 3, 17, 127, K up to 300, batch 1 and 16).  Operands
+made by movement ops are packed through their mappings: the tests assert that
+nothing was materialised (``materialized_movement_bytes == 0``, no copy
+kernel) and that the GEMM ran as a generated kernel, not through torch.
+``gemm="torch"`` runs the same graphs through torch on views and copies.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, steps
+
+# float32 sums over K up to 300 of products of magnitude <= 4, in another order than torch's
+GEMM_TOL = dict(rtol=1e-4, atol=2e-4)
+
+
+def _gemm_kernels(compiled) -> list:
+    return [k for k in kernels(compiled) if k.kind == "gemm"]
+
+
+def _check(fn, inputs, **options):
+    compiled = compile_cpu(fn, inputs, **options)
+    assert_matches_eager(compiled, fn, inputs, **GEMM_TOL)
+    return compiled
+
+
+def _assert_generated_without_movement(compiled, n_gemm: int = 1) -> None:
+    """The GEMMs ran as generated kernels and no movement was materialised on the way."""
+    r = report(compiled)
+    assert len(_gemm_kernels(compiled)) == n_gemm, compiled.report
+    assert [g["choice"] for g in r["gemm"]] == ["vtc"] * n_gemm, r["gemm"]
+    assert [s.node.op for s in steps(compiled, "run")] == []
+    assert r["materialized_movement_bytes"] == 0, compiled.report
+    assert [k.source_nodes for k in kernels(compiled) if k.kind == "copy"] == []
+
+
+SHAPES = [(1, 1, 1), (3, 17, 5), (17, 3, 127), (127, 300, 17), (16, 256, 33), (1, 300, 127), (40, 65, 70)]
+
+
+def test_mm_matches_torch():
+    """One graph with a GEMM per shape (one compile, one library)."""
+    g = gen(1)
+    inputs = tuple(t for m, k, n in SHAPES for t in (rand((m, k), g), rand((k, n), g)))
+    c = _check(lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2)), inputs, gemm="vtc")
+    _assert_generated_without_movement(c, len(SHAPES))
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_bmm_matches_torch(batch):
+    g = gen(2 + batch)
+    shapes = [(3, 17, 127), (17, 300, 3), (127, 33, 65)]
+    inputs = tuple(t for m, k, n in shapes for t in (rand((batch, m, k), g), rand((batch, k, n), g)))
+    c = _check(lambda *xs: tuple(torch.bmm(xs[i], xs[i + 1]) for i in range(0, len(xs), 2)), inputs, gemm="vtc")
+    _assert_generated_without_movement(c, len(shapes))
+
+
+BIAS_SHAPES = [(), (1,), (33,), (1, 33), (17, 1), (17, 33)]  # scalar, one, row, row 2-D, column, full
+
+
+@pytest.mark.parametrize("beta,alpha", [(1.0, 1.0), (0.5, 2.0), (0.0, 1.5)])
+def test_addmm_bias_broadcast_alpha_beta(beta, alpha):
+    g = gen(int(beta * 10))
+    x, y = rand((17, 127), g), rand((127, 33), g)
+    biases = tuple(rand(s, g) for s in BIAS_SHAPES)
+    c = _check(lambda x, y, *bs: tuple(torch.addmm(b, x, y, beta=beta, alpha=alpha) for b in bs), (x, y, *biases),
+               gemm="vtc")
+    _assert_generated_without_movement(c, len(BIAS_SHAPES))
+
+
+def test_addmm_beta_zero_ignores_nan_bias():
+    """torch ignores the bias when beta=0 (even NaN): so does the epilogue."""
+    g = gen(3)
+    inputs = (torch.full((5,), float("nan")), rand((3, 17), g), rand((17, 5), g))
+    _check(lambda b, x, y: torch.addmm(b, x, y, beta=0.0), inputs, gemm="vtc")
+
+
+def test_linear_with_bias_is_addmm_through_the_transposed_weight():
+    g = gen(4)
+    lin = torch.nn.Linear(300, 127)
+    c = _check(lin, (rand((17, 300), g),), gemm="vtc")
+    _assert_generated_without_movement(c)
+
+
+def test_skinny_rows_against_a_transposed_weight():
+    """M = 1..16 against W^T (decode's Linear): the dot-product path on AVX-512, K and N tails included."""
+    g = gen(12)
+    w, wb = rand((127, 300), g), rand((2, 33, 17), g)
+    xs = tuple(rand((m, 300), g) for m in (1, 2, 3, 16))
+    c = _check(lambda w, wb, *xs: (*(x @ w.t() for x in xs), torch.bmm(rand_like_batch(xs[2]), wb.transpose(1, 2))),
+               (w, wb, *xs), gemm="vtc")
+    _assert_generated_without_movement(c, 5)
+
+
+def rand_like_batch(x):
+    """[3, 300] -> [2, 3, 17] (a movement-made batched operand)."""
+    return x[:, :17].expand(2, 3, 17)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_baddbmm(batch):
+    g = gen(5 + batch)
+    inputs = (rand((batch, 1, 65), g), rand((batch, 17, 40), g), rand((batch, 40, 65), g))
+    c = _check(lambda b, x, y: torch.baddbmm(b, x, y, beta=0.5, alpha=-1.25), inputs, gemm="vtc")
+    _assert_generated_without_movement(c)
+
+
+def _operand_cases():
+    """(id, fn, inputs, strided): an operand of a GEMM made by movement ops; strided: torch takes it as a view."""
+    g = gen(40)
+    idx = torch.tensor([4, 0, 2, 2, 7, 1, 9, 3, 5, 6, 8, 0, 1])
+    return [
+        ("transpose_a", lambda a, b: a.transpose(0, 1) @ b, (rand((300, 17), g), rand((300, 33), g)), True),
+        ("t_b", lambda a, b: a @ b.t(), (rand((17, 127), g), rand((65, 127), g)), True),
+        ("permute_bmm", lambda a, b: torch.bmm(a.permute(1, 0, 2), b.permute(2, 1, 0)),
+         (rand((17, 16, 40), g), rand((33, 40, 16), g)), True),
+        ("slice", lambda a, b: a[1::2, 3:-2] @ b[::3], (rand((35, 300), g), rand((885, 17), g)), True),
+        ("gqa_expand_reshape", lambda q, k: q @ k[:, :, None].expand(2, 4, 4, 17, 40).reshape(2, 16, 17, 40)
+         .transpose(-1, -2), (rand((2, 16, 3, 40), g), rand((2, 4, 17, 40), g)), False),
+        ("gqa_value", lambda p, v: p @ v[:, :, None].expand(1, 4, 4, 127, 33).reshape(1, 16, 127, 33),
+         (rand((1, 16, 5, 127), g), rand((1, 4, 127, 33), g)), False),
+        ("cat_k", lambda a, b, w: torch.cat([a, b], 1) @ w, (rand((17, 100), g), rand((17, 27), g), rand((127, 65), g)), False),
+        ("cat_n", lambda x, u, v: x @ torch.cat([u, v], 1), (rand((17, 65), g), rand((65, 30), g), rand((65, 3), g)), False),
+        ("index_select_rows", lambda t, i, w: t.index_select(0, i) @ w, (rand((10, 300), g), idx, rand((300, 17), g)), False),
+        ("gather_rows", lambda t, i, w: t[i] @ w, (rand((10, 65), g), idx, rand((65, 127), g)), False),
+        ("pad", lambda a, w: F.pad(a, (2, 1, 1, 3), value=0.5) @ w, (rand((17, 62), g), rand((65, 33), g)), False),
+        ("expand_batch_bias", lambda b, x, y: torch.baddbmm(b.expand(16, 3, 17), x, y),
+         (rand((1, 3, 17), g), rand((16, 3, 40), g), rand((16, 40, 17), g)), True),
+    ]
+
+
+OPERANDS = _operand_cases()
+
+
+@pytest.mark.parametrize("name,fn,inputs,strided", OPERANDS, ids=[c[0] for c in OPERANDS])
+def test_operand_through_movement_is_packed_through_its_mapping(name, fn, inputs, strided):
+    """gemm="vtc": every movement operand is read by the pack loops, nothing is materialised.
+
+    gemm="auto" on the same graph: a virtual operand that is not a strided view -> the generated kernel
+    (torch would copy it); only strided views (or physical operands) -> torch on zero-copy views.
+    """
+    c = _check(fn, inputs, gemm="vtc")
+    _assert_generated_without_movement(c)
+
+    auto = c.replan(gemm="auto")
+    assert_matches_eager(auto, fn, inputs, **GEMM_TOL)
+    r = report(auto)
+    choice = r["gemm"][0]
+    assert choice["choice"] == ("torch" if strided else "vtc"), choice
+    assert choice["vtc_us"] > 0 and choice["torch_us"] > 0
+    assert r["materialized_movement_bytes"] == 0, auto.report
+    if strided:
+        assert choice["copy_bytes"] == 0
+        assert [s.node.op.split(".")[1] for s in steps(auto, "run")] in (["mm"], ["bmm"], ["baddbmm"])
+    else:
+        assert choice["copy_bytes"] > 0 and "not a strided view" in choice["why"]
+
+
+@pytest.mark.parametrize("name,fn,inputs,strided", [c for c in OPERANDS if not c[3]][:2],
+                         ids=[c[0] for c in OPERANDS if not c[3]][:2])
+def test_gemm_torch_still_runs_through_torch_with_a_copy(name, fn, inputs, strided):
+    c = _check(fn, inputs, gemm="torch")
+    r = report(c)
+    assert [g["choice"] for g in r["gemm"]] == ["torch"]
+    assert _gemm_kernels(c) == []
+    assert r["materialized_movement_bytes"] > 0  # the operand that is not a strided view is copied first
+
+
+def test_single_use_pointwise_producer_is_computed_in_the_pack():
+    """relu(x * 2) read only by the GEMM is inlined into the pack loop: one kernel in all."""
+    g = gen(8)
+    c = _check(lambda x, w, b: F.linear(torch.relu(x * 2.0), w, b), (rand((17, 127), g), rand((33, 127), g),
+                                                                    rand((33,), g)), gemm="vtc")
+    assert [k.kind for k in kernels(c)] == ["gemm"]
+    _assert_generated_without_movement(c)
+
+
+def test_float64_gemm_stays_in_torch_with_the_reason():
+    g = gen(9)
+    c = _check(lambda a, b: a @ b, (rand((3, 17), g, torch.float64), rand((17, 5), g, torch.float64)), gemm="vtc")
+    choice = report(c)["gemm"][0]
+    assert choice["choice"] == "torch" and "float32" in choice["why"]
+    assert _gemm_kernels(c) == []
+
+
+def test_gemm_report_lists_every_gemm_with_both_costs():
+    g = gen(10)
+    c = _check(lambda a, b, w: torch.relu(a @ b) @ w, (rand((17, 40), g), rand((40, 33), g), rand((33, 3), g)))
+    r = report(c)
+    assert [g["node"] for g in r["gemm"]] == ["mm", "mm_1"]
+    assert all(set(g) >= {"choice", "why", "vtc_us", "torch_us", "shape", "copy_bytes"} for g in r["gemm"])
+    assert r["gemm"][0]["shape"] == (1, 17, 33, 40)
+    assert "GEMMs" in str(c.report)
+
+
+def test_unknown_gemm_option_names_the_valid_ones():
+    with pytest.raises(ValueError, match=r"gemm='blas' is not one of \['auto', 'vtc', 'torch'\]"):
+        compile_cpu(lambda a, b: a @ b, (torch.ones(2, 2), torch.ones(2, 2)), gemm="blas")
+
+
+def test_tiles_and_threads_cover_large_and_multi_block_shapes():
+    """More than one MC/NC/KC block in every direction and partial edge tiles, on the threads torch uses."""
+    g = gen(11)
+    inputs = (rand((2, 263, 517), g), rand((2, 517, 545), g))
+    c = _check(torch.bmm, inputs, gemm="vtc")
+    _assert_generated_without_movement(c)

@@ -1,0 +1,646 @@
+"""GEMM kernels: float32 mm / bmm / addmm / baddbmm whose operands are read through their mappings.
+
+On a CPU a fast GEMM copies its operands anyway: into small *packed panels*
+that stay in cache (Goto's algorithm).  Contiguity is needed only there, so
+the pack loops read A and B through their composed mappings (``value_at``:
+virtual tensors, inlined pointwise producers) and a transpose, expand (GQA:
+query head h reads KV head h // group), cat, slice, pad or gather in front of
+a GEMM moves no data through main memory.
+
+The kernel (``kind="gemm"`` in the kernel IR) loops over output tiles
+(batch x MC rows x NC columns, OpenMP over tiles, no synchronisation); per
+tile and per KC-deep slice of the reduction it packs an MC x KC block of A
+into MR-row panels and a KC x NC block of B into NR-column panels, then a
+register-blocked micro-kernel (MR x NR accumulators in vector registers,
+FMA; AVX-512, AVX2 or scalar, chosen by the preprocessor) adds their product
+into the tile.  When the tile is done an epilogue applies what the store's
+scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")`` is the product).
+
+A pack loop reads a plain strided operand (an affine offset into one buffer)
+through a pointer with constant strides, in the loop order that walks the
+unit stride; any other mapping is emitted as its scalar expression.
+
+``choose`` is the policy (torch's MKL/oneDNN on zero-copy views, or this
+kernel) and ``estimate_us`` its cost model; ``Lowering.gemm_choices`` keeps
+every decision with both estimates for the report.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
+from vtc.index.expr import Expr, _terms, free_vars, lift, var
+from vtc.index.mapping import contiguous_strides
+from vtc.ir.graph import Node, Value
+from vtc.virtual.movement import bind
+
+GEMM_OPS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
+GEMM_MODES = ("auto", "vtc", "torch")
+ACC = "gemm"  # name of the accumulator the epilogue scalar reads
+SKINNY_M = 16  # rows up to which "auto" considers the generated kernel for strided operands too
+
+
+@dataclass
+class GemmOperands:
+    """What a gemm kernel multiplies: A at (batch, m, r) and B at (batch, r, n), as scalars."""
+
+    a: Scalar
+    b: Scalar
+    batch: int
+    m: int
+    n: int
+    k: int
+    vars: tuple[str, str, str]  # C names of the batch, row and column index ("" for no batch)
+
+
+@dataclass
+class GemmChoice:
+    """The decision for one GEMM node, with both estimated costs (microseconds)."""
+
+    node: str
+    op: str
+    shape: tuple[int, int, int, int]  # batch, M, N, K
+    choice: str  # "vtc" | "torch"
+    why: str
+    vtc_us: float
+    torch_us: float
+    copy_bytes: int  # bytes torch's path materialises first (operands that are not strided views)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- cost model ---------------------------------------------------------------
+# Rough rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on (bench/workloads/gemm.py
+# measures them); only their ratios matter for a choice.
+VTC_GFLOPS = 120.0
+TORCH_GFLOPS = 140.0
+COPY_GBPS = 8.0  # a generated copy kernel: read + write
+MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
+CALL_US = 4.0
+
+
+def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0
+                ) -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one call.
+
+    torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
+    read and written); the generated kernel pays for packing `mapped_elems` elements through mappings
+    that are not plain strided loads.
+    """
+    flops = 2.0 * batch * m * n * k
+    vtc = flops / (VTC_GFLOPS * 1e3) + mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
+    torch_ = flops / (TORCH_GFLOPS * 1e3) + sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
+    return vtc, torch_
+
+
+def choose(low, n: Node, mode: str) -> GemmChoice:
+    """vtc or torch for GEMM node n under compile option gemm=`mode` (see the module docstring)."""
+    args = bind(n.target, n.args, n.kwargs)
+    a, b = _operands(n, args)
+    batch, m, kk = (a.shape if len(a.shape) == 3 else (1, *a.shape))
+    nn = b.shape[-1]
+    unsupported = _unsupported(n, args)
+    bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
+
+    def needs_copy(v) -> bool:  # a virtual operand torch cannot take as a zero-copy view
+        if not isinstance(v, Value) or not low.plan.is_virtual(v.name):
+            return False
+        r = low.plan.realized.get(v.name)
+        return r is None or r.strided is None
+
+    copies = [v for v in (a, b, bias) if v is not None and needs_copy(v)]
+    copy_bytes = sum(v.nbytes for v in copies)
+    # A is packed once per NC-column block, B once per MC-row block
+    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128))) if needs_copy(v))
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
+    shape = (batch, m, nn, kk)
+
+    def pick(choice: str, why: str) -> GemmChoice:
+        return GemmChoice(n.name, n.op, shape, choice, why, round(vtc_us, 2), round(torch_us, 2), copy_bytes)
+
+    if unsupported:
+        return pick("torch", unsupported)
+    if mode == "vtc":
+        return pick("vtc", "gemm='vtc' forces the generated kernel")
+    if mode == "torch":
+        return pick("torch", "gemm='torch' forces torch on zero-copy views")
+    if copies:
+        names = ", ".join(f"%{v.name}" for v in copies)
+        return pick("vtc", f"{names} is not a strided view: torch would copy {copy_bytes} bytes first; "
+                           f"the generated kernel packs it through its mapping")
+    return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel")
+
+
+def _numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _operands(n: Node, args: dict) -> tuple[Value, Value]:
+    if n.op in ("aten.mm.default", "aten.bmm.default"):
+        return args["self"], args["mat2"]
+    if n.op == "aten.addmm.default":
+        return args["mat1"], args["mat2"]
+    return args["batch1"], args["batch2"]
+
+
+def _unsupported(n: Node, args: dict) -> str:
+    """Why the generated kernel cannot run node n ("" when it can)."""
+    vals = [v for v in args.values() if isinstance(v, Value)] + list(n.outputs)
+    bad = [v for v in vals if v.dtype != torch.float32]
+    if bad:
+        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 only"
+    for key in ("alpha", "beta"):
+        if key in args and not isinstance(args[key], (int, float)):
+            return f"{key}={args[key]!r} is not a number"
+    if any(s == 0 for v in vals for s in v.shape):
+        return "an empty operand"
+    return ""
+
+
+# -- kernel IR ----------------------------------------------------------------
+def gemm_kernel(low, n: Node) -> Kernel:
+    """The gemm kernel of node n: A and B read through `low.value_at`, the epilogue as the store's scalar."""
+    args = bind(n.target, n.args, n.kwargs)
+    a, b = _operands(n, args)
+    out = n.outputs[0]
+    batched = len(out.shape) == 3
+    batch, m, nn = (out.shape if batched else (1, *out.shape))
+    kk = a.shape[-1]
+    rv = var("r", kk)
+    if batched:
+        bi, mi, ni = var("i0", batch), var("i1", m), var("i2", nn)
+        a_idx, b_idx, o_idx = (bi, mi, rv), (bi, rv, ni), (bi, mi, ni)
+        names = ("i0", "i1", "i2")
+    else:
+        mi, ni = var("i0", m), var("i1", nn)
+        a_idx, b_idx, o_idx = (mi, rv), (rv, ni), (mi, ni)
+        names = ("", "i0", "i1")
+    memo: dict = {}
+    sa = K.cast(low.value_at(a.name, a_idx, memo), torch.float32)
+    sb = K.cast(low.value_at(b.name, b_idx, memo), torch.float32)
+    value = K.acc(ACC, torch.float32)
+    alpha, beta = args.get("alpha", 1), args.get("beta", 1)
+    if alpha != 1:
+        value = K.binary("mul", value, K.const(alpha, torch.float32))
+    bias = args.get("self") if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
+    if bias is not None and beta != 0:
+        from vtc.codegen.lower import broadcast_index
+
+        sbias = K.cast(low.value_at(bias.name, broadcast_index(o_idx, out.shape, bias.shape), memo), torch.float32)
+        if beta != 1:
+            sbias = K.binary("mul", sbias, K.const(beta, torch.float32))
+        value = K.binary("add", value, sbias)
+    ops = GemmOperands(sa, sb, batch, m, nn, kk, names)
+    name = "k_" + "".join(c if c.isalnum() else "_" for c in n.name)
+    k = Kernel(name, "gemm", tuple(out.shape), kk, [], [Store(Buffer(out.name, out.shape, out.dtype), o_idx, value)],
+               source_nodes=[n.name])
+    k.gemm = ops
+    return k
+
+
+# -- C++ ----------------------------------------------------------------------
+MAX_MR = 8  # the largest VTC_MR below
+
+RUNTIME = r"""
+#ifndef VTC_GEMM_RUNTIME
+#define VTC_GEMM_RUNTIME
+#include <cstdlib>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VTC_MR 8
+#define VTC_NR 32
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VTC_MR 6
+#define VTC_NR 16
+#else
+#define VTC_MR 4
+#define VTC_NR 8
+#endif
+#define VTC_KC 256
+#define VTC_MC (VTC_MR * 16)
+#define VTC_NC (VTC_NR * 16)
+
+// c[R x NR] = (add ? c : 0) + a[kc x MR (R used)] * b[kc x NR]; a and b are packed panels
+template <int R>
+static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* __restrict b,
+                           float* __restrict c, int64_t ldc, bool add) {
+#if defined(__AVX512F__)
+  __m512 c0[R], c1[R];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_load_ps(b + p * 32), b1 = _mm512_load_ps(b + p * 32 + 16);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[p * VTC_MR + r]);
+      c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+    if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(cr + 16)); }
+    _mm512_storeu_ps(cr, c0[r]);
+    _mm512_storeu_ps(cr + 16, c1[r]);
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 c0[R], c1[R];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_load_ps(b + p * 16), b1 = _mm256_load_ps(b + p * 16 + 8);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + p * VTC_MR + r);
+      c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+      c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+    if (add) { c0[r] = _mm256_add_ps(c0[r], _mm256_loadu_ps(cr)); c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(cr + 8)); }
+    _mm256_storeu_ps(cr, c0[r]);
+    _mm256_storeu_ps(cr + 8, c1[r]);
+  }
+#else
+  float acc[R][VTC_NR] = {};
+  for (int64_t p = 0; p < kc; ++p)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < VTC_NR; ++j) acc[r][j] += a[p * VTC_MR + r] * b[p * VTC_NR + j];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < VTC_NR; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + acc[r][j];
+#endif
+}
+
+// the micro-kernel for `rows` <= VTC_MR rows and `cols` <= VTC_NR columns (edge columns through a buffer)
+__attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
+                                float* c, int64_t ldc, bool add) {
+  alignas(64) float tmp[VTC_MR * VTC_NR];
+  const bool full = cols == VTC_NR;
+  float* dst = full ? c : tmp;
+  const int64_t ld = full ? ldc : VTC_NR;
+  const bool add_here = full && add;
+  switch (rows) {
+__CASES__
+  }
+  if (!full)
+    for (int r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + tmp[r * VTC_NR + j];
+}
+
+#if defined(__AVX512F__)
+// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
+static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      t[8 * h + i] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+      t[8 * h + i + 4] = _mm512_shuffle_f32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+
+// c[i * ldc + j] = (add ? c : 0) + sum_p a[i * kc + p] * w[j * ldw + p] for i < m, j < J: skinny GEMMs
+// against a row-major weight (B = W^T) read in place, two rows of a at a time
+template <int J>
+static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+                           float* __restrict c, int64_t ldc, bool add) {
+  const int64_t kf = kc / 16 * 16;
+  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
+  int64_t i = 0;
+  for (; i + 2 <= m; i += 2) {
+    __m512 s0[J], s1[J];
+    #pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) { s0[j] = _mm512_setzero_ps(); s1[j] = _mm512_setzero_ps(); }
+    const float* a0 = a + i * kc; const float* a1 = a0 + kc;
+    for (int64_t p = 0; p < kf; p += 16) {
+      const __m512 x0 = _mm512_loadu_ps(a0 + p), x1 = _mm512_loadu_ps(a1 + p);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) {
+        const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
+      }
+    }
+    if (tail) {
+      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf), x1 = _mm512_maskz_loadu_ps(tail, a1 + kf);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) {
+        const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
+      }
+    }
+    for (int j = 0; j < J; ++j) {
+      c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
+      c[(i + 1) * ldc + j] = (add ? c[(i + 1) * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s1[j]);
+    }
+  }
+  for (; i < m; ++i) {
+    __m512 s0[J];
+    #pragma GCC unroll 8
+    for (int j = 0; j < J; ++j) s0[j] = _mm512_setzero_ps();
+    const float* a0 = a + i * kc;
+    for (int64_t p = 0; p < kf; p += 16) {
+      const __m512 x0 = _mm512_loadu_ps(a0 + p);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w + j * ldw + p), s0[j]);
+    }
+    if (tail) {
+      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf);
+      #pragma GCC unroll 8
+      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(tail, w + j * ldw + kf), s0[j]);
+    }
+    for (int j = 0; j < J; ++j) c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
+  }
+}
+
+// columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
+__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const float* w,
+                                                   int64_t ldw, float* c, int64_t ldc, bool add) {
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) vtc_dot<4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
+  switch (n - j) {
+    case 3: vtc_dot<3>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 2: vtc_dot<2>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 1: vtc_dot<1>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+  }
+}
+#endif
+
+// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
+static inline float* vtc_gemm_scratch(int which, int64_t n) {
+  static thread_local float* buf[2] = {nullptr, nullptr};
+  static thread_local int64_t cap[2] = {0, 0};
+  if (cap[which] < n) {
+    std::free(buf[which]);
+    buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    cap[which] = n;
+  }
+  return buf[which];
+}
+#endif
+"""
+_CASES = "\n".join(f"    case {r}: if ({r} <= VTC_MR) vtc_ukr<{r}>(kc, a, b, dst, ld, add_here); break;"
+                   for r in range(1, MAX_MR + 1))
+RUNTIME = RUNTIME.replace("__CASES__", _CASES)
+
+PARALLEL_MIN_FLOPS = 1 << 18
+SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
+
+
+def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], Expr] | None:
+    """An operand that is one load, as (buffer, per-tile offset in C, {loop var: stride}, rest); else None.
+
+    Its offset into the buffer is split into: terms of the batch index alone (the tile's base: the GQA
+    head mapping h // group lands here), constant strides of the row, column and reduction indices,
+    and `rest`, every other term (a gathered row's index, a division by a non-batch index): const 0
+    for a plain strided operand.
+    """
+    if s.op != "load":
+        return None
+    buf, idx = s.args
+    lin = lift(0)
+    for i, st in zip(idx, contiguous_strides(em.shapes[buf])):
+        lin = lin + i * st
+    bv, mv, nv = g.vars
+    c, terms = _terms(lin)
+    base, rest, coeffs = lift(c), lift(0), {}
+    for atom, k in terms.items():
+        if atom.op == "var" and atom.args[0] in (mv, nv, "r"):
+            coeffs[atom.args[0]] = k
+        elif free_vars(atom) <= {bv}:
+            base = base + atom * k
+        else:
+            rest = rest + atom * k
+    return buf, em.index(base), coeffs, rest
+
+
+def generate(k: Kernel) -> str:
+    """The C++ source of gemm kernel k (with both preludes)."""
+    from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_order, ctype
+
+    g: GemmOperands = k.gemm
+    em = _Emitter(k)
+    bv, mv, nv = g.vars
+    out = k.stores[0].buffer
+    lines = []
+    stored = {st.buffer.name for st in k.stores}
+    for b in buffer_order(k):
+        qual = "" if b.name in stored else "const "
+        lines.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
+                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    M, N, KK, B = g.m, g.n, g.k, g.batch
+    c = em.ptr[out.name]
+    flops = 2 * B * M * N * KK
+    lines += [
+        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
+        "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
+        f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
+        "  auto tiles = [&]() { return BATCH * ((M + mc - 1) / mc) * ((N + nc - 1) / nc); };",
+        "  while (tiles() < 2 * nthreads && nc > VTC_NR && nc >= N) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
+        "  while (tiles() < 2 * nthreads && nc > VTC_NR) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
+        "  while (tiles() < 2 * nthreads && mc > VTC_MR) mc = (mc / 2 + VTC_MR - 1) / VTC_MR * VTC_MR;",
+        "  const int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc, ntiles = BATCH * tm * tn;",
+        f"  #pragma omp parallel num_threads(nthreads) if(ntiles > 1 && {flops}LL >= {PARALLEL_MIN_FLOPS})",
+        "  {",
+        "    float* __restrict ap = vtc_gemm_scratch(0, mc * kc);",
+        "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
+        "    #pragma omp for schedule(static)",
+        "    for (int64_t t = 0; t < ntiles; ++t) {",
+        f"      const int64_t {bv or 'bt'} = t / (tm * tn);",
+        "      const int64_t m0 = ((t / tn) % tm) * mc, n0 = (t % tn) * nc;",
+        "      const int64_t mb = std::min<int64_t>(mc, M - m0), nb = std::min<int64_t>(nc, N - n0);",
+        f"      float* __restrict ct = {c} + {bv or 'bt'} * M * N + m0 * N + n0;",
+    ]
+    if KK == 0:  # pragma: no cover - _unsupported sends empty operands to torch
+        lines.append("      for (int64_t ii = 0; ii < mb; ++ii) std::memset(ct + ii * N, 0, nb * sizeof(float));")
+    lines += [
+        "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
+        "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
+    ]
+    dot = _dot_path(em, g, "        ")
+    if dot:
+        lines += dot
+    lines += _pack_a(em, g, "        ")
+    lines += _pack_b(em, g, "        ")
+    lines += [
+        "        for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
+        "          for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
+        "            vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), std::min<int64_t>(VTC_NR, nb - jr), kb,",
+        "                         ap + ir * kb, bp + jr * kb, ct + ir * N + jr, N, k0 > 0);",
+        "      }",
+    ]
+    lines += _epilogue(em, k, "      ")
+    lines += ["    }", "  }"]
+    head = PRELUDE + RUNTIME
+    return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
+
+
+def _dot_path(em, g: GemmOperands, ind: str) -> list[str]:
+    """For M <= SKINNY_M on AVX-512 and B = a row-major weight transposed (unit stride along k): A packed
+    into rows, dot products against the weight read in place (no B panel); else nothing."""
+    if g.m > SKINNY_M:
+        return []
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
+        return []
+    buf, off, co, _ = st
+    sn = co.get(nv, 0)
+    src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0"
+    return [f"{ind}#if defined(__AVX512F__)",
+            *_pack_a(em, g, ind, rows=True),
+            f"{ind}vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            f"{ind}continue;",
+            f"{ind}#endif"]
+
+
+def _loop_var(name: str, start: str, ind: str) -> list[str]:
+    return [f"{ind}const int64_t {name} = {start};"] if name else []
+
+
+def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
+    """ap[(ii / MR) * MR * kb + pp * MR + ii % MR] = A[batch, m0 + ii, k0 + pp] (the unit stride innermost);
+    rows: ap[ii * kb + pp] instead (the dot-product path)."""
+    base, step = ("ii * kb", "1") if rows else ("(ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR", "VTC_MR")
+    bv, mv, _ = g.vars
+    st = _strided(g.a, g, em)
+    if st is not None and not st[3].is_const and "r" not in free_vars(st[3]) and free_vars(st[3]) <= {bv, mv}:
+        buf, off, co, rest = st  # rows gathered (an index tensor picks them): a base offset per row
+        sm, sk = co.get(mv, 0), co.get("r", 0)
+        return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
+                *_loop_var(mv, "m0 + ii", ind + "  "),
+                f"{ind}  float* __restrict dst = ap + {base};",
+                f"{ind}  const float* __restrict s = {em.ptr[buf]} + {off} + {em.index(rest)} + {mv or 0} * {sm} + k0 * {sk};",
+                f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
+                f"{ind}}}"]
+    if st is not None and st[3].is_const:
+        buf, off, co, _ = st
+        sm, sk = co.get(mv, 0), co.get("r", 0)
+        src = f"{em.ptr[buf]} + {off} + m0 * {sm} + k0 * {sk}"
+        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        if abs(sm) == 1 and abs(sk) != 1:
+            body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
+                    f"{ind}    for (int64_t ii = 0; ii < mb; ++ii)",
+                    f"{ind}      ap[{base} + pp * {step}] = src[ii * {sm} + pp * {sk}];"]
+        else:
+            body = [f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
+                    f"{ind}    float* __restrict dst = ap + {base};",
+                    f"{ind}    const float* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
+                    f"{ind}  }}"]
+        return head + body + [f"{ind}}}"]
+    em.forget()
+    inner = ind + "    "
+    temps = em.hoist([g.a], inner)
+    return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
+            *_loop_var(mv, "m0 + ii", ind + "  "),
+            f"{ind}  float* __restrict dst = ap + {base};",
+            f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
+            f"{inner}const int64_t r = k0 + pp;",
+            *temps,
+            f"{inner}dst[pp * {step}] = {em.scalar(g.a)};",
+            f"{ind}  }}",
+            f"{ind}}}"]
+
+
+def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
+    """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    st = st if st is not None and st[3].is_const else None
+    zero_tail = [f"{ind}if (nb % VTC_NR) {{",
+                 f"{ind}  float* __restrict dst = bp + (nb / VTC_NR) * VTC_NR * kb;",
+                 f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
+                 f"{ind}    for (int64_t jj = nb % VTC_NR; jj < VTC_NR; ++jj) dst[pp * VTC_NR + jj] = 0.0f;",
+                 f"{ind}}}"]
+    if st is not None:
+        buf, off, co, _ = st
+        sn, sk = co.get(nv, 0), co.get("r", 0)
+        src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0 * {sk}"
+        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        if abs(sn) == 1 or abs(sk) != 1:  # row-major B: each k row walked contiguously across the tile
+            body = [f"{ind}  const int64_t nfull = nb / VTC_NR * VTC_NR;",
+                    f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
+                    f"{ind}    const float* __restrict s = src + pp * {sk};",
+                    f"{ind}    for (int64_t jr = 0; jr < nfull; jr += VTC_NR)",
+                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = s[(jr + jj) * {sn}];",
+                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = s[jj * {sn}];",
+                    f"{ind}  }}"]
+        else:  # transposed B (a Linear weight): 16 x 16 blocks transposed in registers, the rest per column
+            vec = [f"{ind}  int64_t nfull = 0, kfull = 0;"]
+            if sk == 1:
+                vec = [f"{ind}#if defined(__AVX512F__)",
+                       f"{ind}  const int64_t nfull = nb / 16 * 16, kfull = kb / 16 * 16;",
+                       f"{ind}  for (int64_t j0 = 0; j0 < nfull; j0 += 16)",
+                       f"{ind}    for (int64_t p0 = 0; p0 < kfull; p0 += 16)",
+                       f"{ind}      vtc_transpose16(src + j0 * {sn} + p0, {sn}, "
+                       f"bp + (j0 / VTC_NR) * VTC_NR * kb + p0 * VTC_NR + j0 % VTC_NR, VTC_NR);",
+                       f"{ind}#else",
+                       *vec,
+                       f"{ind}#endif"]
+            body = [*vec,
+                    f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+                    f"{ind}    float* __restrict dst = bp + (jj / VTC_NR) * VTC_NR * kb + jj % VTC_NR;",
+                    f"{ind}    const float* __restrict s = src + jj * {sn};",
+                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = s[pp * {sk}];",
+                    f"{ind}  }}"]
+        return head + body + [f"{ind}}}"] + zero_tail
+    em.forget()
+    inner = ind + "    "
+    temps = em.hoist([g.b], inner)
+    return [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{",
+            f"{ind}  const int64_t r = k0 + pp;",
+            f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+            *_loop_var(nv, "n0 + jj", inner),
+            *temps,
+            f"{inner}bp[(jj / VTC_NR) * VTC_NR * kb + pp * VTC_NR + jj % VTC_NR] = {em.scalar(g.b)};",
+            f"{ind}  }}",
+            f"{ind}}}"] + zero_tail
+
+
+def _epilogue(em, k: Kernel, ind: str) -> list[str]:
+    """out = the store's scalar of acc (alpha, bias, beta) over the finished tile; nothing when it is acc."""
+    g: GemmOperands = k.gemm
+    value = k.stores[0].value
+    if value.op == "acc":
+        return []
+    bv, mv, nv = g.vars
+    em.forget()
+    inner = ind + "    "
+    temps = em.hoist([value], inner)
+    return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
+            *_loop_var(mv, "m0 + ii", ind + "  "),
+            f"{ind}  #pragma omp simd",
+            f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+            *_loop_var(nv, "n0 + jj", inner),
+            f"{inner}const float acc_{ACC} = ct[ii * N + jj];",
+            *temps,
+            f"{inner}ct[ii * N + jj] = {em.scalar(value)};",
+            f"{ind}  }}",
+            f"{ind}}}"]
