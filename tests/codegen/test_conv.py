@@ -1,4 +1,7 @@
-"""Depthwise convolutions as pointwise kernels (vtc/codegen/conv.py), against torch.
+"""Convolutions in generated kernels (vtc/codegen/conv.py), against torch.
+
+Depthwise convolutions are pointwise kernels; the others implicit GEMMs over a
+virtual im2col (the generated GEMM packs straight from the input).
 
 A depthwise convolution reads its input through any mapping in front of it
 (channel shuffle, split, pad, cat), and the batch norm / activation after it
@@ -13,8 +16,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, executor,
-                   gen, kernels, rand)
+from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
+                   gen, kernels, rand, report)
 
 # (batch, channels, multiplier, kernel, stride, padding, dilation, height, width)
 CASES = [
@@ -81,7 +84,79 @@ def test_movement_in_front_of_a_depthwise_conv_moves_nothing(name):
     assert len(kernels(compiled)) == 1
 
 
-def test_a_dense_conv_runs_through_torch_with_the_reason():
+# (batch, in channels, out channels, kernel, stride, padding, dilation, groups, height, width)
+DENSE = [
+    (1, 2, 1, 1, 1, 0, 1, 1, 1, 1),
+    (2, 8, 6, 1, 1, 0, 1, 1, 9, 9),
+    (1, 6, 4, 3, 1, 1, 1, 1, 17, 17),
+    (2, 6, 9, 3, 2, 1, 1, 3, 16, 15),
+    (1, 4, 5, (3, 5), (2, 1), (1, 2), (1, 2), 1, 13, 13),
+    (16, 4, 4, 3, 1, 1, 1, 2, 7, 7),
+    (1, 3, 17, 7, 2, 3, 1, 1, 33, 3),
+    (1, 32, 130, 3, 1, 1, 1, 1, 12, 12),  # more than one row and column block of the GEMM
+]
+
+
+@pytest.mark.parametrize("case", DENSE, ids=lambda c: "b{}c{}o{}k{}s{}p{}d{}g{}_{}x{}".format(*c))
+def test_dense_conv_as_implicit_gemm(case):
+    b, c, o, k, s, p, d, groups, h, w = case
+    g = gen(sum(map(hash, map(str, case))) % 997)
+    kk = (k, k) if isinstance(k, int) else k
+    weight, bias = rand((o, c // groups, *kk), g), rand((o,), g)
+
+    def fn(x):
+        return F.silu(F.conv2d(x, weight, bias, s, p, d, groups))
+
+    x = rand((b, c, h, w), g)
+    compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_all_generated(compiled)
+    assert [kn.kind for kn in kernels(compiled)] == ["gemm", "pointwise"]
+
+
+@pytest.mark.parametrize("name", sorted(MOVEMENT))
+def test_movement_in_front_of_a_dense_conv_is_packed_through(name):
+    """With gemm="auto", an input that is not a strided view makes the conv an implicit GEMM."""
+    g = gen(11)
+    move = MOVEMENT[name]
+    x = rand((2, 6, 10, 6), g) if name == "permute_nhwc" else rand((2, 6, 9, 10), g)
+    c = move(x).shape[1]
+    weight = rand((5, c, 3, 3), g)
+
+    def fn(x):
+        return F.conv2d(move(x), weight, None, 1, 1)
+
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    choices = report(compiled)["gemm"]
+    assert len(choices) == 1
+    if choices[0]["choice"] == "vtc":
+        assert_no_movement(compiled)
+        assert_all_generated(compiled)
+    else:  # a zero-copy strided view: torch's convolution reads it in place
+        assert name in ("split", "slice_hw", "permute_nhwc"), choices
+        assert report(compiled)["materialized_movement_bytes"] == 0
+
+
+def test_channel_shuffle_conv_moves_nothing():
+    """The issue's pattern: a channel shuffle in front of a 1x1 convolution (ShuffleNet)."""
+    g = gen(12)
+    weight, bias = rand((8, 8, 1, 1), g), rand((8,), g)
+
+    def fn(x):
+        return torch.relu(F.conv2d(_shuffle(x), weight, bias))
+
+    x = rand((2, 8, 7, 7), g)
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert [q["choice"] for q in report(compiled)["gemm"]] == ["vtc"]
+    torch_path = compile_cpu(fn, (x,), plan="all", gemm="torch")
+    assert_matches_eager(torch_path, fn, (x,), **ROW_TOL)
+    assert report(torch_path)["materialized_movement_bytes"] == x.nbytes  # the shuffle copied for torch
+
+
+def test_a_conv_on_a_physical_input_runs_through_torch_with_the_reason():
     g = gen(3)
     weight = rand((4, 3, 3, 3), g)
 
@@ -91,8 +166,9 @@ def test_a_dense_conv_runs_through_torch_with_the_reason():
     x = rand((1, 6, 8, 8), g)
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    why = executor(compiled).lowering.why_torch
-    assert any("not depthwise" in r for r in why.values()), why
+    [choice] = report(compiled)["gemm"]
+    assert choice["choice"] == "torch" and "physical" in choice["why"], choice
+    assert choice["shape"] == (2, 2, 64, 27)  # batch x group, M, output pixels, K = channels x taps
 
 
 def test_a_nan_in_the_padding_window_is_not_read():

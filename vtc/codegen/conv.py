@@ -8,16 +8,28 @@ input is read through whatever mapping produced it (a channel shuffle, split,
 pad or cat in front of it moves no data).  A tap that falls in the zero
 padding is a piece choice (``K.pick``) whose untaken side is never loaded.
 
-Other convolutions (``groups < in_channels``) are not pointwise: they run as
-GEMMs (torch, or the generated GEMM where available).
+Other 2-D convolutions are implicit GEMMs (``conv_kernel``): per image and
+group, ``out[o, p] = sum_r W[o, r] * X[r, p]`` with ``r`` over (input channel,
+tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
+generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
+through the im2col index arithmetic and the input's own mapping, so neither
+the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
+memory.  ``choose_conv`` picks it or torch's convolution (oneDNN), like
+``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates.
 """
 from __future__ import annotations
 
 import torch
 
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us
+from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import NotSupported, pointwise
-from vtc.index.expr import and_, const, ge, lt
+from vtc.index.expr import and_, const, ge, lt, var
+from vtc.ir.graph import Node
+from vtc.virtual.movement import bind
+
+CONV_OP = "aten.convolution.default"
 
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
@@ -62,3 +74,103 @@ def _pair(v) -> tuple[int, int]:
         return v, v
     v = list(v)
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+# -- convolution as an implicit GEMM -----------------------------------------
+def is_depthwise(n: Node) -> bool:
+    """True for a 2-D convolution with one input channel per group (the pointwise kernel above)."""
+    args = bind(n.target, n.args, n.kwargs)
+    x, w = args["input"], args["weight"]
+    return len(x.shape) == 4 and args.get("groups", 1) == x.shape[1] and w.shape[1] == 1
+
+
+def _conv_geometry(n: Node) -> dict:
+    args = bind(n.target, n.args, n.kwargs)
+    x, w, out = args["input"], args["weight"], n.outputs[0]
+    g = args.get("groups", 1)
+    (sh, sw), (ph, pw), (dh, dw) = (_pair(args.get(k, d)) for k, d in
+                                    (("stride", 1), ("padding", 0), ("dilation", 1)))
+    nb, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    return dict(args=args, x=x, w=w, bias=args.get("bias"), out=out, groups=g, stride=(sh, sw), pad=(ph, pw),
+                dil=(dh, dw), n=nb, c=c, h=h, wd=wd, o=o, cg=cg, kh=kh, kw=kw, og=o // g,
+                oh=out.shape[2] if len(out.shape) == 4 else 0, ow=out.shape[3] if len(out.shape) == 4 else 0)
+
+
+def _conv_unsupported(n: Node) -> str:
+    args = bind(n.target, n.args, n.kwargs)
+    x, w, bias = args["input"], args["weight"], args.get("bias")
+    if args.get("transposed", False):
+        return "transposed convolution"
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        return f"{len(x.shape) - 2}-D convolution: the generated implicit GEMM is 2-D only"
+    bad = [v for v in (x, w, bias, n.outputs[0]) if v is not None and v.dtype != torch.float32]
+    if bad:
+        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 only"
+    if any(s == 0 for v in (x, w, n.outputs[0]) for s in v.shape):
+        return "an empty operand"
+    return ""
+
+
+def choose_conv(low, n: Node, mode: str) -> GemmChoice:
+    """The generated implicit GEMM or torch's convolution for conv node n under gemm=`mode`."""
+    why = _conv_unsupported(n)
+    geo = _conv_geometry(n) if not why else None
+    x = bind(n.target, n.args, n.kwargs)["input"]
+    copy = low.plan.is_virtual(x.name) and (low.plan.realized.get(x.name) is None
+                                            or low.plan.realized[x.name].strided is None)
+    if geo is None:
+        shape = (0, 0, 0, 0)
+        vtc_us = torch_us = 0.0
+    else:
+        batch, m, p, k = geo["n"] * geo["groups"], geo["og"], geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
+        shape = (batch, m, p, k)
+        im2col = geo["kh"] * geo["kw"] > 1 or geo["stride"] != (1, 1) or geo["pad"] != (0, 0)
+        mapped = batch * k * p * -(-m // 128) if (im2col or copy) else 0
+        vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else (), mapped_elems=mapped)
+
+    def pick(choice: str, reason: str) -> GemmChoice:
+        return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
+                          x.nbytes if copy else 0)
+
+    if why:
+        return pick("torch", why)
+    if mode == "vtc":
+        return pick("vtc", "gemm='vtc' forces the generated implicit GEMM")
+    if mode == "torch":
+        return pick("torch", "gemm='torch' forces torch's convolution")
+    if copy:
+        return pick("vtc", f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; "
+                           f"the implicit GEMM packs it through its mapping")
+    return pick("torch", "the input is physical or a zero-copy strided view: torch's convolution")
+
+
+def conv_kernel(low, n: Node) -> Kernel:
+    """The implicit-GEMM kernel of conv node n: batch = image x group, M = output channels of a group,
+    N = output pixels, K = input channels of a group x taps; B is the virtual im2col of the input."""
+    geo = _conv_geometry(n)
+    x, w, bias, out = geo["x"], geo["w"], geo["bias"], geo["out"]
+    g, og, cg, kh, kw = geo["groups"], geo["og"], geo["cg"], geo["kh"], geo["kw"]
+    (sh, sw), (ph, pw), (dh, dw) = geo["stride"], geo["pad"], geo["dil"]
+    batch, m, p, k = geo["n"] * g, og, geo["oh"] * geo["ow"], cg * kh * kw
+    bi, mi, ni, rv = var("i0", batch), var("i1", m), var("i2", p), var("r", k)
+    image, group = bi // g, bi % g
+    ci, tap = rv // (kh * kw), rv % (kh * kw)
+    ta, tb = tap // kw, tap % kw
+    oh, ow = ni // geo["ow"], ni % geo["ow"]
+    ih, iw = oh * sh + ta * dh - ph, ow * sw + tb * dw - pw
+    memo: dict = {}
+    sa = K.cast(low.value_at(w.name, (group * og + mi, ci, ta, tb), memo), torch.float32)
+    inside = and_(ge(ih, 0), lt(ih, geo["h"]), ge(iw, 0), lt(iw, geo["wd"]))
+    sb = K.pick(inside, K.cast(low.value_at(x.name, (image, group * cg + ci, ih, iw), memo), torch.float32),
+                K.const(0, torch.float32))
+    value = K.acc(ACC, torch.float32)
+    if bias is not None:
+        value = K.binary("add", value, K.cast(low.value_at(bias.name, (group * og + mi,), memo), torch.float32))
+    name = "k_" + "".join(c if c.isalnum() else "_" for c in n.name)
+    # out[image, group * og + m, oh, ow] is out viewed as [batch, m, p], contiguous: the GEMM's own layout
+    kern = Kernel(name, "gemm", tuple(out.shape), k, [],
+                  [Store(Buffer(out.name, out.shape, out.dtype), (image, group * og + mi, oh, ow), value)],
+                  source_nodes=[n.name])
+    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"))
+    return kern

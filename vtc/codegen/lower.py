@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
 from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
@@ -82,6 +83,9 @@ class Lowering:
             return "kept" if n.name in self.plan.kept else "virtual"
         if n.op in GEMM_OPS:
             choice = self.gemm_choices[n.name] = choose(self, n, self.gemm_mode)
+            return "gemm" if choice.choice == "vtc" else "library"
+        if n.op == CONV_OP and not is_depthwise(n):  # depthwise ones are pointwise (vtc.codegen.conv)
+            choice = self.gemm_choices[n.name] = choose_conv(self, n, self.gemm_mode)
             return "gemm" if choice.choice == "vtc" else "library"
         for kind, table in (("pointwise", POINTWISE), ("row", ROW)):
             fn = lookup(table, n.target)
@@ -468,7 +472,8 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             steps.append(("kernel", _step(low, low.row_kernel(n))))
             continue
         if k == "gemm":
-            steps.append(("kernel", _step(low, low._finish(gemm_kernel(low, n)))))
+            build = conv_kernel if n.op == CONV_OP else gemm_kernel
+            steps.append(("kernel", _step(low, low._finish(build(low, n)))))
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):
