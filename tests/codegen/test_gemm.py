@@ -209,3 +209,14 @@ def test_tiles_and_threads_cover_large_and_multi_block_shapes():
     inputs = (rand((2, 263, 517), g), rand((2, 517, 545), g))
     c = _check(torch.bmm, inputs, gemm="vtc")
     _assert_generated_without_movement(c)
+
+
+def test_auto_keeps_copy_plus_torch_when_the_gemm_dwarfs_the_copy():
+    """A cat in front of a large GEMM: torch's faster kernel after a 512 KB copy is estimated cheaper."""
+    g = gen(13)
+    inputs = (rand((256, 256), g), rand((256, 256), g), rand((512, 512), g))
+    c = _check(lambda a, b, w: torch.cat([a, b], 1) @ w, inputs)
+    choice = report(c)["gemm"][0]
+    assert choice["choice"] == "torch" and "estimated cheaper" in choice["why"], choice
+    assert choice["torch_us"] < choice["vtc_us"]
+    assert report(c)["materialized_movement_bytes"] == choice["copy_bytes"] == 256 * 512 * 4

@@ -20,9 +20,13 @@ A pack loop reads a plain strided operand (an affine offset into one buffer)
 through a pointer with constant strides, in the loop order that walks the
 unit stride; any other mapping is emitted as its scalar expression.
 
-``choose`` is the policy (torch's MKL/oneDNN on zero-copy views, or this
-kernel) and ``estimate_us`` its cost model; ``Lowering.gemm_choices`` keeps
-every decision with both estimates for the report.
+``choose`` is the policy and ``estimate_us`` its cost model: under
+``gemm="auto"`` a GEMM whose operands are all physical or zero-copy strided
+views runs through torch (MKL/oneDNN: faster than this kernel on large
+contiguous operands), and one with an operand torch would have to copy first
+runs here unless copy + torch's kernel is estimated cheaper (a large GEMM
+behind a small copy).  ``Lowering.gemm_choices`` keeps every decision with
+both estimates for the report.
 """
 from __future__ import annotations
 
@@ -74,13 +78,14 @@ class GemmChoice:
 
 
 # -- cost model ---------------------------------------------------------------
-# Rough rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on (bench/workloads/gemm.py
-# measures them); only their ratios matter for a choice.
-VTC_GFLOPS = 120.0
-TORCH_GFLOPS = 140.0
-COPY_GBPS = 8.0  # a generated copy kernel: read + write
+# Rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on, from bench/gemm_side_by_side.py
+# (1 thread: the generated kernel ~115 GFLOPS, MKL ~150 on large square GEMMs; a copy kernel ~5 GB/s of
+# read + write); only their ratios and the launch cost decide a choice.
+VTC_GFLOPS = 220.0
+TORCH_GFLOPS = 290.0
+COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
-CALL_US = 4.0
+CALL_US = 5.0  # one kernel launch by the executor
 
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0
@@ -114,8 +119,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
 
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(v)]
     copy_bytes = sum(v.nbytes for v in copies)
-    # A is packed once per NC-column block, B once per MC-row block
-    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128))) if needs_copy(v))
+    # elements packed through a choice of pieces (cat, pad: a test per element; a single-piece mapping is
+    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per MC rows
+    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128)))
+                 if needs_copy(v) and len(low.plan.mappings[v.name].pieces) > 1)
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
     shape = (batch, m, nn, kk)
 
@@ -130,8 +137,11 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         return pick("torch", "gemm='torch' forces torch on zero-copy views")
     if copies:
         names = ", ".join(f"%{v.name}" for v in copies)
-        return pick("vtc", f"{names} is not a strided view: torch would copy {copy_bytes} bytes first; "
-                           f"the generated kernel packs it through its mapping")
+        if vtc_us <= torch_us:
+            return pick("vtc", f"{names} is not a strided view: torch would copy {copy_bytes} bytes first; "
+                               f"the generated kernel packs it through its mapping (estimated cheaper)")
+        return pick("torch", f"{names} is not a strided view, but copying {copy_bytes} bytes and running "
+                             f"torch's faster library kernel is estimated cheaper")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel")
 
 
