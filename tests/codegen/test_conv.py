@@ -111,7 +111,7 @@ def test_dense_conv_as_implicit_gemm(case):
     compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert_all_generated(compiled)
-    assert [kn.kind for kn in kernels(compiled)] == ["gemm", "pointwise"]
+    assert [(kn.kind, kn.source_nodes) for kn in kernels(compiled)] == [("gemm", ["convolution", "mul"])]  # silu = x * sigmoid(x)
 
 
 @pytest.mark.parametrize("name", sorted(MOVEMENT))
@@ -184,3 +184,64 @@ def test_a_nan_in_the_padding_window_is_not_read():
     compiled = compile_cpu(fn, (big,), plan="all")
     assert_matches_eager(compiled, fn, (big,), **ROW_TOL)
     assert not compiled(big).isnan().any()
+
+
+def _kernel_nodes(compiled) -> list[tuple[str, list[str]]]:
+    return [(k.kind, k.source_nodes) for k in kernels(compiled)]
+
+
+def test_bn_activation_and_residual_run_in_the_gemm_epilogue():
+    """conv -> batch norm -> SiLU -> + residual is one kernel: the conv's output is never stored."""
+    g = gen(21)
+    weight, bias = rand((6, 8, 3, 3), g), rand((6,), g)
+    mean, var, gamma, beta = rand((6,), g), rand((6,), g, positive=True), rand((6,), g), rand((6,), g)
+
+    def fn(x, res):
+        y = F.conv2d(_shuffle(x), weight, bias, 1, 1)
+        return F.silu(F.batch_norm(y, mean, var, gamma, beta, False)) + res
+
+    inputs = (rand((2, 8, 9, 9), g), rand((2, 6, 9, 9), g))
+    compiled = compile_cpu(fn, inputs, plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
+    [(kind, nodes)] = _kernel_nodes(compiled)
+    assert kind == "gemm" and nodes[0] == "convolution", nodes
+    assert report(compiled)["peak_memory_bytes"] == 2 * 6 * 9 * 9 * 4  # the output only: no intermediate buffer
+
+
+def test_linear_epilogue_and_where_it_must_not_apply():
+    g = gen(22)
+    w, b = rand((40, 33), g), rand((40,), g)
+
+    def fused(a):
+        return torch.relu(F.linear(a, w, b)) * 2
+
+    def two_readers(a):  # the GEMM result is read by two kernels: it must be stored
+        y = F.linear(a, w, b)
+        return torch.relu(y), y.sum(-1)
+
+    def output_too(a):  # the GEMM result is a graph output: it must be stored
+        y = F.linear(a, w, b)
+        return y, torch.tanh(y)
+
+    a = rand((5, 33), g)
+    compiled = compile_cpu(fused, (a,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fused, (a,), **ROW_TOL)
+    assert [kind for kind, _ in _kernel_nodes(compiled)] == ["gemm"]
+    for fn, want in ((two_readers, ["gemm", "pointwise", "row"]), (output_too, ["gemm", "pointwise"])):
+        compiled = compile_cpu(fn, (a,), plan="all", gemm="vtc")
+        assert_matches_eager(compiled, fn, (a,), **ROW_TOL)
+        assert [kind for kind, _ in _kernel_nodes(compiled)] == want
+
+
+def test_a_depthwise_conv_after_a_gemm_is_not_its_epilogue():
+    """A depthwise conv reads shifted taps of its input: the 1x1 conv before it must store its output."""
+    g = gen(23)
+    w1, wd = rand((6, 6, 1, 1), g), rand((6, 1, 3, 3), g)
+
+    def fn(x):
+        return F.conv2d(torch.relu(F.conv2d(_shuffle(x), w1)), wd, None, 1, 1, groups=6)
+
+    x = rand((1, 6, 8, 8), g)
+    compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert [kn.kind for kn in kernels(compiled)] == ["gemm", "pointwise"]

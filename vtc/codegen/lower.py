@@ -76,6 +76,7 @@ class Lowering:
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
+        self.epilogue: dict[str, Node] = self._epilogues()  # pointwise kernel node -> the GEMM it finishes
 
     # -- classification -------------------------------------------------------
     def _classify(self, n: Node) -> str:
@@ -189,6 +190,60 @@ class Lowering:
                     continue  # a library node or a view reads it: it must be physical
                 if len(kernels) == 1 or not n.inputs:  # one kernel reads it, or it reads nothing
                     self.inline.add(o)
+
+    def _epilogues(self) -> dict[str, Node]:
+        """Pointwise kernels computed in the epilogue of the GEMM they read (bias, BN, activation, residual).
+
+        A GEMM's output whose one reader is a float32 pointwise kernel of the same shape that reads it
+        only at its own output index (through inlined pointwise ops; not a depthwise convolution's
+        shifted taps) is never stored: the GEMM kernel stores that kernel's value of its accumulator.
+        """
+        out: dict[str, Node] = {}
+        for g in self.graph.nodes:
+            if self.kind[g.name] != "gemm":
+                continue
+            o = g.outputs[0]
+            if o.name in self.outputs or o.name in self.index_names:
+                continue
+            readers = self.readers(o.name)
+            if len(readers) != 1:
+                continue
+            r = next(iter(readers))
+            node = next((n for n in self.graph.nodes if n.name == r), None)
+            if node is None or self.kind[r] != "pointwise" or node.outputs[0].name in self.inline:
+                continue
+            if node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
+                continue
+            if self._reads_only_at_its_index(o.name, node):
+                out[r] = g
+        return out
+
+    def _reads_only_at_its_index(self, name: str, node: Node) -> bool:
+        """True when pointwise `node` reads value `name` only at node's own output index (no shifted
+        taps, no movement in between), so that the reads can come from a GEMM's accumulator."""
+        idx = out_vars(self.values[name].shape)
+        probe = K.acc("epilogue_probe", self.values[name].dtype)
+        value = self._pointwise(node, idx, {(name, idx): probe})
+        seen, stack = set(), [value]
+        while stack:
+            s = stack.pop()
+            if id(s) in seen:
+                continue
+            seen.add(id(s))
+            if s.op == "load" and s.args[0] == name:
+                return False
+            stack.extend(a for a in s.args if isinstance(a, Scalar))
+        return True
+
+    def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
+        """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
+        st = k.stores[0]
+        memo = {(st.buffer.name, st.index): st.value}
+        value = self._pointwise(node, st.index, memo)
+        o = node.outputs[0]
+        k.stores = [Store(Buffer(o.name, o.shape, o.dtype), st.index, K.cast(value, o.dtype))]
+        k.source_nodes = [*k.source_nodes, node.name]
+        return k
 
     # -- scalar expressions ---------------------------------------------------
     def is_physical(self, name: str) -> bool:
@@ -464,6 +519,11 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
                 if o.name in low.index_names:
                     realise(o.name)
             continue
+        if k == "pointwise" and n.name in low.epilogue:
+            g = low.epilogue[n.name]
+            build = conv_kernel if g.op == CONV_OP else gemm_kernel
+            steps.append(("kernel", _step(low, low._finish(low.with_epilogue(build(low, g), n)))))
+            continue
         if k == "pointwise":
             if n.outputs[0].name not in low.inline:
                 steps.append(("kernel", _step(low, low.pointwise_kernel(n.outputs[0].name, "pointwise", [n.name]))))
@@ -472,6 +532,8 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             steps.append(("kernel", _step(low, low.row_kernel(n))))
             continue
         if k == "gemm":
+            if any(g is n for g in low.epilogue.values()):
+                continue  # built with its epilogue, at the pointwise kernel that finishes it
             build = conv_kernel if n.op == CONV_OP else gemm_kernel
             steps.append(("kernel", _step(low, low._finish(build(low, n)))))
             continue
