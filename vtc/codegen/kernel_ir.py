@@ -162,10 +162,14 @@ class Kernel:
     """
 
     name: str
-    kind: str  # "pointwise" | "row"
+    kind: str  # "pointwise" | "row" | "copy" | "attention" (vtc.codegen.attention.AttentionKernel)
     domain: tuple[int, ...]
     r_extent: int
     phases: list[list[Reduction]]
     stores: list[Store]
     inputs: list[Buffer] = field(default_factory=list)
     source_nodes: list[str] = field(default_factory=list)  # graph nodes this kernel computes
+
+    def roots(self) -> list[Scalar]:
+        """The scalar expressions the kernel evaluates (a kind with more, e.g. attention, adds its own)."""
+        return [r.value for phase in self.phases for r in phase] + [s.value for s in self.stores]

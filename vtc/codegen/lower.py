@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
@@ -37,6 +38,7 @@ from vtc.plan.virtualize import Plan, chain_of
 from vtc.virtual.movement import bind, delinearize
 
 OUTPUT, INDEX = "<output>", "<index>"
+KV = "#kv"  # reader suffix: an attention kernel reading K or V (once per query row, so producers stay physical)
 
 
 @dataclass
@@ -70,6 +72,9 @@ class Lowering:
         self.folded = self._foldable_index_tensors()
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
+        # bmm -> softmax -> bmm fused into one kernel (kind "attention"), keyed by the PV bmm; why not, per softmax
+        self.attention, self.why_not_attention = find_attention(self)
+        self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
@@ -146,7 +151,7 @@ class Lowering:
 
     def _direct_readers(self, name: str) -> set[str]:
         """Readers of `name` itself: non-virtual, non-inlined nodes, the output, mapping indices."""
-        out = {n.name for n in self.users.get(name, [])
+        out = {f"{n.name}{KV}" if (n.name, name) in self._kv_reads else n.name for n in self.users.get(name, [])
                if self.kind[n.name] not in ("virtual",)
                and not (self.kind[n.name] == "pointwise" and n.outputs[0].name in self.inline)}
         if name in self.outputs:
@@ -158,7 +163,7 @@ class Lowering:
     def _is_kernel(self, reader: str) -> bool:
         if reader.startswith("realize:"):
             return self.realize.get(reader[len("realize:"):]) == "copy"
-        return self.kind.get(reader) in ("pointwise", "row")
+        return self.kind.get(reader.removesuffix(KV)) in ("pointwise", "row", "attention")
 
     def _decide(self) -> None:
         """Reverse graph order: each value's readers are decided before the value itself."""
@@ -178,8 +183,8 @@ class Lowering:
                 kernels = [r for r in readers if self._is_kernel(r)]
                 if len(kernels) != len(readers):
                     continue  # a library node or a view reads it: it must be physical
-                if len(kernels) == 1 or not n.inputs:  # one kernel reads it, or it reads nothing
-                    self.inline.add(o)
+                if not n.inputs or (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n))):
+                    self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap), or it reads nothing
 
     # -- scalar expressions ---------------------------------------------------
     def is_physical(self, name: str) -> bool:
@@ -417,7 +422,7 @@ def _ident(name: str) -> str:
 def scalars_of(k: Kernel):
     """Every scalar node of kernel k, each once."""
     seen: set[int] = set()
-    stack = [r.value for phase in k.phases for r in phase] + [s.value for s in k.stores]
+    stack = list(k.roots())
     while stack:
         s = stack.pop()
         if id(s) in seen:
@@ -456,6 +461,10 @@ def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
             continue
         if k == "row":
             steps.append(("kernel", _step(low, low.row_kernel(n))))
+            continue
+        if k == "attention":  # the whole pattern is one kernel, at the place of its PV bmm
+            if n.name in low.attention:
+                steps.append(("kernel", _step(low, attention_kernel(low, low.attention[n.name]))))
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):

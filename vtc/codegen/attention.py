@@ -1,0 +1,414 @@
+"""Attention in one kernel: QKᵀ, the score chain, online softmax and PV, reading Q, K, V through mappings.
+
+Captured graphs show attention as ``bmm(q, kᵀ) -> [pointwise on the scores]
+-> _softmax(last dim) -> bmm(p, v)``, with q, k and v reached through views,
+permutes, the GQA ``repeat_kv`` (expand + reshape) and the KV-cache update,
+all of which vtc makes virtual.  Run as library calls, the two bmm need their
+operands in memory: the expanded K and V are copied (4x the cache for a GQA
+ratio of 4) and the scores and probabilities make a round trip through memory.
+
+This module finds the pattern on a lowering (``find_attention``) and turns it
+into one kernel (``attention_kernel``, emitted by ``emit_attention``):
+
+- **match**: a ``_softmax`` over the last dim (float32) whose probabilities,
+  through virtual movement ops only, are read by one ``bmm`` as its left
+  operand and by nothing else; its input reached from exactly one ``bmm`` (the
+  scores) through generated pointwise ops and virtual movement ops, none of
+  which anything outside the chain reads (no graph output, no index tensor).
+  The mappings must keep rows together: the probability row a PV row reads,
+  and the score row that softmax row comes from, may not depend on the key.
+  Anything else (another reader of the probabilities as in H2O's column sums,
+  a float64 softmax, a softmax over another dim) is left as it was, with the
+  reason in ``Lowering.why_not_attention``.
+- **kernel**: rows are the PV bmm's output rows (batch*head, query), in blocks
+  of ``ROW_BLOCK`` per task so that rows sharing a key (the query heads of one
+  GQA group, the queries of one head) read it while it is in cache; keys in
+  blocks of ``KEY_BLOCK``.  Per row: q is read once (through its mapping,
+  inlined producers included), per key the dot product over the head dim
+  (``omp simd``), then the score chain in registers (scale, soft-cap, the mask
+  read through ``Lowering.value_at``: a causal or sliding-window predicate made
+  of aranges and compares costs no mask tensor), then the online softmax
+  (running max, rescaled sum and output row) and the PV update over the value
+  dim (``omp simd``).  K and V are read through their composed mappings, so
+  query head h reads KV head h // group and the cache rows or the token just
+  written, with no expanded copy.  The output row is stored at the PV bmm's
+  output (physical, read by whatever follows).
+
+Numerics: the result equals softmax-then-matmul up to float rounding; a row
+whose scores are all -inf gives NaN as torch does.  A key whose probability is
+exactly 0 (masked, or underflowed) is skipped, so a NaN or inf in its value row
+does not reach the output (torch would give NaN there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
+from vtc.index.expr import Expr, free_vars, var
+from vtc.index.mapping import out_vars
+from vtc.ir.graph import Node, Value
+from vtc.virtual.movement import bind
+
+ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
+KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
+CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
+
+
+class NotAttention(Exception):
+    """The nodes around a softmax are not the attention pattern (the message says why)."""
+
+
+@dataclass
+class AttentionMatch:
+    """bmm(q, kᵀ) -> chain -> _softmax -> bmm(p, v): the nodes one attention kernel computes."""
+
+    scores: Node  # bmm(q, kᵀ)
+    softmax: Node
+    output: Node  # bmm(p, v)
+    chain: list[Node] = field(default_factory=list)  # pointwise and virtual movement nodes in between
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [self.scores, *self.chain, self.softmax, self.output]
+
+    def kv_operands(self) -> set[tuple[str, str]]:
+        """(node, value) pairs by which the kernel reads K and V (re-read once per query row)."""
+        return {(self.scores.name, self.scores.inputs[1].name), (self.output.name, self.output.inputs[1].name)}
+
+
+@dataclass
+class AttentionKernel(Kernel):
+    """One attention kernel: per domain row (i0, i1) and key r, score -> online softmax -> PV.
+
+    `q` is over the row and ``d`` (head dim), `k` over the row, ``r`` and ``d``,
+    `score` over the row and ``r`` with ``acc("score")`` standing for q·k, `v`
+    over the row, ``r`` and ``e`` (value dim).  The one store is the output row
+    (its value is a placeholder: the emitter writes the normalised accumulator).
+    """
+
+    q: Scalar | None = None
+    k: Scalar | None = None
+    score: Scalar | None = None
+    v: Scalar | None = None
+    head_dim: int = 1
+    value_dim: int = 1
+
+    def roots(self) -> list[Scalar]:
+        return [*super().roots(), self.q, self.k, self.score, self.v]
+
+
+def _is(n: Node | None, opname: str) -> bool:
+    t = getattr(n, "target", None)
+    return isinstance(t, torch._ops.OpOverload) and t.namespace == "aten" and t._opname == opname
+
+
+# ---------------------------------------------------------------------------
+# matching
+def find_attention(low) -> tuple[dict[str, AttentionMatch], dict[str, str]]:
+    """Attention patterns of `low`'s graph, keyed by their PV bmm, and why each other softmax is not one.
+
+    Runs on a fresh lowering (kinds known, nothing inlined yet) and sets the
+    kind of the matched bmm, softmax and bmm to ``"attention"``.
+    """
+    matches: dict[str, AttentionMatch] = {}
+    why: dict[str, str] = {}
+    for n in low.graph.nodes:
+        if not _is(n, "_softmax"):
+            continue
+        try:
+            m = _match(low, n)
+        except NotAttention as e:
+            why[n.name] = str(e)
+            continue
+        if any(low.kind[x.name] == "attention" for x in (m.scores, m.softmax, m.output)):
+            why[n.name] = "its bmm already belongs to another attention kernel"
+            continue
+        for x in (m.scores, m.softmax, m.output):
+            low.kind[x.name] = "attention"
+        matches[m.output.name] = m
+    return matches, why
+
+
+def _match(low, sm: Node) -> AttentionMatch:
+    args = bind(sm.target, sm.args, sm.kwargs)
+    x, p = args["self"], sm.outputs[0]
+    if low.kind[sm.name] != "row":
+        raise NotAttention(f"softmax runs through torch ({low.why_torch.get(sm.name, 'no generated code')})")
+    if len(x.shape) < 2 or args["dim"] % len(x.shape) != len(x.shape) - 1:
+        raise NotAttention(f"softmax over dim {args['dim']} of {list(x.shape)}, not the last")
+    if x.dtype != torch.float32 or p.dtype != torch.float32 or args.get("half_to_float"):
+        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 only")
+    pv = _only_reader(low, p)
+    if not _is(pv, "bmm") or low.kind[pv.name] != "library":
+        raise NotAttention(f"probabilities {p.name} are read by {pv.name} ({pv.op}), not a bmm")
+    pv_args = bind(pv.target, pv.args, pv.kwargs)
+    if not _derives_from(low, pv_args["self"], p) or _derives_from(low, pv_args["mat2"], p):
+        raise NotAttention(f"{pv.name} does not read the probabilities as its left operand only")
+    qk, chain = _scores(low, x, sm)
+    for n in (qk, pv):
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != torch.float32]
+        if bad:
+            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}: the attention kernel is float32 only")
+    m = AttentionMatch(qk, sm, pv, chain)
+    saved = low.inline
+    low.inline = {o.name for c in chain if low.kind[c.name] == "pointwise" for o in c.outputs}
+    try:
+        _rows(low, m)
+    finally:
+        low.inline = saved
+    return m
+
+
+def _only_reader(low, v: Value) -> Node:
+    """The one node that reads v through virtual movement ops (it and they read nothing else of it)."""
+    readers: list[Node] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if x.name in low.outputs or x.name in low.index_names:
+            raise NotAttention(f"{x.name} (from {v.name}) is a graph output or an index tensor")
+        for u in low.users.get(x.name, []):
+            if low.kind[u.name] == "virtual":
+                stack.extend(u.outputs)
+            elif u not in readers:
+                readers.append(u)
+    if len(readers) != 1:
+        raise NotAttention(f"{v.name} is read by {len(readers)} nodes ({', '.join(r.name for r in readers)})")
+    return readers[0]
+
+
+def _derives_from(low, v: Value, src: Value) -> bool:
+    """True when v is src or reached from it through virtual movement ops."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x.name == src.name:
+            return True
+        n = low.producer.get(x.name)
+        if n is not None and low.kind[n.name] == "virtual" and n.name not in seen:
+            seen.add(n.name)
+            stack.extend(n.inputs)
+    return False
+
+
+def _scores(low, x: Value, sm: Node) -> tuple[Node, list[Node]]:
+    """The scores bmm feeding softmax input x and the pointwise / virtual nodes between them."""
+    bmms: list[Node] = []
+    stack, seen = [x], set()
+    while stack:  # back from x to every bmm it depends on through pointwise and virtual nodes
+        n = low.producer.get(stack.pop().name)
+        if n is None or n.name in seen:
+            continue
+        seen.add(n.name)
+        if _is(n, "bmm"):
+            bmms.append(n)
+        elif low.kind[n.name] in ("pointwise", "virtual"):
+            stack.extend(n.inputs)
+    if len(bmms) != 1:
+        raise NotAttention(f"softmax input {x.name} comes from {len(bmms)} bmm through pointwise ops, not one")
+    qk = bmms[0]
+    if low.kind[qk.name] != "library":
+        raise NotAttention(f"scores {qk.name} are not a plain bmm")
+    chain: list[Node] = []
+    stack = [qk.outputs[0]]
+    while stack:  # forward: everything that reads the scores must lead to the softmax
+        v = stack.pop()
+        if v.name in low.outputs or v.name in low.index_names:
+            raise NotAttention(f"scores {v.name} are a graph output or an index tensor")
+        for u in low.users.get(v.name, []):
+            if u is sm or u in chain:
+                continue
+            if low.kind[u.name] not in ("pointwise", "virtual"):
+                raise NotAttention(f"scores {v.name} are also read by {u.name} ({u.op})")
+            chain.append(u)
+            stack.extend(u.outputs)
+    order = {n.name: k for k, n in enumerate(low.graph.nodes)}
+    return qk, sorted(chain, key=lambda n: order[n.name])
+
+
+@dataclass
+class _Rows:
+    """The index relations of a match: PV row (i0, i1) and key r -> softmax index j -> score index h."""
+
+    domain: tuple[int, ...]
+    r: Expr
+    j: tuple[Expr, ...]  # softmax element read by PV row (i0, i1) at key r
+    h: tuple[Expr, ...]  # scores element the softmax input at j reads
+
+
+def _rows(low, m: AttentionMatch) -> _Rows:
+    """Checks that the mappings keep rows together and returns the index relations."""
+    pv_p, pv_v = m.output.inputs[0], bind(m.output.target, m.output.args, m.output.kwargs)["mat2"]
+    b, rows, n = pv_p.shape
+    if pv_v.shape[1] != n or m.softmax.outputs[0].shape[-1] != n:
+        raise NotAttention(f"{m.output.name}: {n} keys in the probabilities, value {list(pv_v.shape)}, "
+                           f"softmax {list(m.softmax.outputs[0].shape)}")
+    i0, i1 = out_vars((b, rows))
+    r = var("r", n)
+    memo: dict = {}
+    p = low.value_at(pv_p.name, (i0, i1, r), memo)
+    if p.op != "load" or p.args[0] != m.softmax.outputs[0].name:
+        raise NotAttention(f"{m.output.name} reads the probabilities through a mapping of several pieces")
+    j = p.args[1]
+    if j[-1] is not r or any("r" in free_vars(e) for e in j[:-1]):
+        raise NotAttention(f"a row of {m.output.name} reads probabilities across softmax rows ({j})")
+    score = low.value_at(m.softmax.inputs[0].name, j, memo)
+    reads = {s for s in _scalars(score) if s.op == "load" and s.args[0] == m.scores.outputs[0].name}
+    if len(reads) != 1:
+        raise NotAttention(f"the score chain reads {m.scores.outputs[0].name} at {len(reads)} indices")
+    h = next(iter(reads)).args[1]
+    if h[2] is not r or any("r" in free_vars(e) for e in h[:2]):
+        raise NotAttention(f"a softmax row reads scores across rows of {m.scores.name} ({h})")
+    return _Rows((b, rows), r, j, h)
+
+
+def _scalars(root: Scalar):
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        stack.extend(a for a in s.args if isinstance(a, Scalar))
+
+
+def _replace(s: Scalar, old: Scalar, new: Scalar, memo: dict) -> Scalar:
+    """s with every occurrence of `old` replaced by `new`."""
+    if s is old:
+        return new
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    args = tuple(_replace(a, old, new, memo) if isinstance(a, Scalar) else a for a in s.args)
+    out = s if all(a is b for a, b in zip(args, s.args)) else Scalar.make(s.op, args, s.dtype)
+    memo[id(s)] = out
+    return out
+
+
+def is_cheap(n: Node) -> bool:
+    """A pointwise op worth recomputing at every K/V read of an attention kernel (a scale or a cast)."""
+    big = [v for v in n.inputs if v.numel > 1]
+    return getattr(n.target, "_opname", None) in CHEAP_KV_OPS and len(big) <= 1
+
+
+# ---------------------------------------------------------------------------
+# the kernel
+def attention_kernel(low, m: AttentionMatch) -> AttentionKernel:
+    """The kernel IR of match m on a decided lowering (inlined producers are read inline)."""
+    rows = _rows(low, m)
+    qk, pv = bind(m.scores.target, m.scores.args, m.scores.kwargs), bind(m.output.target, m.output.args, m.output.kwargs)
+    d_ext, e_ext = qk["self"].shape[2], pv["mat2"].shape[2]
+    i0, i1 = out_vars(rows.domain)
+    d, e, r = var("d", d_ext), var("e", e_ext), rows.r
+    memo: dict = {}
+    scores = m.scores.outputs[0]
+    raw = K.load(scores.name, rows.h, scores.dtype)
+    score = _replace(low.value_at(m.softmax.inputs[0].name, rows.j, memo), raw, K.acc("score", torch.float32), {})
+    score = K.cast(score, torch.float32)
+    h0, h1 = rows.h[0], rows.h[1]
+    q = K.cast(low.value_at(qk["self"].name, (h0, h1, d), memo), torch.float32)
+    k = K.cast(low.value_at(qk["mat2"].name, (h0, d, r), memo), torch.float32)
+    v = K.cast(low.value_at(pv["mat2"].name, (i0, r, e), memo), torch.float32)
+    out = pv_out = m.output.outputs[0]
+    store = Store(Buffer(out.name, pv_out.shape, out.dtype), (i0, i1, e), K.acc("out", torch.float32))
+    kern = AttentionKernel(f"k_attn_{_ident(m.output.name)}", "attention", rows.domain, pv["self"].shape[2], [],
+                           [store], source_nodes=[x.name for x in m.nodes], q=q, k=k, score=score, v=v,
+                           head_dim=d_ext, value_dim=e_ext)
+    return low._finish(kern)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+# ---------------------------------------------------------------------------
+# C++
+def emit_attention(k: AttentionKernel, em) -> list[str]:
+    """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`."""
+    from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
+
+    rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
+    rb, kb = min(ROW_BLOCK, rows), min(KEY_BLOCK, n)
+    nblk = -(-rows // rb)
+    names = [f"i{x}" for x in range(len(k.domain))]
+    out = k.stores[0]
+    work = rows * n * (dd + ee)
+
+    def body(root: Scalar, indent: str) -> tuple[list[str], str]:
+        em.forget()
+        return em.hoist([root], indent), em.scalar(root)
+
+    lines = [f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
+             f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
+             f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
+             f"    alignas(64) float qv[{rb}][{dd}];",
+             f"    alignas(64) float ov[{rb}][{ee}];",
+             f"    alignas(64) float sc[{kb}];",
+             f"    float mx[{rb}], sm[{rb}];",
+             "    for (int64_t rr = 0; rr < nr; ++rr) {",
+             "      const int64_t o = o_lo + rr;"]
+    lines += _decompose(names, k.domain, "o", "      ")
+    pre, q = body(k.q, "        ")
+    lines += ["      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre, f"        qv[rr][d] = {q};",
+              "      }",
+              f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
+              "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
+              "    }",
+              f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
+              f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
+              "      for (int64_t rr = 0; rr < nr; ++rr) {",
+              "        const int64_t o = o_lo + rr;"]
+    lines += _decompose(names, k.domain, "o", "        ")
+    pre_k, kx = body(k.k, "            ")
+    pre_s, sx = body(k.score, "          ")
+    lines += ["        const float* __restrict qr = qv[rr];",
+              "        for (int64_t r = r0; r < r1; ++r) {",
+              "          float acc_score = 0.0f;",
+              "          #pragma omp simd reduction(+:acc_score)",
+              f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qr[d] * {kx};",
+              "          }", *pre_s, f"          sc[r - r0] = {sx};",
+              "        }",
+              # block max with a NaN flag (vectorisable), then the online-softmax update
+              "        float bmax = -INFINITY; bool bnan = false;",
+              "        #pragma omp simd reduction(max:bmax) reduction(||:bnan)",
+              "        for (int64_t t = 0; t < r1 - r0; ++t) { const float s_ = sc[t]; bmax = s_ > bmax ? s_ : bmax; "
+              "bnan = bnan || (s_ != s_); }",
+              "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
+              "        if (mnew == -INFINITY) continue;  // every score so far is -inf: nothing to add yet",
+              "        const float corr = vtc_exp(mx[rr] - mnew);",
+              "        mx[rr] = mnew;",
+              "        float psum = 0.0f;",
+              "        #pragma omp simd reduction(+:psum)",
+              "        for (int64_t t = 0; t < r1 - r0; ++t) { const float p_ = vtc_exp(sc[t] - mnew); sc[t] = p_; psum += p_; }",
+              "        sm[rr] = sm[rr] * corr + psum;",
+              "        float* __restrict orow = ov[rr];",
+              "        if (corr != 1.0f) {",
+              "          #pragma omp simd",
+              f"          for (int64_t e = 0; e < {ee}; ++e) orow[e] *= corr;",
+              "        }",
+              "        for (int64_t r = r0; r < r1; ++r) {",
+              "          const float p_ = sc[r - r0];",
+              "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read"]
+    pre_v, vx = body(k.v, "            ")
+    lines += ["          #pragma omp simd",
+              f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            orow[e] += p_ * {vx};", "          }",
+              "        }",
+              "      }",
+              "    }",
+              "    for (int64_t rr = 0; rr < nr; ++rr) {",
+              "      const int64_t o = o_lo + rr;"]
+    lines += _decompose(names, k.domain, "o", "      ")
+    em.forget()
+    lines += ["      const float inv = 1.0f / sm[rr];",
+              "      #pragma omp simd",
+              f"      for (int64_t e = 0; e < {ee}; ++e) "
+              f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
+              "    }",
+              "  }"]
+    return lines
