@@ -330,7 +330,13 @@ def _ident(name: str) -> str:
 # ---------------------------------------------------------------------------
 # C++
 def emit_attention(k: AttentionKernel, em) -> list[str]:
-    """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`."""
+    """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`.
+
+    Per task a block of rows; per key block: the scores of every (key, row)
+    (rows innermost, so the rows of a GQA group read each K row while it is in
+    L1), then per row the online-softmax update, then the PV update of every
+    (key, row).
+    """
     from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
@@ -344,71 +350,77 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         em.forget()
         return em.hoist([root], indent), em.scalar(root)
 
-    lines = [f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
-             f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
-             f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
-             f"    alignas(64) float qv[{rb}][{dd}];",
-             f"    alignas(64) float ov[{rb}][{ee}];",
-             f"    alignas(64) float sc[{kb}];",
-             f"    float mx[{rb}], sm[{rb}];",
-             "    for (int64_t rr = 0; rr < nr; ++rr) {",
-             "      const int64_t o = o_lo + rr;"]
-    lines += _decompose(names, k.domain, "o", "      ")
-    pre, q = body(k.q, "        ")
-    lines += ["      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre, f"        qv[rr][d] = {q};",
-              "      }",
-              f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
-              "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
-              "    }",
-              f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
-              f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-              "      for (int64_t rr = 0; rr < nr; ++rr) {",
-              "        const int64_t o = o_lo + rr;"]
-    lines += _decompose(names, k.domain, "o", "        ")
+    def row(indent: str) -> list[str]:
+        return [f"{indent}const int64_t o = o_lo + rr;", *_decompose(names, k.domain, "o", indent)]
+
+    pre_q, q = body(k.q, "        ")
     pre_k, kx = body(k.k, "            ")
     pre_s, sx = body(k.score, "          ")
-    lines += ["        const float* __restrict qr = qv[rr];",
-              "        for (int64_t r = r0; r < r1; ++r) {",
-              "          float acc_score = 0.0f;",
-              "          #pragma omp simd reduction(+:acc_score)",
-              f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qr[d] * {kx};",
-              "          }", *pre_s, f"          sc[r - r0] = {sx};",
-              "        }",
-              # block max with a NaN flag (vectorisable), then the online-softmax update
-              "        float bmax = -INFINITY; bool bnan = false;",
-              "        #pragma omp simd reduction(max:bmax) reduction(||:bnan)",
-              "        for (int64_t t = 0; t < r1 - r0; ++t) { const float s_ = sc[t]; bmax = s_ > bmax ? s_ : bmax; "
-              "bnan = bnan || (s_ != s_); }",
-              "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
-              "        if (mnew == -INFINITY) continue;  // every score so far is -inf: nothing to add yet",
-              "        const float corr = vtc_exp(mx[rr] - mnew);",
-              "        mx[rr] = mnew;",
-              "        float psum = 0.0f;",
-              "        #pragma omp simd reduction(+:psum)",
-              "        for (int64_t t = 0; t < r1 - r0; ++t) { const float p_ = vtc_exp(sc[t] - mnew); sc[t] = p_; psum += p_; }",
-              "        sm[rr] = sm[rr] * corr + psum;",
-              "        float* __restrict orow = ov[rr];",
-              "        if (corr != 1.0f) {",
-              "          #pragma omp simd",
-              f"          for (int64_t e = 0; e < {ee}; ++e) orow[e] *= corr;",
-              "        }",
-              "        for (int64_t r = r0; r < r1; ++r) {",
-              "          const float p_ = sc[r - r0];",
-              "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read"]
     pre_v, vx = body(k.v, "            ")
-    lines += ["          #pragma omp simd",
-              f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            orow[e] += p_ * {vx};", "          }",
-              "        }",
-              "      }",
-              "    }",
-              "    for (int64_t rr = 0; rr < nr; ++rr) {",
-              "      const int64_t o = o_lo + rr;"]
-    lines += _decompose(names, k.domain, "o", "      ")
     em.forget()
-    lines += ["      const float inv = 1.0f / sm[rr];",
-              "      #pragma omp simd",
-              f"      for (int64_t e = 0; e < {ee}; ++e) "
-              f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
-              "    }",
-              "  }"]
-    return lines
+    return [
+        f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
+        f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
+        f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
+        f"    alignas(64) float qv[{rb}][{dd}];",
+        f"    alignas(64) float ov[{rb}][{ee}];",
+        f"    alignas(64) float sc[{rb}][{kb}];",
+        f"    float mx[{rb}], sm[{rb}];",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
+        f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
+        "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
+        "    }",
+        f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
+        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
+        # scores of every (key, row) of the block
+        "      for (int64_t r = r0; r < r1; ++r) {",
+        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
+        "          float acc_score = 0.0f;",
+        "          #pragma omp simd reduction(+:acc_score)",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qv[rr][d] * {kx};", "          }",
+        *pre_s, f"          sc[rr][r - r0] = {sx};",
+        "        }",
+        "      }",
+        # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        "        float* __restrict srow = sc[rr];",
+        "        float bmax = -INFINITY; bool bnan = false;",
+        "        #pragma omp simd reduction(max:bmax) reduction(||:bnan)",
+        "        for (int64_t t = 0; t < r1 - r0; ++t) { const float s_ = srow[t]; bmax = s_ > bmax ? s_ : bmax; "
+        "bnan = bnan || (s_ != s_); }",
+        "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
+        "        if (mnew == -INFINITY) {  // every score so far is -inf: nothing to add yet",
+        "          for (int64_t t = 0; t < r1 - r0; ++t) srow[t] = 0.0f;",
+        "          continue;",
+        "        }",
+        "        const float corr = vtc_exp(mx[rr] - mnew);",
+        "        mx[rr] = mnew;",
+        "        float psum = 0.0f;",
+        "        #pragma omp simd reduction(+:psum)",
+        "        for (int64_t t = 0; t < r1 - r0; ++t) { const float p_ = vtc_exp(srow[t] - mnew); srow[t] = p_; psum += p_; }",
+        "        sm[rr] = sm[rr] * corr + psum;",
+        "        if (corr != 1.0f) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] *= corr;",
+        "        }",
+        "      }",
+        # PV of every (key, row) of the block
+        "      for (int64_t r = r0; r < r1; ++r) {",
+        "        for (int64_t rr = 0; rr < nr; ++rr) {",
+        "          const float p_ = sc[rr][r - r0];",
+        "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read",
+        *row("          "),
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            ov[rr][e] += p_ * {vx};", "          }",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      const float inv = 1.0f / sm[rr];",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) "
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
+        "    }",
+        "  }",
+    ]
