@@ -180,13 +180,21 @@ def test_patterns_that_are_not_one_attention_kernel_run_as_before(fn, why):
     assert any(why in r for r in reasons), reasons
 
 
-def test_sdpa_decomposition_matches_eager():
-    """torch.export decomposes scaled_dot_product_attention (the math form, scale split over q and k)."""
-    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+def test_sdpa_decomposition_is_one_attention_kernel():
+    """torch.export decomposes scaled_dot_product_attention into the math form (scale split over q and k,
+    then ``where(row all -inf, 0, softmax)``): still one kernel, and a fully masked row gives 0 as in torch."""
+    causal = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    masked = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True,  # noqa: E731
+                                                               scale=0.3)
     g = gen(13)
-    inputs = (rand((2, 8, 17, 16), g), rand((2, 2, 17, 16), g), rand((2, 2, 17, 16), g))
-    compiled = compile_cpu(fn, inputs)
-    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    q, k, v = rand((2, 8, 17, 16), g), rand((2, 2, 17, 16), g), rand((2, 2, 17, 16), g)
+    m = torch.rand((17, 17), generator=g) < 0.6
+    m[3] = False  # nothing to attend to: torch returns 0 for this row
+    for fn, inputs in ((causal, (q, k, v)), (masked, (q, k, v, m))):
+        compiled = compile_cpu(fn, inputs)
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+        assert_one_attention_kernel(compiled)
+    assert compiled(q, k, v, m)[:, :, 3].abs().max() == 0
 
 
 def test_llama3_decode_layer_with_cache_update():

@@ -15,6 +15,9 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
   operand and by nothing else; its input reached from exactly one ``bmm`` (the
   scores) through generated pointwise ops and virtual movement ops, none of
   which anything outside the chain reads (no graph output, no index tensor).
+  ``torch.export`` decomposes ``scaled_dot_product_attention`` into this form
+  plus a guard after the softmax, ``where(all scores of the row are -inf, 0,
+  p)``; that guard is matched too (a fully masked row then gives 0).
   The mappings must keep rows together: the probability row a PV row reads,
   and the score row that softmax row comes from, may not depend on the key.
   Anything else (another reader of the probabilities as in H2O's column sums,
@@ -70,10 +73,18 @@ class AttentionMatch:
     softmax: Node
     output: Node  # bmm(p, v)
     chain: list[Node] = field(default_factory=list)  # pointwise and virtual movement nodes in between
+    guard: list[Node] = field(default_factory=list)  # SDPA's "fully masked row -> 0" after the softmax
+    probs: Value | None = None  # what the PV bmm reads (through virtual nodes): the softmax or the guard's where
 
     @property
     def nodes(self) -> list[Node]:
-        return [self.scores, *self.chain, self.softmax, self.output]
+        """Every node the kernel computes, in graph order."""
+        return [self.scores, *self.chain, self.softmax, *self.guard, self.output]
+
+    @property
+    def members(self) -> list[Node]:
+        """The nodes whose kind becomes "attention" (the chain's pointwise nodes are inlined instead)."""
+        return [self.scores, self.softmax, *self.guard, self.output]
 
     def kv_operands(self) -> set[tuple[str, str]]:
         """(node, value) pairs by which the kernel reads K and V (re-read once per query row)."""
@@ -96,6 +107,7 @@ class AttentionKernel(Kernel):
     v: Scalar | None = None
     head_dim: int = 1
     value_dim: int = 1
+    zero_empty_rows: bool = False  # a row whose scores are all -inf gives 0 (SDPA's guard), else NaN (softmax)
 
     def roots(self) -> list[Scalar]:
         return [*super().roots(), self.q, self.k, self.score, self.v]
@@ -124,10 +136,10 @@ def find_attention(low) -> tuple[dict[str, AttentionMatch], dict[str, str]]:
         except NotAttention as e:
             why[n.name] = str(e)
             continue
-        if any(low.kind[x.name] == "attention" for x in (m.scores, m.softmax, m.output)):
+        if any(low.kind[x.name] == "attention" for x in m.members):
             why[n.name] = "its bmm already belongs to another attention kernel"
             continue
-        for x in (m.scores, m.softmax, m.output):
+        for x in m.members:
             low.kind[x.name] = "attention"
         matches[m.output.name] = m
     return matches, why
@@ -142,18 +154,19 @@ def _match(low, sm: Node) -> AttentionMatch:
         raise NotAttention(f"softmax over dim {args['dim']} of {list(x.shape)}, not the last")
     if x.dtype != torch.float32 or p.dtype != torch.float32 or args.get("half_to_float"):
         raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 only")
-    pv = _only_reader(low, p)
+    guard, probs = _guard(low, sm, x)
+    pv = _only_reader(low, probs)
     if not _is(pv, "bmm") or low.kind[pv.name] != "library":
-        raise NotAttention(f"probabilities {p.name} are read by {pv.name} ({pv.op}), not a bmm")
+        raise NotAttention(f"probabilities {probs.name} are read by {pv.name} ({pv.op}), not a bmm")
     pv_args = bind(pv.target, pv.args, pv.kwargs)
-    if not _derives_from(low, pv_args["self"], p) or _derives_from(low, pv_args["mat2"], p):
+    if not _derives_from(low, pv_args["self"], probs) or _derives_from(low, pv_args["mat2"], probs):
         raise NotAttention(f"{pv.name} does not read the probabilities as its left operand only")
-    qk, chain = _scores(low, x, sm)
+    qk, chain = _scores(low, x, sm, guard)
     for n in (qk, pv):
         bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != torch.float32]
         if bad:
             raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}: the attention kernel is float32 only")
-    m = AttentionMatch(qk, sm, pv, chain)
+    m = AttentionMatch(qk, sm, pv, chain, guard, probs)
     saved = low.inline
     low.inline = {o.name for c in chain if low.kind[c.name] == "pointwise" for o in c.outputs}
     try:
@@ -161,6 +174,40 @@ def _match(low, sm: Node) -> AttentionMatch:
     finally:
         low.inline = saved
     return m
+
+
+def _guard(low, sm: Node, x: Value) -> tuple[list[Node], Value]:
+    """SDPA's decomposition ``where(not any(not (x == -inf), -1), full_like(p, 0), p)``: its nodes and output.
+
+    Without that guard (any other readers of the probabilities): no nodes and the softmax output.
+    """
+    p = sm.outputs[0]
+    users = low.users.get(p.name, [])
+    where = next((u for u in users if _is(u, "where")), None)
+    if where is None or len(users) > 2:
+        return [], p
+    a = bind(where.target, where.args, where.kwargs)
+    zeros = low.producer.get(getattr(a["self"], "name", ""))
+    fill = [u for u in users if u is not where]
+    if (a["other"] is not p or zeros is None or fill != [zeros] or not _is(zeros, "full_like")
+            or bind(zeros.target, zeros.args, zeros.kwargs)["fill_value"] != 0
+            or where.outputs[0].shape != p.shape):
+        return [], p
+    chain = [where]
+    v = a["condition"]
+    for op in ("logical_not", "any", "logical_not", "eq"):  # back from the condition to x == -inf
+        n = low.producer.get(getattr(v, "name", ""))
+        if not _is(n, op) or len(low.users.get(v.name, [])) != 1 or v.name in low.outputs:
+            return [], p
+        b = bind(n.target, n.args, n.kwargs)
+        if op == "any" and (b.get("dim") not in (-1, len(x.shape) - 1, [-1], [len(x.shape) - 1])
+                            or not b.get("keepdim")):
+            return [], p
+        if op == "eq" and (b["self"] is not x or b.get("other") != float("-inf")):
+            return [], p
+        chain.append(n)
+        v = b["self"]
+    return [*reversed(chain[1:]), zeros, where], where.outputs[0]
 
 
 def _only_reader(low, v: Value) -> Node:
@@ -195,7 +242,7 @@ def _derives_from(low, v: Value, src: Value) -> bool:
     return False
 
 
-def _scores(low, x: Value, sm: Node) -> tuple[Node, list[Node]]:
+def _scores(low, x: Value, sm: Node, guard: list[Node]) -> tuple[Node, list[Node]]:
     """The scores bmm feeding softmax input x and the pointwise / virtual nodes between them."""
     bmms: list[Node] = []
     stack, seen = [x], set()
@@ -220,7 +267,7 @@ def _scores(low, x: Value, sm: Node) -> tuple[Node, list[Node]]:
         if v.name in low.outputs or v.name in low.index_names:
             raise NotAttention(f"scores {v.name} are a graph output or an index tensor")
         for u in low.users.get(v.name, []):
-            if u is sm or u in chain:
+            if u is sm or u in chain or u in guard:
                 continue
             if low.kind[u.name] not in ("pointwise", "virtual"):
                 raise NotAttention(f"scores {v.name} are also read by {u.name} ({u.op})")
@@ -251,7 +298,7 @@ def _rows(low, m: AttentionMatch) -> _Rows:
     r = var("r", n)
     memo: dict = {}
     p = low.value_at(pv_p.name, (i0, i1, r), memo)
-    if p.op != "load" or p.args[0] != m.softmax.outputs[0].name:
+    if p.op != "load" or p.args[0] != m.probs.name:
         raise NotAttention(f"{m.output.name} reads the probabilities through a mapping of several pieces")
     j = p.args[1]
     if j[-1] is not r or any("r" in free_vars(e) for e in j[:-1]):
@@ -319,7 +366,7 @@ def attention_kernel(low, m: AttentionMatch) -> AttentionKernel:
     store = Store(Buffer(out.name, pv_out.shape, out.dtype), (i0, i1, e), K.acc("out", torch.float32))
     kern = AttentionKernel(f"k_attn_{_ident(m.output.name)}", "attention", rows.domain, pv["self"].shape[2], [],
                            [store], source_nodes=[x.name for x in m.nodes], q=q, k=k, score=score, v=v,
-                           head_dim=d_ext, value_dim=e_ext)
+                           head_dim=d_ext, value_dim=e_ext, zero_empty_rows=bool(m.guard))
     return low._finish(kern)
 
 
@@ -417,6 +464,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "      }",
         "    }",
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      const float inv = mx[rr] == -INFINITY ? 0.0f : 1.0f / sm[rr];" if k.zero_empty_rows else
         "      const float inv = 1.0f / sm[rr];",
         "      #pragma omp simd",
         f"      for (int64_t e = 0; e < {ee}; ++e) "

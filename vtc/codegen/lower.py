@@ -17,6 +17,12 @@ node or the graph output needs is *realised*: as a zero-copy strided view when
 its mapping is one (``plan.realized[..].strided``), else by a copy kernel that
 reads through the mapping (and inlines its single-use producers).
 
+Attention (bmm -> pointwise on the scores -> softmax -> bmm, see
+``vtc.codegen.attention``) is one kernel of kind ``"attention"``: its nodes get
+that kind, its score chain is inlined, and its Q, K and V are read through
+their mappings (a producer of K or V is inlined only when it is a scale or a
+cast, since the kernel reads K and V once per query row).
+
 ``lower(graph, plan)`` returns the steps in graph order; every decision that
 keeps something physical is visible in the kernels' ``source_nodes`` and in the
 report.
@@ -75,6 +81,7 @@ class Lowering:
         # bmm -> softmax -> bmm fused into one kernel (kind "attention"), keyed by the PV bmm; why not, per softmax
         self.attention, self.why_not_attention = find_attention(self)
         self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
+        self._attention_member = {x.name: m.output.name for m in self.attention.values() for x in m.members}
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
@@ -151,7 +158,7 @@ class Lowering:
 
     def _direct_readers(self, name: str) -> set[str]:
         """Readers of `name` itself: non-virtual, non-inlined nodes, the output, mapping indices."""
-        out = {f"{n.name}{KV}" if (n.name, name) in self._kv_reads else n.name for n in self.users.get(name, [])
+        out = {self._reader_name(n, name) for n in self.users.get(name, [])
                if self.kind[n.name] not in ("virtual",)
                and not (self.kind[n.name] == "pointwise" and n.outputs[0].name in self.inline)}
         if name in self.outputs:
@@ -159,6 +166,13 @@ class Lowering:
         if name in self.index_names:
             out.add(INDEX)
         return out
+
+    def _reader_name(self, n: Node, value: str) -> str:
+        """n's name as a reader of `value`; every node of an attention kernel reads as the kernel (its PV bmm)."""
+        kernel = self._attention_member.get(n.name)
+        if kernel is None:
+            return n.name
+        return kernel + KV if (n.name, value) in self._kv_reads else kernel
 
     def _is_kernel(self, reader: str) -> bool:
         if reader.startswith("realize:"):
