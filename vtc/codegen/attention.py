@@ -58,6 +58,9 @@ from vtc.virtual.movement import bind
 
 ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
+TILE_ROWS = 8  # rows per task in tiled mode (queries of one head sharing a packed Kᵀ block)
+LANES = 16  # keys per score vector in tiled mode (one AVX-512 register of float)
+TILE_MAX_PANEL = 64 * 1024  # bytes of the packed Kᵀ block (head dim x KEY_BLOCK floats) at most
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
 
@@ -111,6 +114,14 @@ class AttentionKernel(Kernel):
 
     def roots(self) -> list[Scalar]:
         return [*super().roots(), self.q, self.k, self.score, self.v]
+
+    @property
+    def tiled(self) -> bool:
+        """Many queries per head whose K does not depend on the query: pack a Kᵀ block once per row block
+        and compute a tile of scores (rows x LANES keys) in vector registers (prefill)."""
+        rows_per_head = self.domain[1]
+        return (rows_per_head >= TILE_ROWS and "i1" not in _scalar_vars(self.k)
+                and self.head_dim * KEY_BLOCK * 4 <= TILE_MAX_PANEL)
 
 
 def _is(n: Node | None, opname: str) -> bool:
@@ -325,6 +336,18 @@ def _scalars(root: Scalar):
         stack.extend(a for a in s.args if isinstance(a, Scalar))
 
 
+def _scalar_vars(root: Scalar) -> set[str]:
+    """The index variables a scalar expression reads (in its loads, index ramps and piece choices)."""
+    out: set[str] = set()
+    for s in _scalars(root):
+        if s.op == "load":
+            for e in s.args[1]:
+                out |= free_vars(e)
+        elif s.op in ("iota", "pick"):
+            out |= free_vars(s.args[0])
+    return out
+
+
 def _replace(s: Scalar, old: Scalar, new: Scalar, memo: dict) -> Scalar:
     """s with every occurrence of `old` replaced by `new`."""
     if s is old:
@@ -387,8 +410,11 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
-    rb, kb = min(ROW_BLOCK, rows), min(KEY_BLOCK, n)
-    nblk = -(-rows // rb)
+    tiled = k.tiled
+    per_head = k.domain[1]
+    rb, kb = (TILE_ROWS, -(-min(KEY_BLOCK, n) // LANES) * LANES) if tiled else (min(ROW_BLOCK, rows), min(KEY_BLOCK, n))
+    chunks = -(-per_head // rb)  # tiled: row blocks per head (a block never straddles two heads)
+    nblk = k.domain[0] * chunks if tiled else -(-rows // rb)
     names = [f"i{x}" for x in range(len(k.domain))]
     out = k.stores[0]
     work = rows * n * (dd + ee)
@@ -408,8 +434,11 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     return [
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
-        f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
-        f"    alignas(64) float qv[{rb}][{dd}];",
+        *([f"    const int64_t m_lo = (blk % {chunks}) * {rb}, nr = std::min<int64_t>({rb}, {per_head} - m_lo);",
+           f"    const int64_t o_lo = (blk / {chunks}) * {per_head} + m_lo;",
+           f"    alignas(64) float kt[{dd}][{kb}];"] if tiled else
+          [f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);"]),
+        f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
         f"    alignas(64) float ov[{rb}][{ee}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
@@ -420,15 +449,17 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-        # scores of every (key, row) of the block
-        "      for (int64_t r = r0; r < r1; ++r) {",
-        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
-        "          float acc_score = 0.0f;",
-        "          #pragma omp simd reduction(+:acc_score)",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qv[rr][d] * {kx};", "          }",
-        *pre_s, f"          sc[rr][r - r0] = {sx};",
-        "        }",
-        "      }",
+        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else [
+            # scores of every (key, row) of the block
+            "      for (int64_t r = r0; r < r1; ++r) {",
+            "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
+            "          float acc_score = 0.0f;",
+            "          #pragma omp simd reduction(+:acc_score)",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qv[rr][d] * {kx};",
+            "          }",
+            *pre_s, f"          sc[rr][r - r0] = {sx};",
+            "        }",
+            "      }"]),
         # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         "        float* __restrict srow = sc[rr];",
@@ -471,4 +502,43 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
         "    }",
         "  }",
+    ]
+
+
+def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Tiled scores: Kᵀ block packed through its mapping once per row block (the rows share it), then
+    4 rows x LANES keys of q·k accumulated in vector registers, then the score chain per (key, row)."""
+    v = f"vtc_v{LANES}"
+    return [
+        f"      typedef float {v} __attribute__((vector_size({4 * LANES})));",
+        "      {  // pack Kᵀ: kt[d][t] = K(r0 + t, d) (zeros past the last key)",
+        "        const int64_t rr = 0;", *row("        "),
+        "        for (int64_t r = r0; r < r1; ++r) {",
+        "          #pragma omp simd",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            kt[d][r - r0] = {kx};", "          }",
+        "        }",
+        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < {kb}; ++t) kt[d][t] = 0.0f;",
+        "      }",
+        f"      for (int64_t rr0 = 0; rr0 < nr; rr0 += 4) {{",
+        f"        for (int64_t k0 = 0; k0 < r1 - r0; k0 += {LANES}) {{",
+        f"          {v} a0 = {{}}, a1 = {{}}, a2 = {{}}, a3 = {{}};",
+        f"          const float* q0 = qv[rr0]; const float* q1 = qv[std::min<int64_t>(rr0 + 1, {rb - 1})];",
+        f"          const float* q2 = qv[std::min<int64_t>(rr0 + 2, {rb - 1})]; "
+        f"const float* q3 = qv[std::min<int64_t>(rr0 + 3, {rb - 1})];",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{",
+        f"            const {v} kv = *(const {v}*)&kt[d][k0];",
+        "            a0 += q0[d] * kv; a1 += q1[d] * kv; a2 += q2[d] * kv; a3 += q3[d] * kv;",
+        "          }",
+        f"          *({v}*)&sc[rr0][k0] = a0;",
+        f"          if (rr0 + 1 < {rb}) *({v}*)&sc[rr0 + 1][k0] = a1;",
+        f"          if (rr0 + 2 < {rb}) *({v}*)&sc[rr0 + 2][k0] = a2;",
+        f"          if (rr0 + 3 < {rb}) *({v}*)&sc[rr0 + 3][k0] = a3;",
+        "        }",
+        "      }",
+        "      for (int64_t r = r0; r < r1; ++r) {",
+        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
+        "          const float acc_score = sc[rr][r - r0];",
+        *pre_s, f"          sc[rr][r - r0] = {sx};",
+        "        }",
+        "      }",
     ]
