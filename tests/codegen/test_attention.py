@@ -69,6 +69,7 @@ CASES = [
     (1, 2, 1, 17, 64, "window", None, "div"),
     (4, 1, 17, 1, 16, "none", 50.0, "mul"),
     (2, 1, 3, 127, 16, "causal", None, "mul"),  # T < S is covered by (4, 1, 3, 1): fully masked rows give NaN
+    (2, 1, 1, 127, 24, "causal", None, "mul"),  # head dim not a multiple of the vector width
 ]
 
 
@@ -127,6 +128,17 @@ def test_gqa_decode_attention_reads_the_cache_without_an_expanded_copy():
     assert_one_attention_kernel(compiled)
     (k,) = attention_kernels(compiled)
     assert {b.shape for b in k.inputs} == {(1, 32, 1, 64), (1, 8, 256, 64)}  # nothing of [1, 32, 256, 64]
+    assert k.shared_rows == 4 and not k.tiled  # the 4 query heads of a KV head read each K/V row once
+
+
+def test_prefill_attention_is_tiled():
+    """Many queries per head: Kᵀ blocks packed once per block of 8 queries, scores in vector registers."""
+    fn = attention(2, "causal", None, "mul")
+    inputs = _inputs(2, 1, 17, 127, 64, "causal", seed=21)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (k,) = attention_kernels(compiled)
+    assert k.tiled
 
 
 def test_scale_on_keys_is_recomputed_and_rope_is_stored_once():

@@ -51,7 +51,7 @@ import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
-from vtc.index.expr import Expr, free_vars, var
+from vtc.index.expr import Expr, free_vars, subs, var
 from vtc.index.mapping import out_vars
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -114,6 +114,23 @@ class AttentionKernel(Kernel):
 
     def roots(self) -> list[Scalar]:
         return [*super().roots(), self.q, self.k, self.score, self.v]
+
+    @property
+    def shared_rows(self) -> int:
+        """Rows per block that read the same K and V rows (the query heads of a GQA group in decode), or 0.
+
+        Found by substituting row = block * n + j into the K and V expressions: n rows share them when j
+        drops out (``((4 * blk + j) // 4`` is ``blk``).  Such rows read each K and V element once per block.
+        """
+        rows, per_head = math.prod(self.domain), self.domain[1]
+        for n in (8, 4, 2):
+            if rows % n:
+                continue
+            o = var("blk", rows // n) * n + var("j", n)
+            env = {"i0": o // per_head, "i1": o % per_head}
+            if all("j" not in _scalar_vars(_subst(x, env, {})) for x in (self.k, self.v)):
+                return n
+        return 0
 
     @property
     def tiled(self) -> bool:
@@ -348,6 +365,24 @@ def _scalar_vars(root: Scalar) -> set[str]:
     return out
 
 
+def _subst(s: Scalar, env: dict, memo: dict) -> Scalar:
+    """s with index variables replaced by expressions (in loads, index ramps and piece choices)."""
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s.op == "load":
+        out = K.load(s.args[0], tuple(subs(e, env) for e in s.args[1]), s.dtype)
+    elif s.op == "iota":
+        out = K.iota(subs(s.args[0], env), s.dtype)
+    elif s.op == "pick":
+        out = Scalar.make("pick", (subs(s.args[0], env), _subst(s.args[1], env, memo), _subst(s.args[2], env, memo)),
+                          s.dtype)
+    else:
+        out = Scalar.make(s.op, tuple(_subst(a, env, memo) if isinstance(a, Scalar) else a for a in s.args), s.dtype)
+    memo[id(s)] = out
+    return out
+
+
 def _replace(s: Scalar, old: Scalar, new: Scalar, memo: dict) -> Scalar:
     """s with every occurrence of `old` replaced by `new`."""
     if s is old:
@@ -411,8 +446,10 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
     tiled = k.tiled
+    shared = 0 if tiled else k.shared_rows
     per_head = k.domain[1]
     rb, kb = (TILE_ROWS, -(-min(KEY_BLOCK, n) // LANES) * LANES) if tiled else (min(ROW_BLOCK, rows), min(KEY_BLOCK, n))
+    rb = shared or rb
     chunks = -(-per_head // rb)  # tiled: row blocks per head (a block never straddles two heads)
     nblk = k.domain[0] * chunks if tiled else -(-rows // rb)
     names = [f"i{x}" for x in range(len(k.domain))]
@@ -432,6 +469,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_v, vx = body(k.v, "            ")
     em.forget()
     return [
+        *(_VECTOR_TYPES if shared and dd % LANES == 0 else []),
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
         *([f"    const int64_t m_lo = (blk % {chunks}) * {rb}, nr = std::min<int64_t>({rb}, {per_head} - m_lo);",
@@ -449,7 +487,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else [
+        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else
+          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
@@ -484,15 +523,17 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "        }",
         "      }",
         # PV of every (key, row) of the block
-        "      for (int64_t r = r0; r < r1; ++r) {",
-        "        for (int64_t rr = 0; rr < nr; ++rr) {",
-        "          const float p_ = sc[rr][r - r0];",
-        "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read",
-        *row("          "),
-        "          #pragma omp simd",
-        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            ov[rr][e] += p_ * {vx};", "          }",
-        "        }",
-        "      }",
+        *(_shared_pv(row, rb, ee, pre_v, vx) if shared else [
+            "      for (int64_t r = r0; r < r1; ++r) {",
+            "        for (int64_t rr = 0; rr < nr; ++rr) {",
+            "          const float p_ = sc[rr][r - r0];",
+            "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read",
+            *row("          "),
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            ov[rr][e] += p_ * {vx};",
+            "          }",
+            "        }",
+            "      }"]),
         "    }",
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
         "      const float inv = mx[rr] == -INFINITY ? 0.0f : 1.0f / sm[rr];" if k.zero_empty_rows else
@@ -542,3 +583,73 @@ def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, 
         "        }",
         "      }",
     ]
+
+
+_VECTOR_TYPES = [  # GCC/clang vector extensions, and a horizontal sum by halves (a shuffle tree)
+    f"  typedef float vtc_v{LANES} __attribute__((vector_size({4 * LANES})));",
+    "  typedef float vtc_v8 __attribute__((vector_size(32)));",
+    "  typedef float vtc_v4 __attribute__((vector_size(16)));",
+    f"  auto vtc_hsum = [](vtc_v{LANES} v) -> float {{",
+    "    vtc_v8 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (const char*)&v + 32, 32); a += b;",
+    "    vtc_v4 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (const char*)&a + 16, 16); c += d;",
+    "    return (c[0] + c[2]) + (c[1] + c[3]);",
+    "  };",
+]
+
+
+def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Scores when the block's rb rows share K: each K element is read once for all of them.
+
+    With a head dim that is a multiple of LANES, the dot products accumulate in vector registers
+    (LANES of K at a time, gathered through the mapping into an aligned chunk) and are summed by a
+    shuffle tree at the end; else by ``omp simd`` reductions.
+    """
+    accs = [f"a{u}" for u in range(rb)]
+    if dd % LANES == 0:
+        v = f"vtc_v{LANES}"
+        lines = ["      for (int64_t r = r0; r < r1; ++r) {",
+                 "        " + f"{v} " + ", ".join(f"s{u} = {{}}" for u in range(rb)) + ";",
+                 "        {",
+                 "          const int64_t rr = 0;", *row("          "),
+                 f"          for (int64_t d0 = 0; d0 < {dd}; d0 += {LANES}) {{",
+                 f"            alignas(64) float kk[{LANES}];",
+                 "            #pragma omp simd",
+                 f"            for (int64_t j = 0; j < {LANES}; ++j) {{",
+                 "              const int64_t d = d0 + j;", *["  " + x for x in pre_k], f"              kk[j] = {kx};",
+                 "            }",
+                 f"            const {v} kv = *(const {v}*)kk;",
+                 *[f"            s{u} += *(const {v}*)&qv[{u}][d0] * kv;" for u in range(rb)],
+                 "          }",
+                 "        }",
+                 "        " + "const float " + ", ".join(f"{a} = vtc_hsum(s{u})" for u, a in enumerate(accs)) + ";"]
+        for u, a in enumerate(accs):
+            lines += ["        {", f"          const int64_t rr = {u};", *row("          "),
+                      f"          const float acc_score = {a};", *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
+        return lines + ["      }"]
+    lines = ["      for (int64_t r = r0; r < r1; ++r) {",
+             "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
+             "        {",
+             "          const int64_t rr = 0;", *row("          "),
+             f"          #pragma omp simd reduction(+:{','.join(accs)})",
+             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            const float kv_ = {kx};",
+             *[f"            {a} += qv[{u}][d] * kv_;" for u, a in enumerate(accs)],
+             "          }",
+             "        }"]
+    for u, a in enumerate(accs):
+        lines += ["        {", f"          const int64_t rr = {u};", *row("          "), f"          const float acc_score = {a};",
+                  *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
+    return lines + ["      }"]
+
+
+def _shared_pv(row, rb: int, ee: int, pre_v, vx) -> list[str]:
+    """PV when the block's rb rows share V: each V element is read once for all of them."""
+    ps = [f"p{u}" for u in range(rb)]
+    return ["      for (int64_t r = r0; r < r1; ++r) {",
+            "        " + "const float " + ", ".join(f"{p} = sc[{u}][r - r0]" for u, p in enumerate(ps)) + ";",
+            "        if (" + " && ".join(f"{p} == 0.0f" for p in ps) + ") continue;  // masked for every row",
+            "        const int64_t rr = 0;", *row("        "),
+            "        #pragma omp simd",
+            f"        for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"          const float vv_ = {vx};",
+            *[f"          ov[{u}][e] += {p} * vv_;" for u, p in enumerate(ps)],
+            "        }",
+            "      }"]
