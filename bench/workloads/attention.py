@@ -15,6 +15,11 @@ Each module takes q, k, v [B, H, S, D] and returns the attention output and
 The causal mask is built in the graph from indices (FlashTensor turns such a
 constant into a predicate).  B=1, 8 heads of 64, sequence 1024 (quick: 512); ``attn_causal_2048``
 and ``attn_h2o_2048`` run at 2048 when named (``--workloads all``).
+
+``attn_gqa_decode_<T>`` is the decode step of issue 4: one query token of 32 heads over a static KV
+cache of T positions with 8 KV heads of 64 (Llama-3 8B's attention), the way transformers writes it
+(``repeat_kv`` expand + reshape, matmul, scale, additive mask from ``cache_position``, softmax,
+matmul, heads back to [B, 1, H*D]).
 """
 from __future__ import annotations
 
@@ -67,6 +72,34 @@ class Attention(nn.Module):
 VARIANTS = ("causal", "h2o", "roco", "keyformer", "snapkv", "corm", "softcap")
 
 
+class GQADecode(nn.Module):
+    """(q [B,H,1,D], k_cache, v_cache [B,KV,T,D], cache_position [1]) -> attention output [B, 1, H*D]."""
+
+    def __init__(self, heads: int = 32, kv_heads: int = 8):
+        super().__init__()
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def forward(self, q, k_cache, v_cache, cache_position):
+        from .llama3 import causal_mask, repeat_kv
+
+        b, h, s, d = q.shape
+        n_rep = self.heads // self.kv_heads
+        keys, values = repeat_kv(k_cache, n_rep), repeat_kv(v_cache, n_rep)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * d ** -0.5
+        scores = scores + causal_mask(cache_position, k_cache.shape[2], None, scores.dtype)
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, values).transpose(1, 2).reshape(b, s, h * d)
+
+
+def _gqa_decode(cache: int, batch: int = 1, heads: int = 32, kv_heads: int = 8, head_dim: int = 64):
+    def build(quick: bool):
+        t = min(cache, 1024) if quick else cache
+        return GQADecode(heads, kv_heads), (randn(batch, heads, 1, head_dim, seed=1),
+                                            randn(batch, kv_heads, t, head_dim, seed=2),
+                                            randn(batch, kv_heads, t, head_dim, seed=3), torch.tensor([t - 24]))
+    return build
+
+
 def _build(variant: str, full_seq: int = 1024):
     def build(quick: bool):
         seq = 512 if quick else full_seq
@@ -87,4 +120,9 @@ WORKLOADS = [
     Workload(f"attn_{v}_2048", "attention", f"{_DESC[v]} (B1, 8 heads x 64, seq 2048)", _build(v, 2048),
              default=False, params=dict(batch=1, heads=8, head_dim=64, seq=2048))
     for v in ("causal", "h2o")
+] + [
+    Workload(f"attn_gqa_decode_{t}", "attention",
+             f"GQA decode attention, 32 query heads over 8 KV heads x 64, static cache {t} (B1)",
+             _gqa_decode(t), in_quick=t == 1024, params=dict(batch=1, heads=32, kv_heads=8, head_dim=64, cache=t))
+    for t in (1024, 4096)
 ]

@@ -313,7 +313,11 @@ def generate(k: Kernel) -> str:
         qual = "" if b.name in {x.buffer.name for x in k.stores} else "const "
         body.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
-    body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
+    if k.kind == "attention":
+        from vtc.codegen.attention import emit_attention
+        body += emit_attention(k, em)
+    else:
+        body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
     return PRELUDE + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 

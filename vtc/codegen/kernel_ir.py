@@ -162,7 +162,7 @@ class Kernel:
     """
 
     name: str
-    kind: str  # "pointwise" | "row" | "copy" | "gemm"
+    kind: str  # "pointwise" | "row" | "copy" | "gemm" | "attention" (vtc.codegen.attention.AttentionKernel)
     domain: tuple[int, ...]
     r_extent: int
     phases: list[list[Reduction]]
@@ -170,3 +170,8 @@ class Kernel:
     inputs: list[Buffer] = field(default_factory=list)
     source_nodes: list[str] = field(default_factory=list)  # graph nodes this kernel computes
     gemm: object = None  # a gemm kernel's operands (vtc.codegen.gemm.GemmOperands); its store reads acc("gemm")
+
+    def roots(self) -> list[Scalar]:
+        """The scalar expressions the kernel evaluates (a kind with more, e.g. attention, adds its own)."""
+        out = [r.value for phase in self.phases for r in phase] + [s.value for s in self.stores]
+        return out + [self.gemm.a, self.gemm.b] if self.gemm is not None else out

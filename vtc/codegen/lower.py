@@ -17,6 +17,12 @@ node or the graph output needs is *realised*: as a zero-copy strided view when
 its mapping is one (``plan.realized[..].strided``), else by a copy kernel that
 reads through the mapping (and inlines its single-use producers).
 
+Attention (bmm -> pointwise on the scores -> softmax -> bmm, see
+``vtc.codegen.attention``) is one kernel of kind ``"attention"``: its nodes get
+that kind, its score chain is inlined, and its Q, K and V are read through
+their mappings (a producer of K or V is inlined only when it is a scale or a
+cast, since the kernel reads K and V once per query row).
+
 ``lower(graph, plan)`` returns the steps in graph order; every decision that
 keeps something physical is visible in the kernels' ``source_nodes`` and in the
 report.
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
 from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
@@ -39,6 +46,7 @@ from vtc.plan.virtualize import Plan, chain_of
 from vtc.virtual.movement import bind, delinearize
 
 OUTPUT, INDEX = "<output>", "<index>"
+KV = "#kv"  # reader suffix: an attention kernel reading K or V (once per query row, so producers stay physical)
 
 
 @dataclass
@@ -73,6 +81,10 @@ class Lowering:
         self.folded = self._foldable_index_tensors()
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
+        # bmm -> softmax -> bmm fused into one kernel (kind "attention"), keyed by the PV bmm; why not, per softmax
+        self.attention, self.why_not_attention = find_attention(self)
+        self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
+        self._attention_member = {x.name: m.output.name for m in self.attention.values() for x in m.members}
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
@@ -156,7 +168,7 @@ class Lowering:
 
     def _direct_readers(self, name: str) -> set[str]:
         """Readers of `name` itself: non-virtual, non-inlined nodes, the output, mapping indices."""
-        out = {n.name for n in self.users.get(name, [])
+        out = {self._reader_name(n, name) for n in self.users.get(name, [])
                if self.kind[n.name] not in ("virtual",)
                and not (self.kind[n.name] == "pointwise" and n.outputs[0].name in self.inline)}
         if name in self.outputs:
@@ -165,10 +177,17 @@ class Lowering:
             out.add(INDEX)
         return out
 
+    def _reader_name(self, n: Node, value: str) -> str:
+        """n's name as a reader of `value`; every node of an attention kernel reads as the kernel (its PV bmm)."""
+        kernel = self._attention_member.get(n.name)
+        if kernel is None:
+            return n.name
+        return kernel + KV if (n.name, value) in self._kv_reads else kernel
+
     def _is_kernel(self, reader: str) -> bool:
         if reader.startswith("realize:"):
             return self.realize.get(reader[len("realize:"):]) == "copy"
-        return self.kind.get(reader) in ("pointwise", "row", "gemm")
+        return self.kind.get(reader.removesuffix(KV)) in ("pointwise", "row", "gemm", "attention")
 
     def _decide(self) -> None:
         """Reverse graph order: each value's readers are decided before the value itself."""
@@ -188,8 +207,8 @@ class Lowering:
                 kernels = [r for r in readers if self._is_kernel(r)]
                 if len(kernels) != len(readers):
                     continue  # a library node or a view reads it: it must be physical
-                if len(kernels) == 1 or not n.inputs:  # one kernel reads it, or it reads nothing
-                    self.inline.add(o)
+                if not n.inputs or (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n))):
+                    self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap), or it reads nothing
 
     def _epilogues(self) -> dict[str, Node]:
         """Pointwise kernels computed in the epilogue of the GEMM they read (bias, BN, activation, residual).
@@ -481,9 +500,7 @@ def _ident(name: str) -> str:
 def scalars_of(k: Kernel):
     """Every scalar node of kernel k, each once."""
     seen: set[int] = set()
-    stack = [r.value for phase in k.phases for r in phase] + [s.value for s in k.stores]
-    if k.gemm is not None:
-        stack += [k.gemm.a, k.gemm.b]
+    stack = list(k.roots())
     while stack:
         s = stack.pop()
         if id(s) in seen:
@@ -536,6 +553,10 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
                 continue  # built with its epilogue, at the pointwise kernel that finishes it
             build = conv_kernel if n.op == CONV_OP else gemm_kernel
             steps.append(("kernel", _step(low, low._finish(build(low, n)))))
+            continue
+        if k == "attention":  # the whole pattern is one kernel, at the place of its PV bmm
+            if n.name in low.attention:
+                steps.append(("kernel", _step(low, attention_kernel(low, low.attention[n.name]))))
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):

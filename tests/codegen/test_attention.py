@@ -1,0 +1,235 @@
+"""Attention in one kernel (vtc.codegen.attention) against torch eager.
+
+bmm(q, kᵀ) -> scale / soft-cap / mask -> softmax -> bmm(p, v), with GQA
+(repeat_kv: expand + reshape), decode (one query) and prefill shapes, odd key
+lengths, causal / sliding-window masks built from aranges (read as index
+predicates, no mask tensor) and additive mask inputs.  Each case asserts that
+the whole pattern is one attention kernel, that no bmm ran through torch and
+that no byte of movement was materialised (the expanded K and V are read
+through their mappings).  Where the pattern does not match (another reader of
+the probabilities or the scores, float64, softmax over another dim) the nodes
+run as before and the result still matches.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.workloads import gemma2, llama3
+
+from .util import compile_cpu, executor, gen, kernels, rand, report, steps
+
+TOL = dict(rtol=1e-4, atol=2e-5)
+WINDOW = 8
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' repeat_kv: [B, KV, T, D] -> [B, KV*n_rep, T, D] by expand + reshape."""
+    b, kv, t, d = x.shape
+    return x if n_rep == 1 else x[:, :, None].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d)
+
+
+def attention(ratio: int, mask: str, softcap: float | None, scale_op: str):
+    """Eager GQA attention; the queries sit at the last S of T positions (T < S: rows with nothing to see)."""
+    def fn(q, k, v, *extra):
+        s, t, d = q.shape[2], k.shape[2], q.shape[3]
+        keys, values = repeat_kv(k, ratio), repeat_kv(v, ratio)
+        scores = torch.matmul(q, keys.transpose(2, 3))
+        scores = scores * d ** -0.5 if scale_op == "mul" else scores / math.sqrt(d)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        pos = torch.arange(s) + (t - s)
+        kv = torch.arange(t)
+        if mask == "causal":
+            scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        elif mask == "window":
+            hidden = (kv[None, :] > pos[:, None]) | (kv[None, :] <= pos[:, None] - WINDOW)
+            scores = scores + torch.zeros(()).masked_fill(hidden, torch.finfo(torch.float32).min)
+        elif mask == "additive":
+            scores = scores + extra[0]
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+    return fn
+
+
+# (GQA ratio, batch, queries S, keys T, head dim D, mask, soft-cap, scale op)
+CASES = [
+    (4, 1, 1, 300, 64, "causal", None, "mul"),  # decode
+    (4, 2, 1, 127, 16, "additive", None, "div"),
+    (2, 1, 3, 17, 64, "window", None, "mul"),
+    (1, 2, 17, 17, 16, "causal", 50.0, "div"),  # Gemma-2 soft-cap, prefill
+    (1, 1, 17, 300, 64, "none", None, "mul"),
+    (2, 2, 1, 1, 16, "causal", None, "mul"),  # one key
+    (4, 1, 3, 1, 64, "additive", None, "div"),
+    (2, 1, 17, 127, 64, "window", 30.0, "mul"),
+    (1, 1, 3, 300, 16, "additive", None, "mul"),
+    (4, 2, 17, 300, 16, "causal", None, "div"),
+    (1, 2, 1, 17, 64, "window", None, "div"),
+    (4, 1, 17, 1, 16, "none", 50.0, "mul"),
+    (2, 1, 3, 127, 16, "causal", None, "mul"),  # T < S is covered by (4, 1, 3, 1): fully masked rows give NaN
+    (2, 1, 1, 127, 24, "causal", None, "mul"),  # head dim not a multiple of the vector width
+]
+
+
+def _inputs(ratio, b, s, t, d, mask, seed):
+    g = gen(seed)
+    kvh = 2
+    args = [rand((b, kvh * ratio, s, d), g, low=0.1, high=1.0), rand((b, kvh, t, d), g, low=0.1, high=1.0),
+            rand((b, kvh, t, d), g)]
+    if mask == "additive":
+        args.append(rand((b, 1, s, t), g, low=0.0, high=3.0))
+    return tuple(args)
+
+
+def attention_kernels(compiled) -> list:
+    return [k for k in kernels(compiled) if k.kind == "attention"]
+
+
+def assert_one_attention_kernel(compiled) -> None:
+    """The pattern is one generated kernel: no bmm / softmax through torch, no movement materialised."""
+    att = attention_kernels(compiled)
+    assert len(att) == 1, f"attention kernels: {[k.source_nodes for k in att]}; " \
+                          f"why not: {executor(compiled).lowering.why_not_attention}"
+    assert [s.node.op for s in steps(compiled, "run")] == []
+    assert [k for k in kernels(compiled) if k.kind == "copy"] == []
+    assert report(compiled)["materialized_movement_bytes"] == 0, compiled.report
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "r{}_b{}_s{}_t{}_d{}_{}_cap{}_{}".format(*c))
+def test_attention_matches_eager_in_one_kernel(case):
+    ratio, b, s, t, d, mask, softcap, scale_op = case
+    fn = attention(ratio, mask, softcap, scale_op)
+    inputs = _inputs(ratio, b, s, t, d, mask, seed=CASES.index(case))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), equal_nan=True, **TOL)
+    assert_one_attention_kernel(compiled)
+
+
+def test_masks_are_index_predicates_not_tensors():
+    """A causal or sliding-window mask made of aranges and compares is computed in the kernel: no mask read."""
+    for mask in ("causal", "window"):
+        fn = attention(4, mask, None, "mul")
+        inputs = _inputs(4, 1, 3, 17, 16, mask, seed=3)
+        compiled = compile_cpu(fn, inputs)
+        (k,) = attention_kernels(compiled)
+        assert {b.name for b in k.inputs} == {v.name for v in compiled.graph.inputs}  # q, k, v only
+
+
+def test_gqa_decode_attention_reads_the_cache_without_an_expanded_copy():
+    """The issue's test: GQA decode attention (32 query heads over 8 KV heads) moves no byte."""
+    fn = attention(4, "causal", None, "mul")
+    g = gen(11)
+    inputs = (rand((1, 32, 1, 64), g, low=0.1, high=1.0), rand((1, 8, 256, 64), g, low=0.1, high=1.0),
+              rand((1, 8, 256, 64), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert {b.shape for b in k.inputs} == {(1, 32, 1, 64), (1, 8, 256, 64)}  # nothing of [1, 32, 256, 64]
+    assert k.shared_rows == 4 and not k.tiled  # the 4 query heads of a KV head read each K/V row once
+
+
+def test_prefill_attention_is_tiled():
+    """Many queries per head: Kᵀ blocks packed once per block of 8 queries, scores in vector registers."""
+    fn = attention(2, "causal", None, "mul")
+    inputs = _inputs(2, 1, 17, 127, 64, "causal", seed=21)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (k,) = attention_kernels(compiled)
+    assert k.tiled
+
+
+def test_scale_on_keys_is_recomputed_and_rope_is_stored_once():
+    """A scale or cast in front of K is recomputed at each read; a RoPE (two tensor operands) is a kernel of its own."""
+    def fn(q, k, v, cos, sin):
+        k_rot = k * cos + torch.cat((-k[..., 8:], k[..., :8]), -1) * sin
+        scaled = repeat_kv(k_rot, 2) * 0.25
+        return torch.softmax(q @ scaled.transpose(2, 3), -1) @ repeat_kv(v, 2)
+    g = gen(5)
+    inputs = (rand((1, 4, 3, 16), g), rand((1, 2, 17, 16), g), rand((1, 2, 17, 16), g), rand((17, 16), g),
+              rand((17, 16), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (k,) = attention_kernels(compiled)
+    stored = {kn.stores[0].buffer.name: kn for kn in kernels(compiled) if kn.kind == "pointwise"}
+    assert len(stored) == 1 and next(iter(stored.values())).domain == (1, 2, 17, 16)  # RoPE'd K, not expanded
+    assert set(stored) <= {b.name for b in k.inputs}
+
+
+def h2o(q, k, v):
+    p = torch.softmax(q @ k.transpose(-1, -2) * 0.125, -1)
+    return p @ v, p.sum(-2)
+
+
+def keyformer_like(q, k, v):
+    s = q @ k.transpose(-1, -2)
+    return torch.softmax(s, -1) @ v, s.amax(-1)
+
+
+def float64(q, k, v):
+    return torch.softmax((q.double() @ k.double().transpose(-1, -2)), -1) @ v.double()
+
+
+def softmax_over_queries(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2), -2) @ v
+
+
+@pytest.mark.parametrize("fn, why", [(h2o, "is read by 2 nodes"), (keyformer_like, "also read by"),
+                                     (float64, "float32 only"), (softmax_over_queries, "not the last")],
+                         ids=["h2o_column_sums", "scores_read_twice", "float64", "softmax_dim_-2"])
+def test_patterns_that_are_not_one_attention_kernel_run_as_before(fn, why):
+    g = gen(9)
+    inputs = (rand((2, 4, 17, 16), g, low=0.1, high=1.0), rand((2, 4, 17, 16), g, low=0.1, high=1.0),
+              rand((2, 4, 17, 16), g))
+    compiled = compile_cpu(fn, inputs)
+    want, got = fn(*inputs), compiled(*inputs)
+    for gt, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(gt, w, **TOL)
+    assert attention_kernels(compiled) == []
+    reasons = list(executor(compiled).lowering.why_not_attention.values())
+    assert any(why in r for r in reasons), reasons
+
+
+def test_sdpa_decomposition_is_one_attention_kernel():
+    """torch.export decomposes scaled_dot_product_attention into the math form (scale split over q and k,
+    then ``where(row all -inf, 0, softmax)``): still one kernel, and a fully masked row gives 0 as in torch."""
+    causal = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    masked = lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True,  # noqa: E731
+                                                               scale=0.3)
+    g = gen(13)
+    q, k, v = rand((2, 8, 17, 16), g), rand((2, 2, 17, 16), g), rand((2, 2, 17, 16), g)
+    m = torch.rand((17, 17), generator=g) < 0.6
+    m[3] = False  # nothing to attend to: torch returns 0 for this row
+    for fn, inputs in ((causal, (q, k, v)), (masked, (q, k, v, m))):
+        compiled = compile_cpu(fn, inputs)
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+        assert_one_attention_kernel(compiled)
+    assert compiled(q, k, v, m)[:, :, 3].abs().max() == 0
+
+
+def test_llama3_decode_layer_with_cache_update():
+    """The bench Llama-3 layer (StaticCache-style index_copy, repeat_kv, causal mask from cache_position):
+    K and V are read from the old cache and the token just written; only the two updated caches are stored."""
+    torch.manual_seed(0)
+    m = llama3.Llama3Layer(hidden=256, heads=8, kv_heads=2, inter=512).eval()
+    inputs = llama3.layer_inputs(2, 1, 67, 256, 2, 32, start=40)
+    compiled = compile_cpu(m, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
+    (k,) = attention_kernels(compiled)
+    assert {"k_cache", "v_cache"} <= {b.name for b in k.inputs}
+    cache_bytes = inputs[1].numel() * 4
+    assert report(compiled)["materialized_movement_bytes"] == 2 * cache_bytes  # the updated caches (outputs)
+
+
+def test_gemma2_local_prefill_layer():
+    """Gemma-2: soft-cap and a sliding-window causal mask, prefill of 17 tokens."""
+    torch.manual_seed(0)
+    m = gemma2.Gemma2Layer(hidden=128, heads=4, kv_heads=2, head_dim=32, inter=256, window=5).eval()
+    inputs = llama3.layer_inputs(1, 17, 17, 128, 2, 32, start=0)
+    compiled = compile_cpu(m, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
+    assert len(attention_kernels(compiled)) == 1

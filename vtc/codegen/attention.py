@@ -1,0 +1,656 @@
+"""Attention in one kernel: QKᵀ, the score chain, online softmax and PV, reading Q, K, V through mappings.
+
+Captured graphs show attention as ``bmm(q, kᵀ) -> [pointwise on the scores]
+-> _softmax(last dim) -> bmm(p, v)``, with q, k and v reached through views,
+permutes, the GQA ``repeat_kv`` (expand + reshape) and the KV-cache update,
+all of which vtc makes virtual.  Run as library calls, the two bmm need their
+operands in memory: the expanded K and V are copied (4x the cache for a GQA
+ratio of 4) and the scores and probabilities make a round trip through memory.
+
+This module finds the pattern on a lowering (``find_attention``) and turns it
+into one kernel (``attention_kernel``, emitted by ``emit_attention``):
+
+- **match**: a ``_softmax`` over the last dim (float32) whose probabilities,
+  through virtual movement ops only, are read by one ``bmm`` as its left
+  operand and by nothing else; its input reached from exactly one ``bmm`` (the
+  scores) through generated pointwise ops and virtual movement ops, none of
+  which anything outside the chain reads (no graph output, no index tensor).
+  ``torch.export`` decomposes ``scaled_dot_product_attention`` into this form
+  plus a guard after the softmax, ``where(all scores of the row are -inf, 0,
+  p)``; that guard is matched too (a fully masked row then gives 0).
+  The mappings must keep rows together: the probability row a PV row reads,
+  and the score row that softmax row comes from, may not depend on the key.
+  Anything else (another reader of the probabilities as in H2O's column sums,
+  a float64 softmax, a softmax over another dim) is left as it was, with the
+  reason in ``Lowering.why_not_attention``.
+- **kernel**: rows are the PV bmm's output rows (batch*head, query), in blocks
+  of ``ROW_BLOCK`` per task so that rows sharing a key (the query heads of one
+  GQA group, the queries of one head) read it while it is in cache; keys in
+  blocks of ``KEY_BLOCK``.  Per row: q is read once (through its mapping,
+  inlined producers included), per key the dot product over the head dim
+  (``omp simd``), then the score chain in registers (scale, soft-cap, the mask
+  read through ``Lowering.value_at``: a causal or sliding-window predicate made
+  of aranges and compares costs no mask tensor), then the online softmax
+  (running max, rescaled sum and output row) and the PV update over the value
+  dim (``omp simd``).  K and V are read through their composed mappings, so
+  query head h reads KV head h // group and the cache rows or the token just
+  written, with no expanded copy.  The output row is stored at the PV bmm's
+  output (physical, read by whatever follows).
+
+Numerics: the result equals softmax-then-matmul up to float rounding; a row
+whose scores are all -inf gives NaN as torch does.  A key whose probability is
+exactly 0 (masked, or underflowed) is skipped, so a NaN or inf in its value row
+does not reach the output (torch would give NaN there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
+from vtc.index.expr import Expr, free_vars, subs, var
+from vtc.index.mapping import out_vars
+from vtc.ir.graph import Node, Value
+from vtc.virtual.movement import bind
+
+ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
+KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
+TILE_ROWS = 8  # rows per task in tiled mode (queries of one head sharing a packed Kᵀ block)
+LANES = 16  # keys per score vector in tiled mode (one AVX-512 register of float)
+TILE_MAX_PANEL = 64 * 1024  # bytes of the packed Kᵀ block (head dim x KEY_BLOCK floats) at most
+CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
+
+
+class NotAttention(Exception):
+    """The nodes around a softmax are not the attention pattern (the message says why)."""
+
+
+@dataclass
+class AttentionMatch:
+    """bmm(q, kᵀ) -> chain -> _softmax -> bmm(p, v): the nodes one attention kernel computes."""
+
+    scores: Node  # bmm(q, kᵀ)
+    softmax: Node
+    output: Node  # bmm(p, v)
+    chain: list[Node] = field(default_factory=list)  # pointwise and virtual movement nodes in between
+    guard: list[Node] = field(default_factory=list)  # SDPA's "fully masked row -> 0" after the softmax
+    probs: Value | None = None  # what the PV bmm reads (through virtual nodes): the softmax or the guard's where
+
+    @property
+    def nodes(self) -> list[Node]:
+        """Every node the kernel computes, in graph order."""
+        return [self.scores, *self.chain, self.softmax, *self.guard, self.output]
+
+    @property
+    def members(self) -> list[Node]:
+        """The nodes whose kind becomes "attention" (the chain's pointwise nodes are inlined instead)."""
+        return [self.scores, self.softmax, *self.guard, self.output]
+
+    def kv_operands(self) -> set[tuple[str, str]]:
+        """(node, value) pairs by which the kernel reads K and V (re-read once per query row)."""
+        return {(self.scores.name, self.scores.inputs[1].name), (self.output.name, self.output.inputs[1].name)}
+
+
+@dataclass
+class AttentionKernel(Kernel):
+    """One attention kernel: per domain row (i0, i1) and key r, score -> online softmax -> PV.
+
+    `q` is over the row and ``d`` (head dim), `k` over the row, ``r`` and ``d``,
+    `score` over the row and ``r`` with ``acc("score")`` standing for q·k, `v`
+    over the row, ``r`` and ``e`` (value dim).  The one store is the output row
+    (its value is a placeholder: the emitter writes the normalised accumulator).
+    """
+
+    q: Scalar | None = None
+    k: Scalar | None = None
+    score: Scalar | None = None
+    v: Scalar | None = None
+    head_dim: int = 1
+    value_dim: int = 1
+    zero_empty_rows: bool = False  # a row whose scores are all -inf gives 0 (SDPA's guard), else NaN (softmax)
+
+    def roots(self) -> list[Scalar]:
+        return [*super().roots(), self.q, self.k, self.score, self.v]
+
+    @property
+    def shared_rows(self) -> int:
+        """Rows per block that read the same K and V rows (the query heads of a GQA group in decode), or 0.
+
+        Found by substituting row = block * n + j into the K and V expressions: n rows share them when j
+        drops out (``((4 * blk + j) // 4`` is ``blk``).  Such rows read each K and V element once per block.
+        """
+        rows, per_head = math.prod(self.domain), self.domain[1]
+        for n in (8, 4, 2):
+            if rows % n:
+                continue
+            o = var("blk", rows // n) * n + var("j", n)
+            env = {"i0": o // per_head, "i1": o % per_head}
+            if all("j" not in _scalar_vars(_subst(x, env, {})) for x in (self.k, self.v)):
+                return n
+        return 0
+
+    @property
+    def tiled(self) -> bool:
+        """Many queries per head whose K does not depend on the query: pack a Kᵀ block once per row block
+        and compute a tile of scores (rows x LANES keys) in vector registers (prefill)."""
+        rows_per_head = self.domain[1]
+        return (rows_per_head >= TILE_ROWS and "i1" not in _scalar_vars(self.k)
+                and self.head_dim * KEY_BLOCK * 4 <= TILE_MAX_PANEL)
+
+
+def _is(n: Node | None, opname: str) -> bool:
+    t = getattr(n, "target", None)
+    return isinstance(t, torch._ops.OpOverload) and t.namespace == "aten" and t._opname == opname
+
+
+# ---------------------------------------------------------------------------
+# matching
+def find_attention(low) -> tuple[dict[str, AttentionMatch], dict[str, str]]:
+    """Attention patterns of `low`'s graph, keyed by their PV bmm, and why each other softmax is not one.
+
+    Runs on a fresh lowering (kinds known, nothing inlined yet) and sets the
+    kind of the matched bmm, softmax and bmm to ``"attention"``.
+    """
+    matches: dict[str, AttentionMatch] = {}
+    why: dict[str, str] = {}
+    for n in low.graph.nodes:
+        if not _is(n, "_softmax"):
+            continue
+        try:
+            m = _match(low, n)
+        except NotAttention as e:
+            why[n.name] = str(e)
+            continue
+        if any(low.kind[x.name] == "attention" for x in m.members):
+            why[n.name] = "its bmm already belongs to another attention kernel"
+            continue
+        for x in m.members:
+            low.kind[x.name] = "attention"
+            low.gemm_choices.pop(x.name, None)  # its bmm are part of the attention kernel, not GEMMs
+        matches[m.output.name] = m
+    return matches, why
+
+
+def _match(low, sm: Node) -> AttentionMatch:
+    args = bind(sm.target, sm.args, sm.kwargs)
+    x, p = args["self"], sm.outputs[0]
+    if low.kind[sm.name] != "row":
+        raise NotAttention(f"softmax runs through torch ({low.why_torch.get(sm.name, 'no generated code')})")
+    if len(x.shape) < 2 or args["dim"] % len(x.shape) != len(x.shape) - 1:
+        raise NotAttention(f"softmax over dim {args['dim']} of {list(x.shape)}, not the last")
+    if x.dtype != torch.float32 or p.dtype != torch.float32 or args.get("half_to_float"):
+        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 only")
+    guard, probs = _guard(low, sm, x)
+    pv = _only_reader(low, probs)
+    if not _is(pv, "bmm") or low.kind[pv.name] not in ("library", "gemm"):
+        raise NotAttention(f"probabilities {probs.name} are read by {pv.name} ({pv.op}), not a bmm")
+    pv_args = bind(pv.target, pv.args, pv.kwargs)
+    if not _derives_from(low, pv_args["self"], probs) or _derives_from(low, pv_args["mat2"], probs):
+        raise NotAttention(f"{pv.name} does not read the probabilities as its left operand only")
+    qk, chain = _scores(low, x, sm, guard)
+    for n in (qk, pv):
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != torch.float32]
+        if bad:
+            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}: the attention kernel is float32 only")
+    m = AttentionMatch(qk, sm, pv, chain, guard, probs)
+    saved = low.inline
+    low.inline = {o.name for c in chain if low.kind[c.name] == "pointwise" for o in c.outputs}
+    try:
+        _rows(low, m)
+    finally:
+        low.inline = saved
+    return m
+
+
+def _guard(low, sm: Node, x: Value) -> tuple[list[Node], Value]:
+    """SDPA's decomposition ``where(not any(not (x == -inf), -1), full_like(p, 0), p)``: its nodes and output.
+
+    Without that guard (any other readers of the probabilities): no nodes and the softmax output.
+    """
+    p = sm.outputs[0]
+    users = low.users.get(p.name, [])
+    where = next((u for u in users if _is(u, "where")), None)
+    if where is None or len(users) > 2:
+        return [], p
+    a = bind(where.target, where.args, where.kwargs)
+    zeros = low.producer.get(getattr(a["self"], "name", ""))
+    fill = [u for u in users if u is not where]
+    if (a["other"] is not p or zeros is None or fill != [zeros] or not _is(zeros, "full_like")
+            or bind(zeros.target, zeros.args, zeros.kwargs)["fill_value"] != 0
+            or where.outputs[0].shape != p.shape):
+        return [], p
+    chain = [where]
+    v = a["condition"]
+    for op in ("logical_not", "any", "logical_not", "eq"):  # back from the condition to x == -inf
+        n = low.producer.get(getattr(v, "name", ""))
+        if not _is(n, op) or len(low.users.get(v.name, [])) != 1 or v.name in low.outputs:
+            return [], p
+        b = bind(n.target, n.args, n.kwargs)
+        if op == "any" and (b.get("dim") not in (-1, len(x.shape) - 1, [-1], [len(x.shape) - 1])
+                            or not b.get("keepdim")):
+            return [], p
+        if op == "eq" and (b["self"] is not x or b.get("other") != float("-inf")):
+            return [], p
+        chain.append(n)
+        v = b["self"]
+    return [*reversed(chain[1:]), zeros, where], where.outputs[0]
+
+
+def _only_reader(low, v: Value) -> Node:
+    """The one node that reads v through virtual movement ops (it and they read nothing else of it)."""
+    readers: list[Node] = []
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if x.name in low.outputs or x.name in low.index_names:
+            raise NotAttention(f"{x.name} (from {v.name}) is a graph output or an index tensor")
+        for u in low.users.get(x.name, []):
+            if low.kind[u.name] == "virtual":
+                stack.extend(u.outputs)
+            elif u not in readers:
+                readers.append(u)
+    if len(readers) != 1:
+        raise NotAttention(f"{v.name} is read by {len(readers)} nodes ({', '.join(r.name for r in readers)})")
+    return readers[0]
+
+
+def _derives_from(low, v: Value, src: Value) -> bool:
+    """True when v is src or reached from it through virtual movement ops."""
+    stack, seen = [v], set()
+    while stack:
+        x = stack.pop()
+        if x.name == src.name:
+            return True
+        n = low.producer.get(x.name)
+        if n is not None and low.kind[n.name] == "virtual" and n.name not in seen:
+            seen.add(n.name)
+            stack.extend(n.inputs)
+    return False
+
+
+def _scores(low, x: Value, sm: Node, guard: list[Node]) -> tuple[Node, list[Node]]:
+    """The scores bmm feeding softmax input x and the pointwise / virtual nodes between them."""
+    bmms: list[Node] = []
+    stack, seen = [x], set()
+    while stack:  # back from x to every bmm it depends on through pointwise and virtual nodes
+        n = low.producer.get(stack.pop().name)
+        if n is None or n.name in seen:
+            continue
+        seen.add(n.name)
+        if _is(n, "bmm"):
+            bmms.append(n)
+        elif low.kind[n.name] in ("pointwise", "virtual"):
+            stack.extend(n.inputs)
+    if len(bmms) != 1:
+        raise NotAttention(f"softmax input {x.name} comes from {len(bmms)} bmm through pointwise ops, not one")
+    qk = bmms[0]
+    if low.kind[qk.name] not in ("library", "gemm"):
+        raise NotAttention(f"scores {qk.name} are not a plain bmm")
+    chain: list[Node] = []
+    stack = [qk.outputs[0]]
+    while stack:  # forward: everything that reads the scores must lead to the softmax
+        v = stack.pop()
+        if v.name in low.outputs or v.name in low.index_names:
+            raise NotAttention(f"scores {v.name} are a graph output or an index tensor")
+        for u in low.users.get(v.name, []):
+            if u is sm or u in chain or u in guard:
+                continue
+            if low.kind[u.name] not in ("pointwise", "virtual"):
+                raise NotAttention(f"scores {v.name} are also read by {u.name} ({u.op})")
+            chain.append(u)
+            stack.extend(u.outputs)
+    order = {n.name: k for k, n in enumerate(low.graph.nodes)}
+    return qk, sorted(chain, key=lambda n: order[n.name])
+
+
+@dataclass
+class _Rows:
+    """The index relations of a match: PV row (i0, i1) and key r -> softmax index j -> score index h."""
+
+    domain: tuple[int, ...]
+    r: Expr
+    j: tuple[Expr, ...]  # softmax element read by PV row (i0, i1) at key r
+    h: tuple[Expr, ...]  # scores element the softmax input at j reads
+
+
+def _rows(low, m: AttentionMatch) -> _Rows:
+    """Checks that the mappings keep rows together and returns the index relations."""
+    pv_p, pv_v = m.output.inputs[0], bind(m.output.target, m.output.args, m.output.kwargs)["mat2"]
+    b, rows, n = pv_p.shape
+    if pv_v.shape[1] != n or m.softmax.outputs[0].shape[-1] != n:
+        raise NotAttention(f"{m.output.name}: {n} keys in the probabilities, value {list(pv_v.shape)}, "
+                           f"softmax {list(m.softmax.outputs[0].shape)}")
+    i0, i1 = out_vars((b, rows))
+    r = var("r", n)
+    memo: dict = {}
+    p = low.value_at(pv_p.name, (i0, i1, r), memo)
+    if p.op != "load" or p.args[0] != m.probs.name:
+        raise NotAttention(f"{m.output.name} reads the probabilities through a mapping of several pieces")
+    j = p.args[1]
+    if j[-1] is not r or any("r" in free_vars(e) for e in j[:-1]):
+        raise NotAttention(f"a row of {m.output.name} reads probabilities across softmax rows ({j})")
+    score = low.value_at(m.softmax.inputs[0].name, j, memo)
+    reads = {s for s in _scalars(score) if s.op == "load" and s.args[0] == m.scores.outputs[0].name}
+    if len(reads) != 1:
+        raise NotAttention(f"the score chain reads {m.scores.outputs[0].name} at {len(reads)} indices")
+    h = next(iter(reads)).args[1]
+    if h[2] is not r or any("r" in free_vars(e) for e in h[:2]):
+        raise NotAttention(f"a softmax row reads scores across rows of {m.scores.name} ({h})")
+    return _Rows((b, rows), r, j, h)
+
+
+def _scalars(root: Scalar):
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        stack.extend(a for a in s.args if isinstance(a, Scalar))
+
+
+def _scalar_vars(root: Scalar) -> set[str]:
+    """The index variables a scalar expression reads (in its loads, index ramps and piece choices)."""
+    out: set[str] = set()
+    for s in _scalars(root):
+        if s.op == "load":
+            for e in s.args[1]:
+                out |= free_vars(e)
+        elif s.op in ("iota", "pick"):
+            out |= free_vars(s.args[0])
+    return out
+
+
+def _subst(s: Scalar, env: dict, memo: dict) -> Scalar:
+    """s with index variables replaced by expressions (in loads, index ramps and piece choices)."""
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s.op == "load":
+        out = K.load(s.args[0], tuple(subs(e, env) for e in s.args[1]), s.dtype)
+    elif s.op == "iota":
+        out = K.iota(subs(s.args[0], env), s.dtype)
+    elif s.op == "pick":
+        out = Scalar.make("pick", (subs(s.args[0], env), _subst(s.args[1], env, memo), _subst(s.args[2], env, memo)),
+                          s.dtype)
+    else:
+        out = Scalar.make(s.op, tuple(_subst(a, env, memo) if isinstance(a, Scalar) else a for a in s.args), s.dtype)
+    memo[id(s)] = out
+    return out
+
+
+def _replace(s: Scalar, old: Scalar, new: Scalar, memo: dict) -> Scalar:
+    """s with every occurrence of `old` replaced by `new`."""
+    if s is old:
+        return new
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    args = tuple(_replace(a, old, new, memo) if isinstance(a, Scalar) else a for a in s.args)
+    out = s if all(a is b for a, b in zip(args, s.args)) else Scalar.make(s.op, args, s.dtype)
+    memo[id(s)] = out
+    return out
+
+
+def is_cheap(n: Node) -> bool:
+    """A pointwise op worth recomputing at every K/V read of an attention kernel (a scale or a cast)."""
+    big = [v for v in n.inputs if v.numel > 1]
+    return getattr(n.target, "_opname", None) in CHEAP_KV_OPS and len(big) <= 1
+
+
+# ---------------------------------------------------------------------------
+# the kernel
+def attention_kernel(low, m: AttentionMatch) -> AttentionKernel:
+    """The kernel IR of match m on a decided lowering (inlined producers are read inline)."""
+    rows = _rows(low, m)
+    qk, pv = bind(m.scores.target, m.scores.args, m.scores.kwargs), bind(m.output.target, m.output.args, m.output.kwargs)
+    d_ext, e_ext = qk["self"].shape[2], pv["mat2"].shape[2]
+    i0, i1 = out_vars(rows.domain)
+    d, e, r = var("d", d_ext), var("e", e_ext), rows.r
+    memo: dict = {}
+    scores = m.scores.outputs[0]
+    raw = K.load(scores.name, rows.h, scores.dtype)
+    score = _replace(low.value_at(m.softmax.inputs[0].name, rows.j, memo), raw, K.acc("score", torch.float32), {})
+    score = K.cast(score, torch.float32)
+    h0, h1 = rows.h[0], rows.h[1]
+    q = K.cast(low.value_at(qk["self"].name, (h0, h1, d), memo), torch.float32)
+    k = K.cast(low.value_at(qk["mat2"].name, (h0, d, r), memo), torch.float32)
+    v = K.cast(low.value_at(pv["mat2"].name, (i0, r, e), memo), torch.float32)
+    out = pv_out = m.output.outputs[0]
+    store = Store(Buffer(out.name, pv_out.shape, out.dtype), (i0, i1, e), K.acc("out", torch.float32))
+    kern = AttentionKernel(f"k_attn_{_ident(m.output.name)}", "attention", rows.domain, pv["self"].shape[2], [],
+                           [store], source_nodes=[x.name for x in m.nodes], q=q, k=k, score=score, v=v,
+                           head_dim=d_ext, value_dim=e_ext, zero_empty_rows=bool(m.guard))
+    return low._finish(kern)
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+# ---------------------------------------------------------------------------
+# C++
+def emit_attention(k: AttentionKernel, em) -> list[str]:
+    """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`.
+
+    Per task a block of rows; per key block: the scores of every (key, row)
+    (rows innermost, so the rows of a GQA group read each K row while it is in
+    L1), then per row the online-softmax update, then the PV update of every
+    (key, row).
+    """
+    from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
+
+    rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
+    tiled = k.tiled
+    shared = 0 if tiled else k.shared_rows
+    per_head = k.domain[1]
+    rb, kb = (TILE_ROWS, -(-min(KEY_BLOCK, n) // LANES) * LANES) if tiled else (min(ROW_BLOCK, rows), min(KEY_BLOCK, n))
+    rb = shared or rb
+    chunks = -(-per_head // rb)  # tiled: row blocks per head (a block never straddles two heads)
+    nblk = k.domain[0] * chunks if tiled else -(-rows // rb)
+    names = [f"i{x}" for x in range(len(k.domain))]
+    out = k.stores[0]
+    work = rows * n * (dd + ee)
+
+    def body(root: Scalar, indent: str) -> tuple[list[str], str]:
+        em.forget()
+        return em.hoist([root], indent), em.scalar(root)
+
+    def row(indent: str) -> list[str]:
+        return [f"{indent}const int64_t o = o_lo + rr;", *_decompose(names, k.domain, "o", indent)]
+
+    pre_q, q = body(k.q, "        ")
+    pre_k, kx = body(k.k, "            ")
+    pre_s, sx = body(k.score, "          ")
+    pre_v, vx = body(k.v, "            ")
+    em.forget()
+    return [
+        *(_VECTOR_TYPES if shared and dd % LANES == 0 else []),
+        f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
+        f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
+        *([f"    const int64_t m_lo = (blk % {chunks}) * {rb}, nr = std::min<int64_t>({rb}, {per_head} - m_lo);",
+           f"    const int64_t o_lo = (blk / {chunks}) * {per_head} + m_lo;",
+           f"    alignas(64) float kt[{dd}][{kb}];"] if tiled else
+          [f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);"]),
+        f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
+        f"    alignas(64) float ov[{rb}][{ee}];",
+        f"    alignas(64) float sc[{rb}][{kb}];",
+        f"    float mx[{rb}], sm[{rb}];",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
+        f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
+        "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
+        "    }",
+        f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
+        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
+        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else
+          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
+            # scores of every (key, row) of the block
+            "      for (int64_t r = r0; r < r1; ++r) {",
+            "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
+            "          float acc_score = 0.0f;",
+            "          #pragma omp simd reduction(+:acc_score)",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            acc_score += qv[rr][d] * {kx};",
+            "          }",
+            *pre_s, f"          sc[rr][r - r0] = {sx};",
+            "        }",
+            "      }"]),
+        # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        "        float* __restrict srow = sc[rr];",
+        "        float bmax = -INFINITY; bool bnan = false;",
+        "        #pragma omp simd reduction(max:bmax) reduction(||:bnan)",
+        "        for (int64_t t = 0; t < r1 - r0; ++t) { const float s_ = srow[t]; bmax = s_ > bmax ? s_ : bmax; "
+        "bnan = bnan || (s_ != s_); }",
+        "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
+        "        if (mnew == -INFINITY) {  // every score so far is -inf: nothing to add yet",
+        "          for (int64_t t = 0; t < r1 - r0; ++t) srow[t] = 0.0f;",
+        "          continue;",
+        "        }",
+        "        const float corr = vtc_exp(mx[rr] - mnew);",
+        "        mx[rr] = mnew;",
+        "        float psum = 0.0f;",
+        "        #pragma omp simd reduction(+:psum)",
+        "        for (int64_t t = 0; t < r1 - r0; ++t) { const float p_ = vtc_exp(srow[t] - mnew); srow[t] = p_; psum += p_; }",
+        "        sm[rr] = sm[rr] * corr + psum;",
+        "        if (corr != 1.0f) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] *= corr;",
+        "        }",
+        "      }",
+        # PV of every (key, row) of the block
+        *(_shared_pv(row, rb, ee, pre_v, vx) if shared else [
+            "      for (int64_t r = r0; r < r1; ++r) {",
+            "        for (int64_t rr = 0; rr < nr; ++rr) {",
+            "          const float p_ = sc[rr][r - r0];",
+            "          if (p_ == 0.0f) continue;  // masked or underflowed key: its value row is not read",
+            *row("          "),
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"            ov[rr][e] += p_ * {vx};",
+            "          }",
+            "        }",
+            "      }"]),
+        "    }",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      const float inv = mx[rr] == -INFINITY ? 0.0f : 1.0f / sm[rr];" if k.zero_empty_rows else
+        "      const float inv = 1.0f / sm[rr];",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) "
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
+        "    }",
+        "  }",
+    ]
+
+
+def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Tiled scores: Kᵀ block packed through its mapping once per row block (the rows share it), then
+    4 rows x LANES keys of q·k accumulated in vector registers, then the score chain per (key, row)."""
+    v = f"vtc_v{LANES}"
+    return [
+        f"      typedef float {v} __attribute__((vector_size({4 * LANES})));",
+        "      {  // pack Kᵀ: kt[d][t] = K(r0 + t, d) (zeros past the last key)",
+        "        const int64_t rr = 0;", *row("        "),
+        "        for (int64_t r = r0; r < r1; ++r) {",
+        "          #pragma omp simd",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            kt[d][r - r0] = {kx};", "          }",
+        "        }",
+        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < {kb}; ++t) kt[d][t] = 0.0f;",
+        "      }",
+        f"      for (int64_t rr0 = 0; rr0 < nr; rr0 += 4) {{",
+        f"        for (int64_t k0 = 0; k0 < r1 - r0; k0 += {LANES}) {{",
+        f"          {v} a0 = {{}}, a1 = {{}}, a2 = {{}}, a3 = {{}};",
+        f"          const float* q0 = qv[rr0]; const float* q1 = qv[std::min<int64_t>(rr0 + 1, {rb - 1})];",
+        f"          const float* q2 = qv[std::min<int64_t>(rr0 + 2, {rb - 1})]; "
+        f"const float* q3 = qv[std::min<int64_t>(rr0 + 3, {rb - 1})];",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{",
+        f"            const {v} kv = *(const {v}*)&kt[d][k0];",
+        "            a0 += q0[d] * kv; a1 += q1[d] * kv; a2 += q2[d] * kv; a3 += q3[d] * kv;",
+        "          }",
+        f"          *({v}*)&sc[rr0][k0] = a0;",
+        f"          if (rr0 + 1 < {rb}) *({v}*)&sc[rr0 + 1][k0] = a1;",
+        f"          if (rr0 + 2 < {rb}) *({v}*)&sc[rr0 + 2][k0] = a2;",
+        f"          if (rr0 + 3 < {rb}) *({v}*)&sc[rr0 + 3][k0] = a3;",
+        "        }",
+        "      }",
+        "      for (int64_t r = r0; r < r1; ++r) {",
+        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
+        "          const float acc_score = sc[rr][r - r0];",
+        *pre_s, f"          sc[rr][r - r0] = {sx};",
+        "        }",
+        "      }",
+    ]
+
+
+_VECTOR_TYPES = [  # GCC/clang vector extensions, and a horizontal sum by halves (a shuffle tree)
+    f"  typedef float vtc_v{LANES} __attribute__((vector_size({4 * LANES})));",
+    "  typedef float vtc_v8 __attribute__((vector_size(32)));",
+    "  typedef float vtc_v4 __attribute__((vector_size(16)));",
+    f"  auto vtc_hsum = [](vtc_v{LANES} v) -> float {{",
+    "    vtc_v8 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (const char*)&v + 32, 32); a += b;",
+    "    vtc_v4 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (const char*)&a + 16, 16); c += d;",
+    "    return (c[0] + c[2]) + (c[1] + c[3]);",
+    "  };",
+]
+
+
+def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Scores when the block's rb rows share K: each K element is read once for all of them.
+
+    With a head dim that is a multiple of LANES, the dot products accumulate in vector registers
+    (LANES of K at a time, gathered through the mapping into an aligned chunk) and are summed by a
+    shuffle tree at the end; else by ``omp simd`` reductions.
+    """
+    accs = [f"a{u}" for u in range(rb)]
+    if dd % LANES == 0:
+        v = f"vtc_v{LANES}"
+        lines = ["      for (int64_t r = r0; r < r1; ++r) {",
+                 "        " + f"{v} " + ", ".join(f"s{u} = {{}}" for u in range(rb)) + ";",
+                 "        {",
+                 "          const int64_t rr = 0;", *row("          "),
+                 f"          for (int64_t d0 = 0; d0 < {dd}; d0 += {LANES}) {{",
+                 f"            alignas(64) float kk[{LANES}];",
+                 "            #pragma omp simd",
+                 f"            for (int64_t j = 0; j < {LANES}; ++j) {{",
+                 "              const int64_t d = d0 + j;", *["  " + x for x in pre_k], f"              kk[j] = {kx};",
+                 "            }",
+                 f"            const {v} kv = *(const {v}*)kk;",
+                 *[f"            s{u} += *(const {v}*)&qv[{u}][d0] * kv;" for u in range(rb)],
+                 "          }",
+                 "        }",
+                 "        " + "const float " + ", ".join(f"{a} = vtc_hsum(s{u})" for u, a in enumerate(accs)) + ";"]
+        for u, a in enumerate(accs):
+            lines += ["        {", f"          const int64_t rr = {u};", *row("          "),
+                      f"          const float acc_score = {a};", *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
+        return lines + ["      }"]
+    lines = ["      for (int64_t r = r0; r < r1; ++r) {",
+             "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
+             "        {",
+             "          const int64_t rr = 0;", *row("          "),
+             f"          #pragma omp simd reduction(+:{','.join(accs)})",
+             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            const float kv_ = {kx};",
+             *[f"            {a} += qv[{u}][d] * kv_;" for u, a in enumerate(accs)],
+             "          }",
+             "        }"]
+    for u, a in enumerate(accs):
+        lines += ["        {", f"          const int64_t rr = {u};", *row("          "), f"          const float acc_score = {a};",
+                  *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
+    return lines + ["      }"]
+
+
+def _shared_pv(row, rb: int, ee: int, pre_v, vx) -> list[str]:
+    """PV when the block's rb rows share V: each V element is read once for all of them."""
+    ps = [f"p{u}" for u in range(rb)]
+    return ["      for (int64_t r = r0; r < r1; ++r) {",
+            "        " + "const float " + ", ".join(f"{p} = sc[{u}][r - r0]" for u, p in enumerate(ps)) + ";",
+            "        if (" + " && ".join(f"{p} == 0.0f" for p in ps) + ") continue;  // masked for every row",
+            "        const int64_t rr = 0;", *row("        "),
+            "        #pragma omp simd",
+            f"        for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"          const float vv_ = {vx};",
+            *[f"          ov[{u}][e] += {p} * vv_;" for u, p in enumerate(ps)],
+            "        }",
+            "      }"]
