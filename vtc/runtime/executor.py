@@ -65,8 +65,10 @@ class Executor:
     and torch only for library nodes.
     """
 
-    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch") -> None:
+    def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch",
+                 build: bool = True) -> None:
         self.graph, self.plan, self.oracle, self.backend = graph, plan, oracle, backend
+        self.build = build  # False: steps and liveness only (a planner's peak estimate); kernels not compiled
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         self.lowering = None
@@ -103,7 +105,8 @@ class Executor:
 
         self.lowering, lowered = lower(self.graph, self.plan)
         ksteps = [payload for kind, payload in lowered if kind == "kernel"]
-        compiled = dict(zip((id(k) for k in ksteps), build_kernels(ksteps)))
+        built = build_kernels(ksteps) if self.build else [CompiledKernel(k, None) for k in ksteps]
+        compiled = dict(zip((id(k) for k in ksteps), built))
         steps: list[Step] = []
         for kind, payload in lowered:
             if kind == "run":
@@ -122,6 +125,14 @@ class Executor:
         for k, s in enumerate(self.steps):
             for name in s.reads:
                 last[name] = k
+        held: dict[int, list[str]] = {}  # step -> view sources whose storage a view holds until that step
+        for k, s in enumerate(self.steps):
+            if s.kind == "view" and s.realization.strided is not None:
+                src, view = s.realization.strided.source, s.realization.value
+                end = len(self.steps) if view in keep else last.get(view, k)
+                if end > last.get(src, -1):
+                    last[src] = end
+                    held.setdefault(end, []).append(src)
         sizes: dict[str, int] = {}
         live = peak = 0
         for k, s in enumerate(self.steps):
@@ -131,7 +142,7 @@ class Executor:
                 live += nbytes
                 last.setdefault(name, k)
             peak = max(peak, live)
-            frees = tuple(n for n in s.reads + s.writes if last.get(n) == k and n not in keep)
+            frees = tuple(n for n in s.reads + s.writes + held.get(k, []) if last.get(n) == k and n not in keep)
             s.frees = tuple(dict.fromkeys(frees))
             live -= sum(sizes.get(n, 0) for n in s.frees)
         return peak
