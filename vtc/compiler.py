@@ -106,7 +106,10 @@ class Compiled:
 
     def replan(self, **options) -> "Compiled":
         """The same captured graph compiled with other options (no new capture)."""
-        return Compiled(self.model, self._args, self._kwargs, {**self.options, **options}, _graph=self.graph)
+        merged = {**self.options, **options}
+        if merged["plan"] in ("all", "none") and "objective" not in options:
+            merged["objective"] = "latency"  # the objective is the cost-driven planners' (replan(plan="none"))
+        return Compiled(self.model, self._args, self._kwargs, merged, _graph=self.graph)
 
     @property
     def report(self) -> Report:

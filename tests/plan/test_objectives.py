@@ -65,6 +65,7 @@ def test_memory_objective_keeps_what_latency_makes_virtual():
     x, y = 256 * 256 * 4, 256 * 1024 * 4
     assert c_lat.report.peak_memory_bytes - c_mem.report.peak_memory_bytes == x - 256 * 4 * 4
     assert c_mem.report.peak_memory_bytes >= y
+    assert c_mem.replan(plan="none").options["objective"] == "latency"  # the objective is the planners'
 
 
 def test_memory_objective_options_are_checked():
