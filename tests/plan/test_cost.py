@@ -111,3 +111,18 @@ def test_machine_fallback_and_cache(tmp_path, monkeypatch):
         assert cost.machine() == m
     finally:
         cost.machine.cache_clear()
+
+
+def test_compute_prices_gemms_by_flops_and_the_rest_by_bytes():
+    """The plan-independent part of the latency: x @ w.t() is 2 * 8 * 32 * 64 flops at the GEMM rate, plus a
+    call; the budget of objective="memory" is relative to compute plus movement."""
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import VTOG
+
+    from .graphs import capture, mm_transposed_weight
+
+    g, _ = capture(mm_transposed_weight, torch.randn(8, 64), torch.randn(32, 64))
+    est = Estimator(VTOG(g), CostModel(FALLBACK))
+    assert est.compute() == pytest.approx(1e-6 + 2 * 8 * 32 * 64 / (FALLBACK.gemm_gflops * 1e9))
+    state = frozenset(est.vtog.pulls)
+    assert est.latency(state) == pytest.approx(est.compute() + est.total(state))

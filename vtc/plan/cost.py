@@ -2,19 +2,22 @@
 
 Three layers, from facts to policy:
 
-- ``Machine``: figures of this machine (copy bandwidth measured once by timing
-  a large torch copy, cache line, vector width from torch's CPU capability,
-  threads), cached in the vtc cache directory; ``VTC_NO_MEASURE=1`` gives the
-  fixed ``FALLBACK`` instead (tests set it).
+- ``Machine``: figures of this machine (copy bandwidth and GEMM rate measured
+  once by timing a large torch copy and a torch.mm, cache line, vector width
+  from torch's CPU capability, threads), cached in the vtc cache directory;
+  ``VTC_NO_MEASURE=1`` gives the fixed ``FALLBACK`` instead (tests set it).
 - ``access(mapping)``: how a reader walks a tensor through a mapping (the
   contiguity class, the contiguous chunk, cache lines touched per element, the
   index arithmetic per element), found by evaluating the mapping on a sample of
-  consecutive output positions.
+  consecutive output positions, and the lines a block of rows touches (a
+  transposed read brings each line from memory once when they fit in cache).
 - ``CostModel``: prices (seconds) for reading through an access, writing,
   copying, and whether a library takes a strided view.  This is the policy:
   one swappable class with no correctness duties.
 
-``Estimator`` ties them to a graph: given a strategy (the set of movement ops
+``Estimator`` ties them to a graph: ``compute()`` prices the compute nodes
+(GEMM/conv flops at the GEMM rate, anything else its bytes), the part of the
+latency no plan changes; given a strategy (the set of movement ops
 made virtual), it lists the latency *terms* the movement-related work costs —
 a kept op's copy, a kernel's reads of a (virtual) tensor, the realisation of a
 virtual tensor that a library node or the graph output needs (a zero-copy view

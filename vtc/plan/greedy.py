@@ -18,6 +18,10 @@ choices taken into the same ``Plan`` as ``plan_all`` (``plan_keeping``), with
 inside a GEMM operand (aten.bmm.default): the library copies it anyway;
 estimated +0.00 µs" and ``plan.decisions`` the log.  Push choices are priced
 and logged but not taken: no lowering stores through a mapping yet.
+``plan_of`` turns any strategy into that ``Plan``; ``vtc.plan.planners`` is the
+entry of the ``plan=`` / ``objective=`` options, which may measure choices
+(``vtc.plan.measure``) or trade latency for peak memory (``vtc.plan.memory``)
+before it.
 """
 from __future__ import annotations
 
