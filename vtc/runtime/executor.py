@@ -149,6 +149,8 @@ class Executor:
 
     # -- running --------------------------------------------------------------
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.build:
+            raise RuntimeError("this Executor was made with build=False (schedule and peak only): it cannot run")
         env: dict[str, torch.Tensor] = dict(self.consts)
         for v, t in zip(self.graph.inputs, inputs):
             env[v.name] = t
