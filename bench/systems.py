@@ -15,7 +15,8 @@ Systems:
   memory probes, on (its default) when timing;
 - ``vtc-<variant>``: ``vtc.compile(model, inputs, **options)`` for each variant in
   ``VTC_VARIANTS`` (``vtc-torch``: the torch backend, ``vtc-none``: no movement
-  op virtual, ``vtc-all``: every one, later ``vtc-greedy``/``vtc-measured``;
+  op virtual, ``vtc-all``: every one, ``vtc-greedy`` (the default planner),
+  ``vtc-measured`` (uncertain choices timed), ``vtc-memory`` (objective="memory");
   ``vtc-gemm-vtc`` / ``vtc-gemm-torch``: every GEMM generated / through torch,
   run only when named); a
   variant whose options vtc rejects (TypeError/ValueError on a trivial
@@ -49,6 +50,7 @@ VTC_VARIANTS: dict[str, dict] = {
     "vtc-measured": {"plan": "measured"},
     "vtc-gemm-vtc": {"plan": "all", "gemm": "vtc"},  # every float32 GEMM a generated kernel
     "vtc-gemm-torch": {"plan": "all", "gemm": "torch"},  # every GEMM through torch (non-strided operands copied)
+    "vtc-memory": {"plan": "greedy", "objective": "memory"},  # lowest peak within 5% of greedy's estimate
 }
 # The vtc variant that speaks for vtc in the summary: the most advanced one that ran (later wins).
 VTC_HEADLINE_ORDER = ("vtc-all", "vtc-greedy", "vtc-measured")

@@ -24,14 +24,15 @@ import torch.utils._pytree as pytree
 from vtc.codegen.gemm import GEMM_MODES
 from vtc.frontend.torch_export import export_graph, flatten_inputs, unflatten_outputs
 from vtc.ir.graph import Graph
+from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
-from vtc.plan.greedy import plan_greedy
-from vtc.plan.virtualize import Plan, plan_all, plan_none
+from vtc.plan.virtualize import Plan
 from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
-PLANS: dict[str, Callable[[Graph], Plan]] = {"all": plan_all, "none": plan_none, "greedy": plan_greedy}
-OPTIONS = {"plan": "all", "backend": "cpu", "oracle": False, "max_specializations": 8, "gemm": "auto"}
+PLANS = ("greedy", "all", "none", "measured")  # vtc.plan.planners.make_plan makes each one
+OPTIONS = {"plan": "greedy", "backend": "cpu", "oracle": False, "max_specializations": 8,
+           "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto"}
 BACKENDS = ("torch", "cpu")
 
 
@@ -57,14 +58,23 @@ def check_options(options: dict) -> dict:
         raise ValueError(f"backend={out['backend']!r} is not one of {list(BACKENDS)}")
     if out["gemm"] not in GEMM_MODES:
         raise ValueError(f"gemm={out['gemm']!r} is not one of {list(GEMM_MODES)}")
+    if out["objective"] not in OBJECTIVES:
+        raise ValueError(f"objective={out['objective']!r} is not one of {list(OBJECTIVES)}")
+    if out["objective"] != "latency" and out["plan"] in ("all", "none"):
+        raise ValueError(f"objective={out['objective']!r} needs plan='greedy' or 'measured', not "
+                         f"plan={out['plan']!r}")
+    for name in ("max_slowdown", "measure_budget_s"):
+        x = out[name]
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0):
+            raise ValueError(f"{name}={x!r} must be a number >= 0")
     if out["oracle"]:
         out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
 
 
 def specialize(graph: Graph, options: dict) -> Specialization:
-    """Plans and schedules a captured graph."""
-    plan = PLANS[options["plan"]](graph)
+    """Plans (for the backend that runs the plan) and schedules a captured graph."""
+    plan = make_plan(graph, options)
     executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"])
     return Specialization(graph, plan, executor, build_report(graph, plan, executor))
 
@@ -99,7 +109,10 @@ class Compiled:
 
     def replan(self, **options) -> "Compiled":
         """The same captured graph compiled with other options (no new capture)."""
-        return Compiled(self.model, self._args, self._kwargs, {**self.options, **options}, _graph=self.graph)
+        merged = {**self.options, **options}
+        if merged["plan"] in ("all", "none") and "objective" not in options:
+            merged["objective"] = "latency"  # the objective is the cost-driven planners' (replan(plan="none"))
+        return Compiled(self.model, self._args, self._kwargs, merged, _graph=self.graph)
 
     @property
     def report(self) -> Report:
@@ -154,8 +167,14 @@ def _signature(args: tuple, kwargs: dict) -> tuple:
 def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | None = None, **options) -> Compiled:
     """Compiles a torch module or function for these example inputs; returns a callable Compiled.
 
-    Options: plan="all" (every movement op virtual) or "none" (ablation: every
-    movement op materialised); backend="cpu" (generated C++ kernels, default)
+    Options: plan="greedy" (default: the cost-model planner keeps a movement op
+    physical where that is estimated cheaper, see ``vtc analyze --explain``),
+    "measured" (the greedy, then every uncertain choice timed both ways within
+    measure_budget_s seconds, default 5), "all" (every movement op virtual) or
+    "none" (ablation: every movement op materialised); objective="latency"
+    (default) or "memory" (the lowest peak memory whose estimated latency is
+    at most max_slowdown, default 0.05, over the latency plan's; greedy and
+    measured only); backend="cpu" (generated C++ kernels, default)
     or "torch" (compute through torch, virtual tensors realised by views and
     gathers); oracle=True (torch backend, every virtual tensor realised by a
     gather through its composed mapping: a check of the mappings);

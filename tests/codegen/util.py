@@ -36,8 +36,9 @@ def rand(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype = torch.fl
 
 
 def compile_cpu(fn: Callable, inputs: tuple, **options) -> vtc.Compiled:
-    """vtc.compile(fn, inputs, backend="cpu", ...)."""
-    return vtc.compile(fn, inputs, backend="cpu", **options)
+    """vtc.compile(fn, inputs, backend="cpu", plan="all", ...): the code generator reading through every
+    mapping, whatever the planner would keep (the default plan is "greedy")."""
+    return vtc.compile(fn, inputs, backend="cpu", **{"plan": "all", **options})
 
 
 def as_tuple(x) -> tuple:

@@ -1,12 +1,16 @@
 """The movement-op census of one Llama decoder layer (transformers, GQA), op by op.
 
-Pins what vtc does with every movement op of the layer: which are read through
-mappings inside generated kernels (virtual), handed to torch's GEMMs as
-zero-copy strided views, or realised by one gather (a copy kernel) of a
-composed chain.  A change in the frontend, the
-mappings or the simplifier that loses a view or splits a chain fails here.
+Pins what vtc does with every movement op of the layer under plan="all":
+which are read through mappings inside generated kernels (virtual), handed to
+torch's GEMMs as zero-copy strided views, or realised by one gather (a copy
+kernel) of a composed chain.  A change in the frontend, the mappings or the
+simplifier that loses a view or splits a chain fails here.  Then the same
+layer under the default plan="greedy" (fixed machine figures), which keeps
+three ops physical.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -14,9 +18,10 @@ import torch
 import vtc
 from vtc import zoo
 from vtc.plan.virtualize import chain_of
+from vtc.plan.cost import machine
 
 V, S, G = "virtual", "view", "gather"
-EXPECTED = [  # (ATen op, fate) in graph order, with the default CPU backend (generated kernels)
+EXPECTED = [  # (ATen op, fate) in graph order, plan="all", with the default CPU backend (generated kernels)
     # rotary embedding: position ids, inv_freq outer product, cos/sin — all read by generated kernels
     ("unsqueeze", V), ("expand", V), ("unsqueeze", V), ("cat", V), ("unsqueeze", V), ("unsqueeze", V),
     ("unsqueeze", V), ("unsqueeze", V),
@@ -48,7 +53,7 @@ EXPECTED = [  # (ATen op, fate) in graph order, with the default CPU backend (ge
 @pytest.fixture(scope="module")
 def layer_compiled():
     model, inputs = zoo.load("llama_layer", size="tiny")
-    compiled = vtc.compile(model, inputs)
+    compiled = vtc.compile(model, inputs, plan="all")
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
     return compiled
@@ -85,3 +90,48 @@ def test_gqa_key_is_read_through_the_head_mapping(layer_compiled):
             if s.kind == "kernel" and s.kernel.step.kernel.kind == "attention"]
     assert [k.source_nodes for k in attn] == [["bmm", "view_13", "mul_9", "add_3", "_softmax", "bmm_1"]]
     assert "add_2" in {b.name for b in attn[0].inputs}  # the un-expanded K (after RoPE), read in place
+
+
+K = "kept"
+# plan="greedy" (the default) makes the same choice as plan="all" for every op of this layer: the repeated
+# K and V and the attention output's head merge, which the greedy kept physical while torch's bmm/mm read
+# them (torch's own copy was estimated a little cheaper than a copy kernel with div/mod index arithmetic),
+# are now read by generated kernels (the attention kernel, o_proj's GEMM) that pack them through their
+# mappings, so removing them saves their whole copy.
+GREEDY: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def greedy_report():
+    """The default plan with the fixed machine figures (VTC_NO_MEASURE=1): the same decisions on every machine."""
+    old = os.environ.get("VTC_NO_MEASURE")
+    os.environ["VTC_NO_MEASURE"] = "1"
+    machine.cache_clear()
+    try:
+        model, inputs = zoo.load("llama_layer", size="tiny")
+        compiled = vtc.compile(model, inputs)
+        assert compiled.options["plan"] == "greedy"
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-4)
+        return compiled.report
+    finally:
+        machine.cache_clear()
+        if old is None:
+            os.environ.pop("VTC_NO_MEASURE", None)
+        else:
+            os.environ["VTC_NO_MEASURE"] = old
+
+
+def test_greedy_census_op_by_op(greedy_report, layer_report):
+    got = {e.node: e.fate for e in greedy_report.movement}
+    want = {e.node: GREEDY.get(e.node, e.fate) for e in layer_report.movement}
+    assert got == want
+
+
+def test_greedy_census_totals(greedy_report, layer_report):
+    """Nothing kept: as many ops eliminated and as many bytes moved (none) as plan="all"."""
+    r, a = greedy_report.to_dict(), layer_report.to_dict()
+    assert r["plan"] == "greedy" and r["movement_ops"] == 67
+    assert sum(e["fate"] == K for e in r["movement"]) == 0 and sum(e["fate"] == G for e in r["movement"]) == 0
+    assert r["eliminated_movement_ops"] == a["eliminated_movement_ops"] == 67
+    assert r["materialized_movement_bytes"] == a["materialized_movement_bytes"] == 0

@@ -8,7 +8,7 @@ from vtc.cli import main
 
 def test_analyze_prints_census_and_writes_json(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert main(["analyze", "llama_layer", "--size", "tiny", "--json", str(out)]) == 0
+    assert main(["analyze", "llama_layer", "--size", "tiny", "--plan", "all", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "movement ops eliminated" in text and "composed chains" in text
     assert "strided view; realised as view" in text

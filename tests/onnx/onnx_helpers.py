@@ -61,6 +61,7 @@ def check(m, feeds, rtol=1e-5, atol=1e-5, **options):
     """Compiles m with vtc, runs it and onnxruntime on feeds, asserts equal outputs; returns the compiled."""
     want = ort_run(m, feeds)
     options.setdefault("backend", OP_BACKEND)
+    options.setdefault("plan", "all")  # the ONNX tests check every mapping, whatever the default planner keeps
     c = compile_onnx(m, feeds, **options)
     got = c(feeds)
     assert len(got) == len(want)

@@ -82,3 +82,34 @@ def pointwise_chain(x, y, z):
     b = a * y
     c = b + z
     return c.exp()
+
+
+def slice_holds_source(a, w):
+    """x = exp(a) [256, 256] is read by a row sum and by a small slice that is read last.
+
+    Virtual, the slice keeps all of x alive while the GEMM's [256, 1024] result is
+    allocated; kept, x dies after the slice copies its 4 KB.
+    """
+    x = a.exp()
+    t = x.sum(1, keepdim=True)
+    s = x[:, :4]
+    y = a @ w
+    return (y * t).sum(1, keepdim=True) + s
+
+
+B, R, KV, T2, D2 = 2, 4, 2, 64, 32
+
+
+def repeat_kv_attention(q, k, v):
+    """GQA decode as in the Llama-3 bench unit: keys and values repeated (expand -> clone -> reshape) for
+    R query heads per KV head, both before the first GEMM (so both repeated copies are live together)."""
+    ke = k.unsqueeze(2).expand(B, KV, R, T2, D2).clone().reshape(B * KV * R, T2, D2)
+    ve = v.unsqueeze(2).expand(B, KV, R, T2, D2).clone().reshape(B * KV * R, T2, D2)
+    p = torch.bmm(q, ke.transpose(1, 2)).softmax(-1)
+    return torch.bmm(p, ve)
+
+
+def repeat_kv_inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(B * KV * R, 1, D2, generator=g), torch.randn(B, KV, T2, D2, generator=g),
+            torch.randn(B, KV, T2, D2, generator=g))

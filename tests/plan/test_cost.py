@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -81,7 +82,13 @@ def test_prices_follow_the_access():
     dense = access(pull(torch.ops.aten.view.default, Src("x", (1024, 1024)), [n], out=(n,)), 4)
     trans = access(pull(torch.ops.aten.permute.default, Src("x", (1024, 1024)), [1, 0], out=(1024, 1024)), 4)
     assert model.read(n, 4, dense) == pytest.approx(n * 4 / 10e9)
-    assert model.read(n, 4, trans) > 10 * model.read(n, 4, dense)  # a line per element, out of cache
+    # a line per element along a row, but 16 rows share those 1024 lines (64 KB): read once from memory,
+    # plus a scalar load per element
+    assert (trans.lines_per_element, trans.window_lines, trans.window_bytes) == (1.0, 1 / 16, 64 * 1024)
+    assert model.traffic(n, 4, trans) == n * 4
+    assert model.read(n, 4, trans) == pytest.approx(n * 4 / 10e9 + n * model.scalar_load_ns * 1e-9)
+    small = CostModel(replace(FALLBACK, cache_bytes=32 * 1024))  # the 16 rows' lines do not fit: a line each
+    assert small.read(n, 4, trans) > 10 * small.read(n, 4, dense)
     assert model.copy(n, 4, dense) == pytest.approx(1e-6 + 2 * n * 4 / 10e9)
 
 
@@ -95,10 +102,27 @@ def test_machine_fallback_and_cache(tmp_path, monkeypatch):
     try:
         m = cost.machine()
         assert m.measured and m.bandwidth_gbs > 0 and m.cache_line == 64 and m.vector_bytes in (16, 32, 64)
+        assert m.gemm_gflops > 0
         files = list((tmp_path / "cache").rglob("machine.json"))
         assert len(files) == 1 and json.loads(files[0].read_text())["machine"]["bandwidth_gbs"] == m.bandwidth_gbs
         monkeypatch.setattr(cost, "_measure_bandwidth", lambda: pytest.fail("measured twice"))
+        monkeypatch.setattr(cost, "_measure_gemm", lambda: pytest.fail("measured twice"))
         cost.machine.cache_clear()
         assert cost.machine() == m
     finally:
         cost.machine.cache_clear()
+
+
+def test_compute_prices_gemms_by_flops_and_the_rest_by_bytes():
+    """The plan-independent part of the latency: x @ w.t() is 2 * 8 * 32 * 64 flops at the GEMM rate, plus a
+    call; the budget of objective="memory" is relative to compute plus movement."""
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import VTOG
+
+    from .graphs import capture, mm_transposed_weight
+
+    g, _ = capture(mm_transposed_weight, torch.randn(8, 64), torch.randn(32, 64))
+    est = Estimator(VTOG(g), CostModel(FALLBACK))
+    assert est.compute() == pytest.approx(1e-6 + 2 * 8 * 32 * 64 / (FALLBACK.gemm_gflops * 1e9))
+    state = frozenset(est.vtog.pulls)
+    assert est.latency(state) == pytest.approx(est.compute() + est.total(state))

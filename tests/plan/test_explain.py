@@ -61,5 +61,5 @@ def test_cli_explain(capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
     assert main(["analyze", "kv_factory:make", "--size", "tiny", "--plan", "greedy", "--explain"]) == 0
     out = capsys.readouterr().out
-    assert "plan=greedy: 10/10 movement ops removed, 0 kept physical" in out
+    assert "plan=greedy (objective=latency): 10/10 movement ops removed, 0 kept physical" in out
     assert "peak " in out and "(plan=none -> plan=greedy)" in out

@@ -4,7 +4,9 @@ MODEL is a built-in name (``vtc.zoo.NAMES``) or a ``pkg.module:factory`` path.
 Prints every movement op with its bytes and fate, the composed mapping of each
 chain of movement ops and whether it is a plain strided view, the summary
 counts against ``plan="none"``, and a quick eager-vs-vtc latency (medians in
-one process; the benchmark suite is ``vtc bench``).
+one process; the benchmark suite is ``vtc bench``).  ``--explain`` adds every
+movement op's fate and the planner's reason as text, ``--html FILE`` the same
+as a page with pictures of the graph before and after (``vtc.plan.html``).
 """
 from __future__ import annotations
 
@@ -34,16 +36,23 @@ def _median_ms(fn, inputs) -> float:
 def register(sub) -> None:
     """Adds the `analyze` subcommand."""
     from vtc import zoo
-    from vtc.compiler import PLANS
+    from vtc.compiler import OPTIONS, PLANS
+    from vtc.plan.planners import OBJECTIVES
 
     a = sub.add_parser("analyze", help="movement-op census of a model")
     a.add_argument("model", help=f"built-in name ({', '.join(zoo.NAMES)}) or pkg.module:factory")
     a.add_argument("--size", default="small", choices=zoo.SIZES)
-    a.add_argument("--plan", default="all", choices=sorted(PLANS))
+    a.add_argument("--plan", default=OPTIONS["plan"], choices=sorted(PLANS))
+    a.add_argument("--objective", default=OPTIONS["objective"], choices=OBJECTIVES,
+                   help="latency, or memory: the lowest peak within --max-slowdown of the latency plan")
+    a.add_argument("--max-slowdown", type=float, default=OPTIONS["max_slowdown"], metavar="FRACTION")
+    a.add_argument("--measure-budget", type=float, default=None, metavar="SECONDS",
+                   help="seconds for timing uncertain choices (plan measured: default 5; greedy: default 0)")
     a.add_argument("--graph", action="store_true", help="print the captured graph IR first")
     a.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     a.add_argument("--explain", action="store_true",
                    help="after the census, every movement op's fate and the planner's reason (vtc.plan.explain)")
+    a.add_argument("--html", metavar="FILE", help="also write the explain report as an HTML page with pictures")
     a.set_defaults(func=analyze)
 
 
@@ -63,7 +72,10 @@ def analyze(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     model, inputs = zoo.load(args.model, size=args.size)
     t0 = time.perf_counter()
-    compiled = vtc.compile(model, inputs, plan=args.plan)
+    options = dict(plan=args.plan, objective=getattr(args, "objective", "latency"),
+                   max_slowdown=getattr(args, "max_slowdown", 0.05),
+                   measure_budget_s=getattr(args, "measure_budget", None))
+    compiled = vtc.compile(model, inputs, **options)
     compile_s = time.perf_counter() - t0
     with torch.no_grad():
         want = model(*inputs)
@@ -91,6 +103,13 @@ def analyze(args: argparse.Namespace) -> int:
 
         print()
         print(explain(compiled.graph, compiled._first.plan, report, baseline, backend=compiled.options["backend"]))
+    if getattr(args, "html", None):
+        from vtc.plan.html import page
+
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(page(compiled.graph, compiled._first.plan, report, baseline,
+                         title=f"vtc explain: {args.model} ({args.size})"))
+        print(f"wrote {args.html}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "size": args.size, "max_error": err,

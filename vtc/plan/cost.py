@@ -2,19 +2,22 @@
 
 Three layers, from facts to policy:
 
-- ``Machine``: figures of this machine (copy bandwidth measured once by timing
-  a large torch copy, cache line, vector width from torch's CPU capability,
-  threads), cached in the vtc cache directory; ``VTC_NO_MEASURE=1`` gives the
-  fixed ``FALLBACK`` instead (tests set it).
+- ``Machine``: figures of this machine (copy bandwidth and GEMM rate measured
+  once by timing a large torch copy and a torch.mm, cache line, vector width
+  from torch's CPU capability, threads), cached in the vtc cache directory;
+  ``VTC_NO_MEASURE=1`` gives the fixed ``FALLBACK`` instead (tests set it).
 - ``access(mapping)``: how a reader walks a tensor through a mapping (the
   contiguity class, the contiguous chunk, cache lines touched per element, the
   index arithmetic per element), found by evaluating the mapping on a sample of
-  consecutive output positions.
+  consecutive output positions, and the lines a block of rows touches (a
+  transposed read brings each line from memory once when they fit in cache).
 - ``CostModel``: prices (seconds) for reading through an access, writing,
   copying, and whether a library takes a strided view.  This is the policy:
   one swappable class with no correctness duties.
 
-``Estimator`` ties them to a graph: given a strategy (the set of movement ops
+``Estimator`` ties them to a graph: ``compute()`` prices the compute nodes
+(GEMM/conv flops at the GEMM rate, anything else its bytes), the part of the
+latency no plan changes; given a strategy (the set of movement ops
 made virtual), it lists the latency *terms* the movement-related work costs —
 a kept op's copy, a kernel's reads of a (virtual) tensor, the realisation of a
 virtual tensor that a library node or the graph output needs (a zero-copy view
@@ -53,9 +56,12 @@ class Machine:
     cache_bytes: int = 1 << 20  # a working set that stays in cache (strided re-reads hit it)
     threads: int = 1
     measured: bool = False
+    gemm_gflops: float = 20.0  # float32 GEMM rate of torch.mm on a mid-sized square problem
 
 
-FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False)
+FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False,
+                   gemm_gflops=20.0)
+MACHINE_VERSION = 2  # bump when Machine gains a figure: older cached files are measured again
 _VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
                  "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
 MEASURE_BYTES = 64 << 20
@@ -67,7 +73,8 @@ def machine() -> Machine:
     if os.environ.get("VTC_NO_MEASURE", "") not in ("", "0"):
         return FALLBACK
     cap = torch.backends.cpu.get_cpu_capability()
-    key = {"capability": cap, "threads": torch.get_num_threads(), "host": os.uname().nodename}
+    key = {"capability": cap, "threads": torch.get_num_threads(), "host": os.uname().nodename,
+           "version": MACHINE_VERSION}
     path = None
     try:
         from vtc.runtime.cbuild import cache_dir
@@ -79,7 +86,7 @@ def machine() -> Machine:
     except (OSError, ValueError, KeyError, TypeError, PermissionError):
         pass
     m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
-                threads=torch.get_num_threads(), measured=True)
+                threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm())
     if path is not None:
         try:
             tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -101,6 +108,18 @@ def _measure_bandwidth() -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t0)
     return 2 * n * 4 / best / 1e9
+
+
+def _measure_gemm(n: int = 384) -> float:
+    """GFLOP/s of the best of a few float32 torch.mm of n x n by n x n."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
 
 
 # ---------------------------------------------------------------------------
@@ -130,6 +149,8 @@ class Access:
     index_ops: int  # div/mod/select/min/max/load nodes per element, plus one per extra piece
     source_bytes: int  # bytes of the sources the mapping reads
     strided: Strided | None = None
+    window_lines: float = float("inf")  # cache lines per element over a block of inner rows (see _window)
+    window_bytes: float = float("inf")  # bytes of the distinct lines that block touches (reuse if it fits cache)
 
     @property
     def type_i(self) -> bool:
@@ -176,16 +197,18 @@ def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
     ops = index_ops(m)
     if m.index_tensors or any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):
         chunk, stride, lines = _probe(m, itemsize, line)  # with random indices in each load's range
-        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes)
+        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line))
     st = m.strided()
     if st is not None:
         chunk, stride, lines = _strided_walk(st, m.shape, itemsize, line)
         dense = [s for s, n in zip(st.strides, m.shape) if n > 1]
         want = [s for s, n in zip(contiguous_strides(m.shape), m.shape) if n > 1]
         kind = CONTIGUOUS if dense == want else BROADCAST if stride == 0 else VIEW
-        return Access(kind, chunk, stride, lines, ops, src_bytes, st)
+        window = _window(m, itemsize, line) if kind == VIEW and lines * line > itemsize else ()
+        return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window)
     chunk, stride, lines = _probe(m, itemsize, line)
-    return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes)
+    return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes, None,
+                  *_window(m, itemsize, line))
 
 
 def _strided_walk(st: Strided, shape: tuple[int, ...], itemsize: int, line: int) -> tuple[float, int, float]:
@@ -217,10 +240,30 @@ def _numel(shape) -> int:
     return n
 
 
-def _probe(m: Mapping, itemsize: int, line: int) -> tuple[float, int, float]:
-    """(mean contiguous run in bytes, most common step, cache lines per element) over sampled positions."""
+def _offsets(m: Mapping, lin: torch.Tensor, tensors: dict[str, torch.Tensor], base: dict[str, int]) -> torch.Tensor:
+    """Linear source offsets (plus base[source]) read at row-major output positions `lin`; -1 where none."""
     from vtc.index.expr import evaluate
 
+    env, rest = {}, lin
+    for d in reversed(range(len(m.shape))):
+        env[f"i{d}"] = rest % max(m.shape[d], 1)
+        rest = rest // max(m.shape[d], 1)
+    off = torch.full(lin.shape, -1, dtype=torch.int64)
+    todo = torch.ones(lin.shape, dtype=torch.bool)
+    for p in m.pieces:
+        when = evaluate(p.when, env, tensors).bool().expand(lin.shape) & todo
+        todo &= ~when
+        if p.source is None:
+            continue
+        o = torch.full(lin.shape, base[p.source], dtype=torch.int64)
+        for i, s in zip(p.index, contiguous_strides(m.sources[p.source])):
+            o = o + evaluate(i, env, tensors).expand(lin.shape) * s
+        off = torch.where(when, o, off)
+    return off
+
+
+def _probe(m: Mapping, itemsize: int, line: int) -> tuple[float, int, float]:
+    """(mean contiguous run in bytes, most common step, cache lines per element) over sampled positions."""
     numel = _numel(m.shape)
     if numel <= 1:
         return float(itemsize), 1, itemsize / line
@@ -230,22 +273,7 @@ def _probe(m: Mapping, itemsize: int, line: int) -> tuple[float, int, float]:
     runs, n_read, lines, steps = [], 0, 0, []
     base = {s: j << 40 for j, s in enumerate(m.sources)}  # different sources are never contiguous
     for start in starts:
-        lin = torch.arange(start, min(start + k, numel))
-        env, rest = {}, lin
-        for d in reversed(range(len(m.shape))):
-            env[f"i{d}"] = rest % max(m.shape[d], 1)
-            rest = rest // max(m.shape[d], 1)
-        off = torch.full(lin.shape, -1, dtype=torch.int64)
-        todo = torch.ones(lin.shape, dtype=torch.bool)
-        for p in m.pieces:
-            when = evaluate(p.when, env, tensors).bool().expand(lin.shape) & todo
-            todo &= ~when
-            if p.source is None:
-                continue
-            o = torch.full(lin.shape, base[p.source], dtype=torch.int64)
-            for i, s in zip(p.index, contiguous_strides(m.sources[p.source])):
-                o = o + evaluate(i, env, tensors).expand(lin.shape) * s
-            off = torch.where(when, o, off)
+        off = _offsets(m, torch.arange(start, min(start + k, numel)), tensors, base)
         off = off[off >= 0]
         if off.numel() == 0:
             continue
@@ -263,6 +291,30 @@ def _probe(m: Mapping, itemsize: int, line: int) -> tuple[float, int, float]:
         return float(itemsize), 1, 0.0
     stride = int(torch.cat(steps).mode().values) if steps else 1
     return sum(runs) / len(runs) * itemsize, stride, lines / n_read
+
+
+WINDOW = 1 << 13  # output positions of the reuse window (at least 16 rows of the innermost dim, up to 4x this)
+
+
+def _window(m: Mapping, itemsize: int, line: int) -> tuple[float, float]:
+    """(cache lines per element, bytes of distinct lines) over the first output positions (see WINDOW).
+
+    A reader walking a transposed or head-repeated tensor touches one line per
+    element in a row, but the next rows read the rest of those lines: when the
+    lines a block of rows touches fit in cache, each is brought from memory once.
+    Infinite when the window does not span two rows of the innermost dim.
+    """
+    inner = next((n for n in reversed(m.shape) if n > 1), 1)
+    size = min(_numel(m.shape), max(WINDOW, min(16 * inner, 4 * WINDOW)))
+    if size < 2 * inner:
+        return float("inf"), float("inf")
+    base = {s: j << 40 for j, s in enumerate(m.sources)}
+    off = _offsets(m, torch.arange(size), _random_indices(m), base)
+    off = off[off >= 0]
+    if off.numel() == 0:
+        return 0.0, 0.0
+    lines = torch.unique(off * itemsize // line).numel()
+    return lines / off.numel(), float(lines * line)
 
 
 def _random_indices(m: Mapping) -> dict[str, torch.Tensor]:
@@ -336,6 +388,8 @@ class CostModel:
         if acc.kind == BROADCAST:
             return min(dense, max(acc.source_bytes, itemsize))
         touched = numel * acc.lines_per_element * self.machine.cache_line
+        if acc.window_bytes <= self.machine.cache_bytes:  # a block of rows re-reads its lines from cache
+            touched = min(touched, numel * acc.window_lines * self.machine.cache_line)
         if acc.source_bytes <= self.machine.cache_bytes:  # lines come back from cache for the next rows
             touched = min(touched, max(dense, acc.source_bytes))
         if acc.kind == CHUNKED:
@@ -344,15 +398,21 @@ class CostModel:
             return max(dense, touched) * self.uncertain
         return max(dense, touched)
 
-    def compute(self, numel: int, acc: Access) -> float:
-        """Seconds of index arithmetic and scalar loads to read numel elements through acc once."""
-        ns = acc.index_ops * self.index_op_ns + (self.scalar_load_ns if acc.stride not in (0, 1) else 0.0)
+    def compute(self, numel: int, acc: Access, itemsize: int = 4) -> float:
+        """Seconds of index arithmetic and scalar loads to read numel elements through acc once.
+
+        Where neighbouring elements are neighbours in memory (inner stride 0 or 1) the loop is vectorised and
+        its index arithmetic is shared by the lanes of a vector; elsewhere every element pays for its own."""
+        if acc.stride in (0, 1):
+            ns = acc.index_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
+        else:
+            ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
         return numel * ns * 1e-9 / max(self.machine.threads, 1)
 
     # the operations the estimator prices
     def read(self, numel: int, itemsize: int, acc: Access, reads: int = 1) -> float:
         """A kernel reading every element `reads` times through acc (re-reads hit cache, redo the index)."""
-        return self.transfer(self.traffic(numel, itemsize, acc)) + reads * self.compute(numel, acc)
+        return self.transfer(self.traffic(numel, itemsize, acc)) + reads * self.compute(numel, acc, itemsize)
 
     def write(self, numel: int, itemsize: int) -> float:
         return self.transfer(numel * itemsize)
@@ -362,12 +422,22 @@ class CostModel:
         element; the framework's copy (a kept op, a library making an operand contiguous) walks it
         incrementally and pays only for scalar loads."""
         read = self.read(numel, itemsize, acc) if generated else (
-            self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0)))
+            self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0), itemsize))
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
 
     def store(self, numel: int, itemsize: int, acc: Access) -> float:
         """Extra seconds of writing through acc instead of in order (a push)."""
-        return self.transfer(self.traffic(numel, itemsize, acc) - numel * itemsize) + self.compute(numel, acc)
+        return self.transfer(self.traffic(numel, itemsize, acc) - numel * itemsize) + self.compute(numel, acc, itemsize)
+
+    def node(self, node: Node) -> float:
+        """Seconds of one compute node, whatever the plan: GEMM/conv flops at the machine's GEMM rate,
+        anything else its operand and result bytes at the copy bandwidth; plus one call."""
+        flops = _flops(node)
+        if flops:
+            sec = flops / (self.machine.gemm_gflops * 1e9)
+        else:
+            sec = self.transfer(sum(v.nbytes for v in [*node.inputs, *node.outputs]))
+        return self.call_us * 1e-6 + sec
 
     # what libraries take
     def library_takes(self, reader: Node, operand: Value, st: Strided, shape: tuple[int, ...]) -> str | None:
@@ -441,6 +511,7 @@ class Estimator:
         self._st: dict[int, tuple[Mapping, Strided | None]] = {}
         self._runs: dict[tuple, Mapping] = {}
         self.rereads: dict[str, int] = {}
+        self._compute: float | None = None
         self.anc: dict[str, frozenset[str]] = {}
         for n in g.nodes:
             for o in n.outputs:
@@ -632,6 +703,16 @@ class Estimator:
                                      if u.kind == "movement" and u.name not in after})
         return values, kept
 
+    def compute(self) -> float:
+        """Estimated seconds of the compute nodes, the part of the latency no plan changes."""
+        if self._compute is None:
+            self._compute = sum(self.model.node(n) for n in self.graph.nodes if n.kind != "movement")
+        return self._compute
+
+    def latency(self, state: frozenset) -> float:
+        """Estimated latency of the whole graph under `state`: compute plus movement-related work."""
+        return self.compute() + self.total(state)
+
     def total(self, state: frozenset) -> float:
         """Estimated seconds of all movement-related work (copies, realisations, reads) under `state`."""
         ops = [n.name for n in self.graph.nodes if n.kind == "movement"]
@@ -719,6 +800,22 @@ class Estimator:
             bad = sorted(after, key=lambda t: -t.seconds)
             reason = bad[0].note if bad else "removing it saves nothing measurable"
         return Saving(sec, reason)
+
+
+def _flops(node: Node) -> int:
+    """Multiply-adds x 2 of a GEMM or convolution node (0 for anything else)."""
+    cat = category(node)
+    out = node.outputs[0] if node.outputs else None
+    mats = [v for v in node.inputs if len(v.shape) >= 2]
+    if out is None or not mats:
+        return 0
+    if cat == "matmul":
+        a = mats[1] if _is_bias(node, node.inputs[0]) and len(mats) > 1 else mats[0]
+        return 2 * out.numel * int(a.shape[-1])
+    if cat == "conv" and len(node.inputs) > 1 and len(node.inputs[1].shape) >= 2:
+        w = node.inputs[1]
+        return 2 * out.numel * (w.numel // max(int(w.shape[0]), 1))
+    return 0
 
 
 def _worst(before: list[Term], after: list[Term]) -> str:

@@ -3,7 +3,8 @@
 ``explain(graph, plan, report, baseline)`` lists every movement op with its
 fate: virtual over which tensors and through which composed mapping (read
 through by kernels, a zero-copy view, or realised by one copy), or kept
-physical and why, with the planner's estimated saving; then the push
+physical and why, with the planner's estimated saving (and the measured one
+in measured mode); the planner's notes (memory search, measurements); then the push
 alternatives the planner priced but cannot lower yet, the estimated movement
 time of plan none / all / this plan, and the peak memory line
 "peak X MB -> Y MB" against ``plan="none"`` (``peak_line``).
@@ -32,7 +33,9 @@ def explain(graph: Graph, plan: Plan, report=None, baseline=None, estimate: bool
     pulls = {d.op: d for d in plan.decisions if d.direction == "pull"}
     moves = [n for n in graph.nodes if n.kind == "movement"]
     kept = sum(n.name in plan.kept for n in moves)
-    lines = [f"plan={plan.mode}: {len(moves) - kept}/{len(moves)} movement ops removed, {kept} kept physical"]
+    lines = [f"plan={plan.mode} (objective={plan.objective}): {len(moves) - kept}/{len(moves)} movement ops removed, "
+             f"{kept} kept physical"]
+    lines += [f"  {note}" for note in plan.notes]
     for n in moves:
         op = n.op.split(".")[1] if n.op.startswith("aten.") else n.op
         d = pulls.get(n.name)
@@ -50,7 +53,8 @@ def explain(graph: Graph, plan: Plan, report=None, baseline=None, estimate: bool
             lines.extend("      " + line for line in str(m).splitlines())
         if d is not None:
             when = f"round {d.round}" if d.round else "taken"
-            lines.append(f"      {when}, estimated {fmt_seconds(d.saving.seconds)}: {d.reason}")
+            measured = f", measured {fmt_seconds(d.measured)}" if d.measured is not None else ""
+            lines.append(f"      {when}, estimated {fmt_seconds(d.saving.seconds)}{measured}: {d.reason}")
     pushes = [d for d in plan.decisions if d.direction == "push"]
     if pushes:
         lines += ["", "push alternatives (the producer writes into the op's output; priced, not lowered yet):"]

@@ -18,6 +18,10 @@ choices taken into the same ``Plan`` as ``plan_all`` (``plan_keeping``), with
 inside a GEMM operand (aten.bmm.default): the library copies it anyway;
 estimated +0.00 µs" and ``plan.decisions`` the log.  Push choices are priced
 and logged but not taken: no lowering stores through a mapping yet.
+``plan_of`` turns any strategy into that ``Plan``; ``vtc.plan.planners`` is the
+entry of the ``plan=`` / ``objective=`` options, which may measure choices
+(``vtc.plan.measure``) or trade latency for peak memory (``vtc.plan.memory``)
+before it.
 """
 from __future__ import annotations
 
@@ -43,9 +47,10 @@ class Decision:
     reason: str
     direction: str = PULL
     round: int | None = None  # the round it was taken (or dropped by a conflict) in
+    measured: float | None = None  # measured saving in seconds (vtc.plan.measure), None when not measured
 
     def __str__(self) -> str:
-        what = f"round {self.round}: took" if self.chosen else "left"
+        what = f"round {self.round}: took" if self.chosen and self.round else "took" if self.chosen else "left"
         return f"{what} {self.direction} {self.op} (%{self.value}) {fmt_seconds(self.saving.seconds)}: {self.reason}"
 
 
@@ -137,7 +142,12 @@ def _escape(alive: list[Choice], estimator: Estimator, state: frozenset) -> list
 def plan_greedy(graph: Graph, backend: str = "cpu", model: CostModel | None = None) -> Plan:
     """The greedy plan of `graph` for `backend` under cost `model`; kept ops carry their reasons."""
     vtog = VTOG(graph, node_kinds(graph, backend))
-    strategy = select(vtog, Estimator(vtog, model), (PULL,))
+    return plan_of(graph, "greedy", vtog, select(vtog, Estimator(vtog, model), (PULL,)))
+
+
+def plan_of(graph: Graph, mode: str, vtog: VTOG, strategy: Strategy) -> Plan:
+    """The Plan that takes the pull choices of `strategy`: every other movement op kept, with its decision's
+    reason and estimate; ``plan.decisions`` is the strategy's log."""
     taken = {c.op for c in strategy.chosen if c.direction == PULL}
     keep: dict[str, str] = {}
     for n in graph.nodes:
@@ -145,7 +155,8 @@ def plan_greedy(graph: Graph, backend: str = "cpu", model: CostModel | None = No
             continue  # an op without pull mapping: plan_keeping logs why
         d = strategy.decision(n.name, PULL)
         if d is not None:
-            keep[n.name] = f"kept physical: {d.reason}; estimated {fmt_seconds(d.saving.seconds)}"
-    plan = plan_keeping(graph, "greedy", keep)
+            keep[n.name] = d.reason if d.reason.startswith("kept") else (
+                f"kept physical: {d.reason}; estimated {fmt_seconds(d.saving.seconds)}")
+    plan = plan_keeping(graph, mode, keep)
     plan.decisions = strategy.decisions
     return plan

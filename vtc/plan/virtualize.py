@@ -51,6 +51,8 @@ class Plan:
     kept: dict[str, str] = field(default_factory=dict)  # movement node name -> why it stays physical
     needs: dict[str, list[str]] = field(default_factory=dict)  # node name -> virtual inputs to realise first
     decisions: list = field(default_factory=list)  # a planner's log (vtc.plan.greedy.Decision), in decision order
+    objective: str = "latency"  # what the planner minimised: "latency" or "memory" (peak within a slowdown)
+    notes: list[str] = field(default_factory=list)  # the planner's one-line summaries (memory search, measurements)
 
     def is_virtual(self, value: str) -> bool:
         return value in self.mappings

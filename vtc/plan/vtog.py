@@ -322,12 +322,15 @@ def _target_boxes(e: Edge) -> list[list[tuple[float, float]]]:
     return [[(i.lo, i.hi) for i in p.index] for p in e.mapping.pieces if p.source == e.key]
 
 
-def node_kinds(graph: Graph, backend: str = "cpu") -> dict[str, str]:
+def node_kinds(graph: Graph, backend: str = "cpu", gemm: str = "auto") -> dict[str, str]:
     """Per node: "movement", "kernel" (a generated kernel reads its operands through mappings) or "library".
 
     backend="cpu" asks the code generator which compute nodes it generates
-    (pointwise and row ops it supports); backend="torch" runs every compute
-    node through torch.
+    when every movement op is virtual: pointwise and row ops it supports, the
+    matmuls and convolutions it packs through their mappings (under the
+    compile option `gemm`, vtc.codegen.gemm.choose: those whose operands torch
+    would have to copy) and the nodes of a fused attention kernel;
+    backend="torch" runs every compute node through torch.
     """
     out = {n.name: "movement" for n in graph.nodes if n.kind == "movement"}
     if backend != "cpu":
@@ -335,10 +338,10 @@ def node_kinds(graph: Graph, backend: str = "cpu") -> dict[str, str]:
         return out
     from vtc.codegen.lower import Lowering
 
-    low = Lowering(graph, plan_none(graph))
+    low = Lowering(graph, plan_all(graph), gemm)
     for n in graph.nodes:
         if n.kind != "movement":
-            out[n.name] = "kernel" if low.kind[n.name] in ("pointwise", "row") else "library"
+            out[n.name] = "kernel" if low.kind[n.name] in ("pointwise", "row", "gemm", "attention") else "library"
     return out
 
 

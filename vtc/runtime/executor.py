@@ -66,8 +66,9 @@ class Executor:
     """
 
     def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch",
-                 gemm: str = "auto") -> None:
+                 gemm: str = "auto", build: bool = True) -> None:
         self.graph, self.plan, self.oracle, self.backend, self.gemm = graph, plan, oracle, backend, gemm
+        self.build = build  # False: steps and liveness only (a planner's peak estimate); kernels not compiled
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         self.lowering = None
@@ -104,7 +105,8 @@ class Executor:
 
         self.lowering, lowered = lower(self.graph, self.plan, gemm=self.gemm)
         ksteps = [payload for kind, payload in lowered if kind == "kernel"]
-        compiled = dict(zip((id(k) for k in ksteps), build_kernels(ksteps)))
+        built = build_kernels(ksteps) if self.build else [CompiledKernel(k, None) for k in ksteps]
+        compiled = dict(zip((id(k) for k in ksteps), built))
         steps: list[Step] = []
         for kind, payload in lowered:
             if kind == "run":
@@ -123,6 +125,14 @@ class Executor:
         for k, s in enumerate(self.steps):
             for name in s.reads:
                 last[name] = k
+        held: dict[int, list[str]] = {}  # step -> view sources whose storage a view holds until that step
+        for k, s in enumerate(self.steps):
+            if s.kind == "view" and s.realization.strided is not None:
+                src, view = s.realization.strided.source, s.realization.value
+                end = len(self.steps) if view in keep else last.get(view, k)
+                if end > last.get(src, -1):
+                    last[src] = end
+                    held.setdefault(end, []).append(src)
         sizes: dict[str, int] = {}
         live = peak = 0
         for k, s in enumerate(self.steps):
@@ -132,13 +142,15 @@ class Executor:
                 live += nbytes
                 last.setdefault(name, k)
             peak = max(peak, live)
-            frees = tuple(n for n in s.reads + s.writes if last.get(n) == k and n not in keep)
+            frees = tuple(n for n in s.reads + s.writes + held.get(k, []) if last.get(n) == k and n not in keep)
             s.frees = tuple(dict.fromkeys(frees))
             live -= sum(sizes.get(n, 0) for n in s.frees)
         return peak
 
     # -- running --------------------------------------------------------------
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.build:
+            raise RuntimeError("this Executor was made with build=False (schedule and peak only): it cannot run")
         env: dict[str, torch.Tensor] = dict(self.consts)
         for v, t in zip(self.graph.inputs, inputs):
             env[v.name] = t
