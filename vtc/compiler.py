@@ -181,7 +181,8 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     gemm="auto" (default: a GEMM whose operand is a virtual tensor that is not
     a strided view runs as a generated kernel packing it through its mapping,
     the others through torch on zero-copy views), "vtc" (every float32 GEMM
-    generated) or "torch" (every GEMM through torch); the choice per GEMM node
+    generated) or "torch" (every GEMM through torch, and no fused attention
+    kernel, whose matmuls are its own); the choice per GEMM node
     and both estimated costs are in ``report.to_dict()["gemm"]``.
 
     An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to

@@ -38,9 +38,9 @@ def test_memory_objective_makes_virtual_what_latency_keeps():
     plan keeps both clones (each realisation through the mapping is estimated dearer than torch's clone); the
     memory plan reads the values through the mapping at their GEMM instead, so the two copies are never live
     together, for an estimated slowdown within 5%."""
-    inputs = repeat_kv_inputs()
-    c_lat, p_lat = compiled(repeat_kv_attention, inputs)
-    c_mem, p_mem = compiled(repeat_kv_attention, inputs, objective="memory")
+    inputs = repeat_kv_inputs()  # GEMMs through torch (gemm="torch"): no attention kernel reads through the clones
+    c_lat, p_lat = compiled(repeat_kv_attention, inputs, gemm="torch")
+    c_mem, p_mem = compiled(repeat_kv_attention, inputs, objective="memory", gemm="torch")
     clone, clone_1 = node(c_lat.graph, "clone").name, node(c_lat.graph, "clone", 1).name
     assert set(p_lat.kept) == {clone, clone_1} and set(p_mem.kept) == {clone}
     copy = 2 * 2 * 4 * 64 * 32 * 4  # one repeated tensor: 64 KB
@@ -50,7 +50,7 @@ def test_memory_objective_makes_virtual_what_latency_keeps():
     assert d.chosen and d.reason.startswith("made virtual (objective=memory): the latency plan's peak")
     assert p_mem.objective == "memory" and "objective=memory: peak" in p_mem.notes[0]
     # no slowdown allowed: nothing the model prices dearer is taken
-    c0, p0 = compiled(repeat_kv_attention, inputs, objective="memory", max_slowdown=0.0)
+    c0, p0 = compiled(repeat_kv_attention, inputs, objective="memory", max_slowdown=0.0, gemm="torch")
     assert set(p0.kept) == {clone, clone_1}
 
 
@@ -102,7 +102,7 @@ def test_measured_mode_records_measurements_within_the_budget():
     """plan="measured" times the choices the model is unsure of (non-Type-I reads) and records the measured
     saving; the Type-I ones keep the model's call.  The result is correct whatever the timings say."""
     inputs = repeat_kv_inputs()
-    c, plan = compiled(repeat_kv_attention, inputs, plan="measured", measure_budget_s=2.0)
+    c, plan = compiled(repeat_kv_attention, inputs, plan="measured", measure_budget_s=2.0, gemm="torch")
     clones = {node(c.graph, "clone").name, node(c.graph, "clone", 1).name}
     pulls = {d.op: d for d in plan.decisions if d.direction == "pull"}
     assert {op for op, d in pulls.items() if d.measured is not None} == clones

@@ -82,7 +82,7 @@ class Lowering:
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
         # bmm -> softmax -> bmm fused into one kernel (kind "attention"), keyed by the PV bmm; why not, per softmax
-        self.attention, self.why_not_attention = find_attention(self)
+        self.attention, self.why_not_attention = find_attention(self) if gemm != "torch" else ({}, {})
         self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
         self._attention_member = {x.name: m.output.name for m in self.attention.values() for x in m.members}
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
