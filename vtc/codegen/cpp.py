@@ -25,6 +25,7 @@ import torch
 
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
 from vtc.codegen.ops import C_TYPES
+from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.index.expr import Expr
 from vtc.index.mapping import contiguous_strides
 
@@ -108,7 +109,7 @@ template <class T> static inline T vtc_gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 template <class T> static inline T vtc_fmod_floor(T a, T b) { T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0)); }
-"""
+""" + TILES_PRELUDE
 
 _UNARY_FMT = {
     "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "std::log({x})", "tanh": "vtc_tanh({x})",
@@ -364,6 +365,9 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         return em.hoist([s.value for s in k.stores], "  ") + [_store(em, s, "  ") for s in k.stores]
     names = [f"i{d}" for d in range(len(shape))]
     par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
+    loads = transposed_loads(k, em.shapes)
+    if loads:  # reads across rows through 16 x 16 register transposes (vtc.codegen.tiles)
+        return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)
     if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):
         a, b = shape[-2], shape[-1]
         ta, tb = -(-a // TILE), -(-b // TILE)
@@ -410,12 +414,49 @@ def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:
             "    }", f"    if ({acc}_nan) {acc} = ({t})NAN;"]
 
 
+def _row_order(k: Kernel, em: _Emitter) -> list[int]:
+    """The order of the kept dims in a row kernel's row loop, the last one varying fastest.
+
+    The domain order, except when the loads step through memory less along another dim than
+    along the last one (a permute in front of a softmax: neighbouring rows share cache lines):
+    that dim then varies fastest, so the rows that share a cache line run one after another and
+    the line is fetched once for all of them.
+    """
+    from vtc.codegen.lower import scalars_of
+    from vtc.index.expr import affine, lift
+
+    dims = [d for d, s in enumerate(k.domain) if s > 1]
+    order = list(range(len(k.domain)))
+    if len(dims) < 2:
+        return order
+    step: dict[int, int] = {}
+    for s in scalars_of(k):
+        if s.op != "load":
+            continue
+        lin = lift(0)
+        for i, st in zip(s.args[1], contiguous_strides(em.shapes[s.args[0]])):
+            lin = lin + i * st
+        form = affine(lin)
+        for d in dims:
+            c = abs(form[1].get(f"i{d}", 0)) if form is not None else 0
+            if c:
+                step[d] = min(step.get(d, c), c)
+    if not step:
+        return order
+    best = min(step, key=lambda d: (step[d], -d))
+    if best != dims[-1] and step[best] < step.get(dims[-1], 1 << 62):
+        order.remove(best)
+        order.append(best)
+    return order
+
+
 def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     rows = math.prod(k.domain)
     names = [f"i{d}" for d in range(len(k.domain))]
     lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",
              f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
-    lines += _decompose(names, k.domain, "o", "    ")
+    order = _row_order(k, em)
+    lines += _decompose([names[d] for d in order], tuple(k.domain[d] for d in order), "o", "    ")
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
     for phase in k.phases:
         for red in phase:

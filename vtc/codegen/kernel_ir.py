@@ -162,7 +162,7 @@ class Kernel:
     """
 
     name: str
-    kind: str  # "pointwise" | "row"
+    kind: str  # "pointwise" | "row" | "copy" (realises a virtual value) | "move" (runs a kept movement op)
     domain: tuple[int, ...]
     r_extent: int
     phases: list[list[Reduction]]

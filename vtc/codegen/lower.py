@@ -71,6 +71,7 @@ class Lowering:
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
+        self.move_mappings: dict[str, Mapping] = {}  # output of a kept movement op run by a kernel -> its pull
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
 
@@ -357,10 +358,46 @@ class Lowering:
         if name in self.values:
             v = self.values[name]
             return v.shape, v.dtype
-        for m in self.plan.mappings.values():
+        for m in [*self.plan.mappings.values(), *self.move_mappings.values()]:
             if name in m.index_tensors:
                 return tuple(m.index_tensors[name]), torch.int64
         raise KeyError(f"unknown index tensor {name!r}")
+
+    def move_kernels(self, n: Node) -> list[KernelStep] | None:
+        """Copy kernels running kept movement node n (one per used output, through its own pull mapping).
+
+        None, with the reason in ``why_torch``, when n runs through torch instead: it has no pull
+        mapping, a dtype has no generated code, or an input is not physical (realised for torch).
+        """
+        from vtc.plan.virtualize import pull_of
+
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype not in C_TYPES]
+        if bad:
+            self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
+            return None
+        if not all(self.is_physical(v.name) for v in n.inputs):
+            self._torch(n, "kept movement op with a virtual input: realised and run through torch")
+            return None
+        maps = pull_of(n)
+        if isinstance(maps, str):
+            self._torch(n, maps)
+            return None
+        out = []
+        for o, m in zip(n.outputs, maps):
+            if not self.users.get(o.name) and o.name not in self.outputs:
+                continue
+            self.move_mappings[o.name] = m
+            idx = out_vars(o.shape)
+            try:
+                value = self._through_mapping(m, idx, o.dtype, {})
+            except NotSupported as e:
+                self._torch(n, str(e))
+                return None
+            k = self._finish(Kernel(f"k_{_ident(o.name)}", "move", o.shape, 0, [],
+                                    [Store(Buffer(o.name, o.shape, o.dtype), idx, value)], source_nodes=[n.name]))
+            checks = [c for c in m.checks if c.tensor not in self.folded]
+            out.append(KernelStep(k, list(dict.fromkeys(checks)), [m] if m.index_tensors else []))
+        return out
 
     def mappings_read(self, k: Kernel) -> list[Mapping]:
         """The virtual mappings whose index tensors kernel k loads (for checks and derived tensors)."""
@@ -456,6 +493,9 @@ def lower(graph: Graph, plan: Plan) -> tuple[Lowering, list]:
             continue
         if k == "row":
             steps.append(("kernel", _step(low, low.row_kernel(n))))
+            continue
+        if k == "kept" and (moves := low.move_kernels(n)) is not None:  # a kept movement op: copy kernels
+            steps.extend(("kernel", m) for m in moves)
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):
