@@ -161,9 +161,12 @@ class _Emitter:
             self.ptr.setdefault(b.name, f"b{len(self.ptr)}")
         self.shapes = {b.name: b.shape for b in [*k.inputs, *_outputs(k)]}
         self.temps: dict[int, str] = {}
+        self.index_temps: dict[Expr, str] = {}  # index-tensor loads read once per row (see hoist_index_loads)
 
     # -- index expressions ----------------------------------------------------
     def index(self, e: Expr) -> str:
+        if e in self.index_temps:
+            return self.index_temps[e]
         op, a = e.op, e.args
         if op == "const":
             return str(a[0]) if abs(a[0]) < 2**31 else f"{a[0]}LL"
@@ -283,6 +286,49 @@ class _Emitter:
     def forget(self) -> None:
         self.temps.clear()
 
+    def hoist_index_loads(self, k: Kernel, loop_var: str, indent: str) -> list[str]:
+        """Temps for the index-tensor loads (a gather's row index) that do not change along `loop_var`.
+
+        Read once before the loop over `loop_var` instead of in it: gcc does not vectorise a loop
+        that reloads the index in every iteration.  Only loads every element makes are hoisted (not
+        under a piece choice or an index ``select``, whose untaken side may be out of range).
+        """
+        from vtc.index.expr import free_vars
+
+        lines: list[str] = []
+        seen: set[int] = set()
+
+        def visit_index(e: Expr) -> None:
+            if e.op == "select" or e in self.index_temps:
+                return
+            if e.op == "load":
+                if loop_var not in free_vars(e):
+                    name = f"ix{len(self.index_temps)}"
+                    lines.append(f"{indent}const int64_t {name} = {self.index(e)};")
+                    self.index_temps[e] = name
+                    return
+            for x in e.args:
+                if isinstance(x, Expr):
+                    visit_index(x)
+                elif isinstance(x, tuple):
+                    for y in x:
+                        if isinstance(y, Expr):
+                            visit_index(y)
+
+        stack = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
+        while stack:
+            sc = stack.pop()
+            if id(sc) in seen:
+                continue
+            seen.add(id(sc))
+            if sc.op == "load":
+                for e in sc.args[1]:
+                    visit_index(e)
+            elif sc.op == "pick":
+                continue
+            stack.extend(a for a in sc.args if isinstance(a, Scalar))
+        return lines
+
 
 _NARROW = (torch.bool, torch.uint8, torch.int8, torch.int16)
 
@@ -385,6 +431,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
         lines = [par, f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
         lines += _decompose(names[:-1], shape[:-1], "o", "    ")
+        lines += em.hoist_index_loads(k, names[-1], "    ")
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
         close, indent = ["    }", "  }"], "      "
     em.forget()
@@ -457,6 +504,7 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
              f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
     order = _row_order(k, em)
     lines += _decompose([names[d] for d in order], tuple(k.domain[d] for d in order), "o", "    ")
+    lines += em.hoist_index_loads(k, "r", "    ")
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
     for phase in k.phases:
         for red in phase:
