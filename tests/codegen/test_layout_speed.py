@@ -68,3 +68,19 @@ def test_permute_softmax_walks_rows_sharing_cache_lines_together(shape):
         assert order[-1] == 0, order  # the channel dim (stride 1 in the input) varies fastest
     else:
         assert order == list(range(len(k.domain)))
+
+
+def test_gather_row_index_is_read_once_per_row():
+    """index_select -> sum: the row index is loaded before the reduction loop (so that loop vectorises);
+    a row index under a cat piece stays in the loop body (out of range for the other piece's rows)."""
+    g = gen(44)
+    table, other = rand((37, 129), g), rand((37, 129), g)
+    idx = torch.tensor([3, 0, 36, 17, 17])
+    compiled = check(lambda t, i: t.index_select(0, i).sum(-1), (table, idx), **ROW_TOL)
+    (k,) = kernels(compiled)
+    src = generate(k)
+    assert "const int64_t ix0 = " in src and src.index("const int64_t ix0") < src.index("for (int64_t r")
+    compiled = check(lambda t, u, i: torch.cat((t.index_select(0, i), u[:2])).sum(-1), (table, other, idx),
+                     **ROW_TOL)
+    (k,) = kernels(compiled)
+    assert "const int64_t ix" not in generate(k)
