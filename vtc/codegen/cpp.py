@@ -9,7 +9,13 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   index split into i0, i1, ...; an ``omp simd`` loop over the last dim;
 - row kernels (reductions, softmax, norms): ``parallel for`` over the kept
   dims; per reduction pass an inner loop over r (``simd reduction`` where the
-  combine is associative), then the per-element and per-row stores.
+  combine is associative), then the per-element and per-row stores.  Rows
+  whose loads share cache lines (a permute in front) run one after another
+  (``_row_order``);
+- a pointwise kernel reading an operand across its rows (a transpose) walks
+  16 x 16 tiles and transposes that operand in registers (``vtc.codegen.tiles``);
+- index-tensor loads that do not change along the inner loop (a gather's row
+  index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 
 Index expressions become integer C (plain ``/`` and ``%`` where the range
 analysis proves the operand non-negative); a virtual tensor's piece choice

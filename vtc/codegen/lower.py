@@ -17,6 +17,11 @@ node or the graph output needs is *realised*: as a zero-copy strided view when
 its mapping is one (``plan.realized[..].strided``), else by a copy kernel that
 reads through the mapping (and inlines its single-use producers).
 
+A movement op the plan keeps physical (all of them with ``plan="none"``) runs
+as its own copy kernel ("move") through its pull mapping when it has one and
+its inputs are physical; otherwise through torch, with the reason in
+``why_torch``.
+
 ``lower(graph, plan)`` returns the steps in graph order; every decision that
 keeps something physical is visible in the kernels' ``source_nodes`` and in the
 report.
