@@ -98,6 +98,7 @@ class Compiled:
                  _graph: Graph | None = None) -> None:
         self.model = model
         self.options = check_options(options)
+        self._plain: tuple[int, bool] | None = None  # (number of inputs, captured as plain positional tensors)
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
@@ -140,12 +141,23 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         graph = self._first.graph
-        tensors = flatten_inputs(graph, args, kwargs)
+        if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
+            tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
+        else:
+            tensors = flatten_inputs(graph, args, kwargs)
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
         return unflatten_outputs(spec.graph, spec.executor(tensors))
+
+    def _plain_inputs(self, n: int) -> bool:
+        """Whether the captured inputs are exactly n positional tensors (no kwargs, no constants)."""
+        if self._plain is None:
+            graph = self._first.graph
+            spec = pytree.tree_structure(((torch.empty(0),) * len(graph.inputs), {}))
+            self._plain = (len(graph.inputs), graph.in_spec == spec and not graph.meta.get("input_consts"))
+        return self._plain[1] and self._plain[0] == n
 
     def __repr__(self) -> str:
         return f"<vtc.Compiled {type(self.model).__name__}: {self.report.summary()}>"

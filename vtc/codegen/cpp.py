@@ -9,7 +9,13 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   index split into i0, i1, ...; an ``omp simd`` loop over the last dim;
 - row kernels (reductions, softmax, norms): ``parallel for`` over the kept
   dims; per reduction pass an inner loop over r (``simd reduction`` where the
-  combine is associative), then the per-element and per-row stores.
+  combine is associative), then the per-element and per-row stores.  Rows
+  whose loads share cache lines (a permute in front) run one after another
+  (``_row_order``);
+- a pointwise kernel reading an operand across its rows (a transpose) walks
+  16 x 16 tiles and transposes that operand in registers (``vtc.codegen.tiles``);
+- index-tensor loads that do not change along the inner loop (a gather's row
+  index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 
 Index expressions become integer C (plain ``/`` and ``%`` where the range
 analysis proves the operand non-negative); a virtual tensor's piece choice
@@ -25,6 +31,7 @@ import torch
 
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
 from vtc.codegen.ops import C_TYPES
+from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.index.expr import Expr
 from vtc.index.mapping import contiguous_strides
 
@@ -41,46 +48,65 @@ template <class T> static inline T vtc_max(T a, T b) { return (a > b || a != a) 
 template <class T> static inline T vtc_min(T a, T b) { return (a < b || a != a) ? a : b; }
 // float exp/erf/tanh as branch-free arithmetic, so that loops calling them vectorise
 // (Cephes expf polynomial, ~1 ulp; erf by Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
+// Their polynomials use fused multiply-adds where the target has them (explicit, since the
+// build turns off contraction of the kernels' own a * b + c so that those match torch).
+#if defined(__FMA__)
+#define VTC_FMA(a, b, c) __builtin_fmaf(a, b, c)
+#else
+#define VTC_FMA(a, b, c) ((a) * (b) + (c))
+#endif
 static inline float vtc_exp(float x) {
   const float hi = 88.72283935f, lo = -86.0f;  // ln(FLT_MAX); below lo the result is < 5e-38, returned as 0
   float xc = x > lo ? x : lo;  // NaN -> lo, restored at the end
   xc = xc < hi ? xc : hi;
-  float m = xc * 1.44269504088896341f + 12582912.0f;  // round(x / ln 2) in the low mantissa bits
+  float m = VTC_FMA(xc, 1.44269504088896341f, 12582912.0f);  // round(x / ln 2) in the low mantissa bits
   float fl = m - 12582912.0f;
   int32_t n = __builtin_bit_cast(int32_t, m) - 0x4B400000;
-  float z = xc - fl * 0.693359375f + fl * 2.12194440e-4f;
+  float z = VTC_FMA(fl, 2.12194440e-4f, VTC_FMA(fl, -0.693359375f, xc));
   float y = 1.9875691500e-4f;
-  y = y * z + 1.3981999507e-3f; y = y * z + 8.3334519073e-3f; y = y * z + 4.1665795894e-2f;
-  y = y * z + 1.6666665459e-1f; y = y * z + 5.0000001201e-1f;
-  y = y * z * z + z + 1.0f;
+  y = VTC_FMA(y, z, 1.3981999507e-3f); y = VTC_FMA(y, z, 8.3334519073e-3f); y = VTC_FMA(y, z, 4.1665795894e-2f);
+  y = VTC_FMA(y, z, 1.6666665459e-1f); y = VTC_FMA(y, z, 5.0000001201e-1f);
+  y = VTC_FMA(y, z * z, z) + 1.0f;
   float r = y * __builtin_bit_cast(float, (n + 126) << 23) * 2.0f;
   r = x < lo ? 0.0f : r;
   r = x > hi ? INFINITY : r;
   return x != x ? x : r;
 }
 static inline double vtc_exp(double x) { return std::exp(x); }
+// 1 - erf(|x|) for |x| >= 0 by Abramowitz-Stegun 7.1.26 (absolute error < 1.5e-7)
+static inline float vtc_erfc_as(float a) {
+  float t = 1.0f / VTC_FMA(0.3275911f, a, 1.0f);
+  float y = VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(1.061405429f, t, -1.453152027f), t, 1.421413741f), t, -0.284496736f),
+                    t, 0.254829592f) * t;
+  return y * vtc_exp(-a * a);
+}
 static inline float vtc_erf(float x) {
   float z = x * x;  // |x| < 1: Cephes erff polynomial (relative error ~1e-7)
-  float small = x * ((((((7.853861353153693e-5f * z - 8.010193625184903e-4f) * z + 5.188327685732524e-3f) * z
-                       - 2.685381193529856e-2f) * z + 1.128358514861418e-1f) * z - 3.761262582423300e-1f) * z
-                     + 1.128379165726710e+0f);
-  float a = std::fabs(x), t = 1.0f / (1.0f + 0.3275911f * a);  // |x| >= 1: Abramowitz-Stegun 7.1.26
-  float y = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t + 0.254829592f) * t;
-  float big = 1.0f - y * vtc_exp(-z);
+  float small = x * VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(7.853861353153693e-5f, z, -8.010193625184903e-4f),
+                    z, 5.188327685732524e-3f), z, -2.685381193529856e-2f), z, 1.128358514861418e-1f),
+                    z, -3.761262582423300e-1f), z, 1.128379165726710e+0f);
+  float big = 1.0f - vtc_erfc_as(std::fabs(x));  // |x| >= 1
   big = x < 0 ? -big : big;
-  return a < 1.0f ? small : big;
+  return std::fabs(x) < 1.0f ? small : big;
 }
 static inline double vtc_erf(double x) { return std::erf(x); }
 static inline float vtc_tanh(float x) {
   float z = x * x;  // |x| < 0.625: Cephes tanhf polynomial, else from exp
-  float small = ((((-5.70498872745e-3f * z + 2.06390887954e-2f) * z - 5.37397155531e-2f) * z
-                  + 1.33314422036e-1f) * z - 3.33332819422e-1f) * z * x + x;
+  float small = VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(-5.70498872745e-3f, z, 2.06390887954e-2f), z, -5.37397155531e-2f),
+                                        z, 1.33314422036e-1f), z, -3.33332819422e-1f) * z, x, x);
   float e = vtc_exp(-2.0f * std::fabs(x)), big = (1.0f - e) / (1.0f + e);
   big = x < 0 ? -big : big;
   return std::fabs(x) < 0.625f ? small : big;
 }
 static inline double vtc_tanh(double x) { return std::tanh(x); }
 template <class T> static inline T vtc_sigmoid(T x) { return T(1) / (T(1) + vtc_exp(-x)); }
+static inline float vtc_gelu(float x) {  // erf of x / sqrt(2) by Abramowitz-Stegun over the whole range:
+  float e = 1.0f - vtc_erfc_as(std::fabs(x) * 0.70710678118654752440f);  // its error is below float's
+  e = x < 0 ? -e : e;                                                   // resolution of 1 + erf
+  float r = 0.5f * x * (1.0f + e);
+  float d = x - x;  // NaN for +-inf and NaN, as torch returns there
+  return d != d ? d : (x < -20.0f ? -0.0f : r);
+}
 template <class T> static inline T vtc_gelu(T x) {
   T r = T(0.5) * x * (T(1) + vtc_erf(x * T(0.70710678118654752440)));
   T d = x - x;  // NaN for +-inf and NaN, as torch returns there
@@ -89,7 +115,7 @@ template <class T> static inline T vtc_gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 template <class T> static inline T vtc_fmod_floor(T a, T b) { T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0)); }
-"""
+""" + TILES_PRELUDE
 
 _UNARY_FMT = {
     "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "std::log({x})", "tanh": "vtc_tanh({x})",
@@ -141,9 +167,12 @@ class _Emitter:
             self.ptr.setdefault(b.name, f"b{len(self.ptr)}")
         self.shapes = {b.name: b.shape for b in [*k.inputs, *_outputs(k)]}
         self.temps: dict[int, str] = {}
+        self.index_temps: dict[Expr, str] = {}  # index-tensor loads read once per row (see hoist_index_loads)
 
     # -- index expressions ----------------------------------------------------
     def index(self, e: Expr) -> str:
+        if e in self.index_temps:
+            return self.index_temps[e]
         op, a = e.op, e.args
         if op == "const":
             return str(a[0]) if abs(a[0]) < 2**31 else f"{a[0]}LL"
@@ -263,6 +292,49 @@ class _Emitter:
     def forget(self) -> None:
         self.temps.clear()
 
+    def hoist_index_loads(self, k: Kernel, loop_var: str, indent: str) -> list[str]:
+        """Temps for the index-tensor loads (a gather's row index) that do not change along `loop_var`.
+
+        Read once before the loop over `loop_var` instead of in it: gcc does not vectorise a loop
+        that reloads the index in every iteration.  Only loads every element makes are hoisted (not
+        under a piece choice or an index ``select``, whose untaken side may be out of range).
+        """
+        from vtc.index.expr import free_vars
+
+        lines: list[str] = []
+        seen: set[int] = set()
+
+        def visit_index(e: Expr) -> None:
+            if e.op == "select" or e in self.index_temps:
+                return
+            if e.op == "load":
+                if loop_var not in free_vars(e):
+                    name = f"ix{len(self.index_temps)}"
+                    lines.append(f"{indent}const int64_t {name} = {self.index(e)};")
+                    self.index_temps[e] = name
+                    return
+            for x in e.args:
+                if isinstance(x, Expr):
+                    visit_index(x)
+                elif isinstance(x, tuple):
+                    for y in x:
+                        if isinstance(y, Expr):
+                            visit_index(y)
+
+        stack = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
+        while stack:
+            sc = stack.pop()
+            if id(sc) in seen:
+                continue
+            seen.add(id(sc))
+            if sc.op == "load":
+                for e in sc.args[1]:
+                    visit_index(e)
+            elif sc.op == "pick":
+                continue
+            stack.extend(a for a in sc.args if isinstance(a, Scalar))
+        return lines
+
 
 _NARROW = (torch.bool, torch.uint8, torch.int8, torch.int16)
 
@@ -353,6 +425,9 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         return em.hoist([s.value for s in k.stores], "  ") + [_store(em, s, "  ") for s in k.stores]
     names = [f"i{d}" for d in range(len(shape))]
     par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
+    loads = transposed_loads(k, em.shapes)
+    if loads:  # reads across rows through 16 x 16 register transposes (vtc.codegen.tiles)
+        return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)
     if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):
         a, b = shape[-2], shape[-1]
         ta, tb = -(-a // TILE), -(-b // TILE)
@@ -370,6 +445,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
         lines = [par, f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
         lines += _decompose(names[:-1], shape[:-1], "o", "    ")
+        lines += em.hoist_index_loads(k, names[-1], "    ")
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
         close, indent = ["    }", "  }"], "      "
     em.forget()
@@ -392,10 +468,47 @@ def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:
     if not red.dtype.is_floating_point:
         return [f"    #pragma omp simd reduction({red.combine}:{acc})", f"    {rloop}", *body,
                 f"      {{ const {t} v_ = {v}; {acc} = v_ {cmp} {acc} ? v_ : {acc}; }}", "    }"]
-    return [f"    bool {acc}_nan = false;",
-            f"    #pragma omp simd reduction({red.combine}:{acc}) reduction(||:{acc}_nan)", f"    {rloop}", *body,
-            f"      {{ const {t} v_ = {v}; {acc} = v_ {cmp} {acc} ? v_ : {acc}; {acc}_nan = {acc}_nan || (v_ != v_); }}",
+    # the NaN flag is an int combined with |: a bool flag with || keeps gcc from vectorising the loop
+    return [f"    int {acc}_nan = 0;",
+            f"    #pragma omp simd reduction({red.combine}:{acc}) reduction(|:{acc}_nan)", f"    {rloop}", *body,
+            f"      {{ const {t} v_ = {v}; {acc} = v_ {cmp} {acc} ? v_ : {acc}; {acc}_nan = {acc}_nan | (v_ != v_); }}",
             "    }", f"    if ({acc}_nan) {acc} = ({t})NAN;"]
+
+
+def _row_order(k: Kernel, em: _Emitter) -> list[int]:
+    """The order of the kept dims in a row kernel's row loop, the last one varying fastest.
+
+    The domain order, except when the loads step through memory less along another dim than
+    along the last one (a permute in front of a softmax: neighbouring rows share cache lines):
+    that dim then varies fastest, so the rows that share a cache line run one after another and
+    the line is fetched once for all of them.
+    """
+    from vtc.codegen.lower import scalars_of
+    from vtc.index.expr import affine, lift
+
+    dims = [d for d, s in enumerate(k.domain) if s > 1]
+    order = list(range(len(k.domain)))
+    if len(dims) < 2:
+        return order
+    step: dict[int, int] = {}
+    for s in scalars_of(k):
+        if s.op != "load":
+            continue
+        lin = lift(0)
+        for i, st in zip(s.args[1], contiguous_strides(em.shapes[s.args[0]])):
+            lin = lin + i * st
+        form = affine(lin)
+        for d in dims:
+            c = abs(form[1].get(f"i{d}", 0)) if form is not None else 0
+            if c:
+                step[d] = min(step.get(d, c), c)
+    if not step:
+        return order
+    best = min(step, key=lambda d: (step[d], -d))
+    if best != dims[-1] and step[best] < step.get(dims[-1], 1 << 62):
+        order.remove(best)
+        order.append(best)
+    return order
 
 
 def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
@@ -403,7 +516,9 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     names = [f"i{d}" for d in range(len(k.domain))]
     lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",
              f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
-    lines += _decompose(names, k.domain, "o", "    ")
+    order = _row_order(k, em)
+    lines += _decompose([names[d] for d in order], tuple(k.domain[d] for d in order), "o", "    ")
+    lines += em.hoist_index_loads(k, "r", "    ")
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
     for phase in k.phases:
         for red in phase:

@@ -162,7 +162,8 @@ class Kernel:
     """
 
     name: str
-    kind: str  # "pointwise" | "row" | "copy" | "gemm" | "attention" (vtc.codegen.attention.AttentionKernel)
+    kind: str  # "pointwise" | "row" | "copy" (realises a virtual value) | "move" (runs a kept movement op)
+    #          | "gemm" | "attention" (vtc.codegen.attention.AttentionKernel)
     domain: tuple[int, ...]
     r_extent: int
     phases: list[list[Reduction]]

@@ -23,6 +23,11 @@ that kind, its score chain is inlined, and its Q, K and V are read through
 their mappings (a producer of K or V is inlined only when it is a scale or a
 cast, since the kernel reads K and V once per query row).
 
+A movement op the plan keeps physical (all of them with ``plan="none"``) runs
+as its own copy kernel ("move") through its pull mapping when it has one and
+its inputs are physical; otherwise through torch, with the reason in
+``why_torch``.
+
 ``lower(graph, plan)`` returns the steps in graph order; every decision that
 keeps something physical is visible in the kernels' ``source_nodes`` and in the
 report.
@@ -86,6 +91,7 @@ class Lowering:
         self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
         self._attention_member = {x.name: m.output.name for m in self.attention.values() for x in m.members}
         self.realize: dict[str, str] = {}  # virtual value -> "view" | "copy"
+        self.move_mappings: dict[str, Mapping] = {}  # output of a kept movement op run by a kernel -> its pull
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
         self.epilogue: dict[str, Node] = self._epilogues()  # pointwise kernel node -> the GEMM it finishes
@@ -440,10 +446,46 @@ class Lowering:
         if name in self.values:
             v = self.values[name]
             return v.shape, v.dtype
-        for m in self.plan.mappings.values():
+        for m in [*self.plan.mappings.values(), *self.move_mappings.values()]:
             if name in m.index_tensors:
                 return tuple(m.index_tensors[name]), torch.int64
         raise KeyError(f"unknown index tensor {name!r}")
+
+    def move_kernels(self, n: Node) -> list[KernelStep] | None:
+        """Copy kernels running kept movement node n (one per used output, through its own pull mapping).
+
+        None, with the reason in ``why_torch``, when n runs through torch instead: it has no pull
+        mapping, a dtype has no generated code, or an input is not physical (realised for torch).
+        """
+        from vtc.plan.virtualize import pull_of
+
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype not in C_TYPES]
+        if bad:
+            self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
+            return None
+        if not all(self.is_physical(v.name) for v in n.inputs):
+            self._torch(n, "kept movement op with a virtual input: realised and run through torch")
+            return None
+        maps = pull_of(n)
+        if isinstance(maps, str):
+            self._torch(n, maps)
+            return None
+        out = []
+        for o, m in zip(n.outputs, maps):
+            if not self.users.get(o.name) and o.name not in self.outputs:
+                continue
+            self.move_mappings[o.name] = m
+            idx = out_vars(o.shape)
+            try:
+                value = self._through_mapping(m, idx, o.dtype, {})
+            except NotSupported as e:
+                self._torch(n, str(e))
+                return None
+            k = self._finish(Kernel(f"k_{_ident(o.name)}", "move", o.shape, 0, [],
+                                    [Store(Buffer(o.name, o.shape, o.dtype), idx, value)], source_nodes=[n.name]))
+            checks = [c for c in m.checks if c.tensor not in self.folded]
+            out.append(KernelStep(k, list(dict.fromkeys(checks)), [m] if m.index_tensors else []))
+        return out
 
     def mappings_read(self, k: Kernel) -> list[Mapping]:
         """The virtual mappings whose index tensors kernel k loads (for checks and derived tensors)."""
@@ -557,6 +599,9 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
         if k == "attention":  # the whole pattern is one kernel, at the place of its PV bmm
             if n.name in low.attention:
                 steps.append(("kernel", _step(low, attention_kernel(low, low.attention[n.name]))))
+            continue
+        if k == "kept" and (moves := low.move_kernels(n)) is not None:  # a kept movement op: copy kernels
+            steps.extend(("kernel", m) for m in moves)
             continue
         for v in n.inputs:  # library and kept nodes read physical tensors
             if plan.is_virtual(v.name):

@@ -340,7 +340,8 @@ def _softmax(ctx, args, outs):
     def store(c):
         if log:
             return K.binary("sub", shifted(c), K.unary("log", K.acc("s", dt)))
-        return K.binary("div", K.unary("exp", shifted(c)), K.acc("s", dt))
+        # times 1/s (once per row), as torch's softmax does: a division per element costs several multiplies
+        return K.binary("mul", K.unary("exp", shifted(c)), K.unary("reciprocal", K.acc("s", dt)))
 
     return RowSpec(dims, [[("m", "max", lambda c: c.arg(x, dt), dt)],
                           [("s", "sum", lambda c: K.unary("exp", shifted(c)), dt)]], [(0, store, True)])

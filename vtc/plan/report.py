@@ -137,6 +137,7 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
     runs = [s for s in executor.steps if s.kind == "run"]
     moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather") + sum(s.out_bytes for s in copies)
     moved += sum(s.out_bytes for s in runs if s.node.kind == "movement")
+    moved += sum(s.out_bytes for s in executor.steps if s.kind == "kernel" and s.kernel.step.kernel.kind == "move")
     return Report(
         plan=plan.mode,
         movement_ops=len(movement),

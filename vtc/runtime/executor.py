@@ -205,25 +205,31 @@ class CompiledKernel:
         self.inputs = [b for b in self.order if b.name not in stored]
         derived_from = [n for m in step.derived for n in m.index_tensors] + [c.tensor for c in step.checks]
         self.reads = list(dict.fromkeys([b.name for b in self.inputs] + derived_from))
+        # what a call needs, computed once: per call only lookups, one check per input, the ctypes call
+        self._inputs = [(b.name, torch.Size(b.shape), b.dtype) for b in self.inputs]
+        self._outputs = [(torch.Size(b.shape), b.dtype) for b in self.outputs]
+        self._pointers = ctypes.c_void_p * len(self.order)
+        self._plain = not step.checks and not step.derived  # reads env as it is
 
     def __call__(self, env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         k = self.step
-        for c in k.checks:
-            c.run(env[c.tensor])
-        local = {b.name: env[b.name] for b in self.inputs if b.name in env}
-        for m in k.derived:
-            local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local}))
-        outs = [torch.empty(b.shape, dtype=b.dtype) for b in self.outputs]
+        local = env
+        if not self._plain:
+            for c in k.checks:
+                c.run(env[c.tensor])
+            local = {b.name: env[b.name] for b in self.inputs if b.name in env}
+            for m in k.derived:
+                local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local}))
         tensors = []
-        for b in self.inputs:
-            t = local[b.name]
-            if t.dtype != b.dtype or tuple(t.shape) != tuple(b.shape):
-                raise RuntimeError(f"kernel {k.kernel.name}: buffer {b.name} is {t.dtype} {list(t.shape)}, "
-                                   f"generated for {b.dtype} {list(b.shape)}")
+        for name, shape, dtype in self._inputs:
+            t = local[name]
+            if t.dtype != dtype or t.shape != shape:
+                raise RuntimeError(f"kernel {k.kernel.name}: buffer {name} is {t.dtype} {list(t.shape)}, "
+                                   f"generated for {dtype} {list(shape)}")
             tensors.append(t if t.is_contiguous() else t.contiguous())
+        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._outputs]
         tensors += outs
-        ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
-        self.fn(ptrs, torch.get_num_threads())
+        self.fn(self._pointers(*[t.data_ptr() for t in tensors]), torch.get_num_threads())
         return outs
 
 

@@ -1,0 +1,137 @@
+"""Transposed reads in pointwise kernels: 16 x 16 float tiles moved through registers.
+
+A pointwise kernel that reads an operand across its rows (a transpose or a
+permute in front of it: stride 1 along the row dim ``i{n-2}`` and a large
+stride along the contiguous dim ``i{n-1}``) would load one float from a new
+cache line per element, scalar.  Instead the kernel walks 16 x 16 tiles of its
+last two dims; for each full tile it loads the 16 rows of the operand's tile
+(16 contiguous floats each: one cache line when aligned), transposes them in
+vector registers (``vtc_transpose16``, four butterfly stages of shuffles) into
+a small buffer, and the vectorised inner loop reads that buffer contiguously.
+Edge tiles (where the tile does not fit) run the plain loops with the original
+loads.
+
+Only loads that every element of the tile makes are moved this way: a load
+under a piece choice (a cat, a pad) may be out of range for the elements that
+do not take that piece, so it stays where it is.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vtc.codegen.kernel_ir import Kernel, Scalar
+from vtc.index.expr import affine, lift
+from vtc.index.mapping import contiguous_strides
+
+TILE = 16  # one cache line of floats
+MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
+
+PRELUDE = r"""
+// dst[a * 16 + b] = src[a + stride * b] for a, b < 16: 16 row loads, 4 butterfly stages of shuffles, 16 stores
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+typedef float vtc_v16 __attribute__((vector_size(64)));
+static inline void vtc_transpose16(float* __restrict dst, const float* __restrict src, int64_t stride) {
+  vtc_v16 r[16];
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src + stride * i, 64);
+%s
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + 16 * i, &r[i], 64);
+}
+#else
+static inline void vtc_transpose16(float* __restrict dst, const float* __restrict src, int64_t stride) {
+  for (int b = 0; b < 16; ++b)
+    for (int a = 0; a < 16; ++a) dst[a * 16 + b] = src[a + stride * b];
+}
+#endif
+"""
+
+
+def _butterfly() -> str:
+    """The shuffle stages of a 16 x 16 transpose: stage s swaps the off-diagonal s x s blocks of each 2s x 2s block."""
+    lines = []
+    for s in (1, 2, 4, 8):
+        lo = [j if not j & s else 16 + j - s for j in range(16)]
+        hi = [j + s if not j & s else 16 + j for j in range(16)]
+        lines.append(f"  for (int i = 0; i < 16; ++i) if (!(i & {s})) {{ const vtc_v16 a = r[i], b = r[i + {s}];\n"
+                     f"    r[i] = __builtin_shufflevector(a, b, {', '.join(map(str, lo))});\n"
+                     f"    r[i + {s}] = __builtin_shufflevector(a, b, {', '.join(map(str, hi))}); }}")
+    return "\n".join(lines)
+
+
+PRELUDE = PRELUDE % _butterfly()
+
+
+def _unconditional_loads(k: Kernel) -> list[Scalar]:
+    """The loads of k's stores that every element makes (not under a piece choice), each once."""
+    seen: set[int] = set()
+    out: list[Scalar] = []
+    stack = [s.value for s in k.stores]
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s.op == "load":
+            out.append(s)
+        elif s.op == "pick":
+            continue  # only the chosen side is in range
+        stack.extend(a for a in s.args if isinstance(a, Scalar))
+    return out
+
+
+def transposed_loads(k: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[tuple[Scalar, int, dict[str, int], int]]:
+    """(load, offset, coefficients, stride) of each float32 load of k read across its rows, tile-transposable."""
+    if k.kind == "row" or len(k.domain) < 2 or min(k.domain[-2:]) < TILE:
+        return []
+    inner, row = f"i{len(k.domain) - 1}", f"i{len(k.domain) - 2}"
+    out = []
+    for s in _unconditional_loads(k):
+        if s.dtype != torch.float32:
+            continue
+        lin = lift(0)
+        for i, st in zip(s.args[1], contiguous_strides(shapes[s.args[0]])):
+            lin = lin + i * st
+        form = affine(lin)
+        if form is None:
+            continue
+        c, coeffs = form
+        if coeffs.get(row) == 1 and coeffs.get(inner, 0) >= MIN_STRIDE:
+            out.append((s, c, coeffs, coeffs[inner]))
+    return out
+
+
+def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> list[str]:
+    """The loop nest of a pointwise kernel whose `loads` go through 16 x 16 register transposes."""
+    shape = k.domain
+    names = [f"i{d}" for d in range(len(shape))]
+    a, b = shape[-2], shape[-1]
+    ta, tb = -(-a // TILE), -(-b // TILE)
+    outer = math.prod(shape[:-2])
+    row, inner = names[-2], names[-1]
+    lines = [par, f"  for (int64_t t = 0; t < {outer * ta * tb}; ++t) {{",
+             f"    const int64_t o = t / {ta * tb}, ta0 = (t / {tb}) % {ta} * {TILE}, tb0 = t % {tb} * {TILE};"]
+    lines += decompose(names[:-2], shape[:-2], "o", "    ")
+    lines.append(f"    if (ta0 + {TILE} <= {a} && tb0 + {TILE} <= {b}) {{")
+    em.forget()
+    for j, (s, c, coeffs, stride) in enumerate(loads):
+        origin = " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'tb0' if n == inner else n}"
+                                        for n, v in coeffs.items()])
+        lines += [f"      alignas(64) float tr{j}[{TILE * TILE}];",
+                  f"      vtc_transpose16(tr{j}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
+        em.temps[id(s)] = f"tr{j}[({row} - ta0) * {TILE} + ({inner} - tb0)]"
+    lines += [f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{",
+              "        #pragma omp simd",
+              f"        for (int64_t {inner} = tb0; {inner} < tb0 + {TILE}; ++{inner}) {{"]
+    lines += em.hoist([s.value for s in k.stores], "          ")
+    lines += [store(em, s, "          ") for s in k.stores]
+    lines += ["        }", "      }", "    } else {"]
+    em.forget()
+    lines += [f"      for (int64_t {row} = ta0; {row} < std::min<int64_t>(ta0 + {TILE}, {a}); ++{row}) {{",
+              "        #pragma omp simd",
+              f"        for (int64_t {inner} = tb0; {inner} < std::min<int64_t>(tb0 + {TILE}, {b}); ++{inner}) {{"]
+    lines += em.hoist([s.value for s in k.stores], "          ")
+    lines += [store(em, s, "          ") for s in k.stores]
+    lines += ["        }", "      }", "    }", "  }"]
+    em.forget()
+    return lines
