@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.codegen import kernel_ir as K
-from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
 from vtc.index.expr import Expr, free_vars, subs, var
 from vtc.index.mapping import out_vars
 from vtc.ir.graph import Node, Value
@@ -333,7 +333,7 @@ def _rows(low, m: AttentionMatch) -> _Rows:
     if j[-1] is not r or any("r" in free_vars(e) for e in j[:-1]):
         raise NotAttention(f"a row of {m.output.name} reads probabilities across softmax rows ({j})")
     score = low.value_at(m.softmax.inputs[0].name, j, memo)
-    reads = {s for s in _scalars(score) if s.op == "load" and s.args[0] == m.scores.outputs[0].name}
+    reads = {s for s in scalars_under([score]) if s.op == "load" and s.args[0] == m.scores.outputs[0].name}
     if len(reads) != 1:
         raise NotAttention(f"the score chain reads {m.scores.outputs[0].name} at {len(reads)} indices")
     h = next(iter(reads)).args[1]
@@ -342,22 +342,10 @@ def _rows(low, m: AttentionMatch) -> _Rows:
     return _Rows((b, rows), r, j, h)
 
 
-def _scalars(root: Scalar):
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        s = stack.pop()
-        if id(s) in seen:
-            continue
-        seen.add(id(s))
-        yield s
-        stack.extend(a for a in s.args if isinstance(a, Scalar))
-
-
 def _scalar_vars(root: Scalar) -> set[str]:
     """The index variables a scalar expression reads (in its loads, index ramps and piece choices)."""
     out: set[str] = set()
-    for s in _scalars(root):
+    for s in scalars_under([root]):
         if s.op == "load":
             for e in s.args[1]:
                 out |= free_vars(e)

@@ -33,7 +33,7 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
 from vtc.codegen.ops import C_TYPES
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.index.expr import Expr
-from vtc.index.mapping import contiguous_strides
+from vtc.index.mapping import linear_offset
 
 PARALLEL_MIN_WORK = 1 << 15  # elements (times r) below which a kernel runs on one thread
 
@@ -208,12 +208,7 @@ class _Emitter:
 
     def linear(self, buf: str, idx: Iterable[Expr]) -> str:
         """The contiguous offset of idx in buffer `buf`."""
-        from vtc.index.expr import lift
-
-        lin = lift(0)
-        for i, s in zip(idx, contiguous_strides(self.shapes[buf])):
-            lin = lin + i * s
-        return self.index(lin)
+        return self.index(linear_offset(idx, self.shapes[buf]))
 
     # -- scalar expressions ---------------------------------------------------
     def scalar(self, s: Scalar) -> str:
@@ -403,16 +398,13 @@ TILE = 32  # edge of the square tiles of a pointwise kernel that reads across it
 def _strided_inner_read(k: Kernel, em: _Emitter) -> bool:
     """True when some load walks memory with a large stride along the innermost dim (a transpose)."""
     from vtc.codegen.lower import scalars_of
-    from vtc.index.expr import affine, lift
+    from vtc.index.expr import affine
 
     inner, outer = f"i{len(k.domain) - 1}", f"i{len(k.domain) - 2}"
     for s in scalars_of(k):
         if s.op != "load":
             continue
-        lin = lift(0)
-        for i, st in zip(s.args[1], contiguous_strides(em.shapes[s.args[0]])):
-            lin = lin + i * st
-        form = affine(lin)
+        form = affine(linear_offset(s.args[1], em.shapes[s.args[0]]))
         if form is not None and abs(form[1].get(inner, 1)) >= 16 and form[1].get(outer, 0) != 0:
             return True
     return False
@@ -484,7 +476,7 @@ def _row_order(k: Kernel, em: _Emitter) -> list[int]:
     the line is fetched once for all of them.
     """
     from vtc.codegen.lower import scalars_of
-    from vtc.index.expr import affine, lift
+    from vtc.index.expr import affine
 
     dims = [d for d, s in enumerate(k.domain) if s > 1]
     order = list(range(len(k.domain)))
@@ -494,10 +486,7 @@ def _row_order(k: Kernel, em: _Emitter) -> list[int]:
     for s in scalars_of(k):
         if s.op != "load":
             continue
-        lin = lift(0)
-        for i, st in zip(s.args[1], contiguous_strides(em.shapes[s.args[0]])):
-            lin = lin + i * st
-        form = affine(lin)
+        form = affine(linear_offset(s.args[1], em.shapes[s.args[0]]))
         for d in dims:
             c = abs(form[1].get(f"i{d}", 0)) if form is not None else 0
             if c:

@@ -37,7 +37,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, var
-from vtc.index.mapping import contiguous_strides
+from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
 
@@ -434,9 +434,7 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
     if s.op != "load":
         return None
     buf, idx = s.args
-    lin = lift(0)
-    for i, st in zip(idx, contiguous_strides(em.shapes[buf])):
-        lin = lin + i * st
+    lin = linear_offset(idx, em.shapes[buf])
     bv, mv, nv = g.vars
     c, terms = _terms(lin)
     base, rest, coeffs = lift(c), lift(0), {}

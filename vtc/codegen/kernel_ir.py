@@ -176,3 +176,16 @@ class Kernel:
         """The scalar expressions the kernel evaluates (a kind with more, e.g. attention, adds its own)."""
         out = [r.value for phase in self.phases for r in phase] + [s.value for s in self.stores]
         return out + [self.gemm.a, self.gemm.b] if self.gemm is not None else out
+
+
+def scalars_under(roots):
+    """Every scalar node reachable from `roots`, each once."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        stack.extend(a for a in s.args if isinstance(a, Scalar))

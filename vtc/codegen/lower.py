@@ -42,7 +42,7 @@ from vtc.codegen import kernel_ir as K
 from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
 from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
-from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store
+from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, out_vars
@@ -249,16 +249,7 @@ class Lowering:
         idx = out_vars(self.values[name].shape)
         probe = K.acc("epilogue_probe", self.values[name].dtype)
         value = self._pointwise(node, idx, {(name, idx): probe})
-        seen, stack = set(), [value]
-        while stack:
-            s = stack.pop()
-            if id(s) in seen:
-                continue
-            seen.add(id(s))
-            if s.op == "load" and s.args[0] == name:
-                return False
-            stack.extend(a for a in s.args if isinstance(a, Scalar))
-        return True
+        return not any(s.op == "load" and s.args[0] == name for s in scalars_under([value]))
 
     def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
         """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
@@ -541,15 +532,7 @@ def _ident(name: str) -> str:
 
 def scalars_of(k: Kernel):
     """Every scalar node of kernel k, each once."""
-    seen: set[int] = set()
-    stack = list(k.roots())
-    while stack:
-        s = stack.pop()
-        if id(s) in seen:
-            continue
-        seen.add(id(s))
-        yield s
-        stack.extend(a for a in s.args if isinstance(a, Scalar))
+    return scalars_under(k.roots())
 
 
 def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]:

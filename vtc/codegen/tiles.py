@@ -22,8 +22,8 @@ import math
 import torch
 
 from vtc.codegen.kernel_ir import Kernel, Scalar
-from vtc.index.expr import affine, lift
-from vtc.index.mapping import contiguous_strides
+from vtc.index.expr import affine
+from vtc.index.mapping import linear_offset
 
 TILE = 16  # one cache line of floats
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
@@ -89,10 +89,7 @@ def transposed_loads(k: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[tupl
     for s in _unconditional_loads(k):
         if s.dtype != torch.float32:
             continue
-        lin = lift(0)
-        for i, st in zip(s.args[1], contiguous_strides(shapes[s.args[0]])):
-            lin = lin + i * st
-        form = affine(lin)
+        form = affine(linear_offset(s.args[1], shapes[s.args[0]]))
         if form is None:
             continue
         c, coeffs = form

@@ -45,6 +45,14 @@ def contiguous_strides(shape: Iterable[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def linear_offset(idx: Iterable[Expr], shape: Iterable[int]) -> Expr:
+    """The offset of index `idx` into a row-major (contiguous) tensor of `shape`."""
+    lin = lift(0)
+    for i, st in zip(idx, contiguous_strides(shape)):
+        lin = lin + i * st
+    return lin
+
+
 @dataclass(frozen=True)
 class IndexCheck:
     """An index tensor whose every element must lie in [lo, hi] (else IndexError naming op)."""

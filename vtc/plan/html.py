@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from vtc.ir.graph import Graph
-from vtc.plan.cost import fmt_seconds
+from vtc.plan.cost import _bytes, fmt_seconds
 from vtc.plan.explain import FATES
 from vtc.plan.virtualize import Plan
 
@@ -289,11 +289,3 @@ mapping.</p>
 </body>
 </html>
 """
-
-
-def _bytes(n: int) -> str:
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.2f} MB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KB"
-    return f"{n} B"

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from vtc.ir.graph import Graph
+from vtc.plan.cost import _bytes as _mb
 from vtc.plan.virtualize import Plan, chain_of
 
 
@@ -101,13 +102,6 @@ class Report:
                            f"  ({g['why']})")
         return "\n".join(out)
 
-
-def _mb(n: int) -> str:
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.2f} MB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.1f} KB"
-    return f"{n} B"
 
 
 def build_report(graph: Graph, plan: Plan, executor) -> Report:

@@ -44,7 +44,7 @@ import torch.utils._pytree as pytree
 from vtc.index.mapping import Mapping
 from vtc.ir.graph import Graph, Node, Value
 from vtc.ir.ops import compute_category
-from vtc.plan.virtualize import plan_all, plan_none, pull_of
+from vtc.plan.virtualize import plan_all, pull_of
 from vtc.virtual import movement
 
 PULL, PUSH = "pull", "push"
