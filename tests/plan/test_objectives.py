@@ -11,7 +11,12 @@ from vtc.runtime.executor import Executor
 
 from .graphs import capture, cat_read_by_kernel, node, repeat_kv_attention, repeat_kv_inputs, slice_holds_source
 
-TOL = dict(rtol=1e-4, atol=1e-4)
+TOL = dict(rtol=1e-3, atol=1e-3)  # slice_holds_source sums 1024 products of exp() values in another order
+
+
+def _slice_inputs():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(256, 256, generator=g), torch.randn(256, 1024, generator=g)
 
 
 def compiled(fn, inputs, **options):
@@ -57,7 +62,7 @@ def test_memory_objective_makes_virtual_what_latency_keeps():
 def test_memory_objective_keeps_what_latency_makes_virtual():
     """A slice read last keeps its 256 KB source alive through the GEMM when virtual: the memory plan keeps it
     (a 4 KB copy) so the source dies before the GEMM allocates its result."""
-    inputs = (torch.randn(256, 256), torch.randn(256, 1024))
+    inputs = _slice_inputs()
     c_lat, p_lat = compiled(slice_holds_source, inputs)
     c_mem, p_mem = compiled(slice_holds_source, inputs, objective="memory")
     s = node(c_lat.graph, "slice").name
@@ -117,7 +122,7 @@ def test_measured_mode_records_measurements_within_the_budget():
 
 
 def test_greedy_with_a_budget_measures_only_near_zero_estimates():
-    inputs = (torch.randn(256, 256), torch.randn(256, 1024))
+    inputs = _slice_inputs()
     c, plan = compiled(slice_holds_source, inputs, plan="greedy", measure_budget_s=1.0)
     measured = [d.op for d in plan.decisions if d.measured is not None]
     assert measured == [node(c.graph, "slice").name]  # +1.8 µs estimated: within 1% of the latency of zero

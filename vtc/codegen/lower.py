@@ -213,8 +213,26 @@ class Lowering:
                 kernels = [r for r in readers if self._is_kernel(r)]
                 if len(kernels) != len(readers):
                     continue  # a library node or a view reads it: it must be physical
-                if not n.inputs or (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n))):
-                    self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap), or it reads nothing
+                if not n.inputs:
+                    self.inline.add(o)  # it reads nothing: free to recompute
+                elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
+                      and not (n.op == CONV_OP and self._packs(kernels[0]))):
+                    self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
+                    # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
+
+    def _packs(self, reader: str) -> bool:
+        """True when `reader` is a GEMM or attention kernel (its operands are read in pack loops)."""
+        return self.kind.get(reader.removesuffix(KV)) in ("gemm", "attention")
+
+    def _tapped(self, name: str) -> bool:
+        """True when a convolution with more than one tap reads `name`: inlined, its producer would be
+        recomputed once per tap, so it stays physical."""
+        for u in self.users.get(name, []):
+            if u.op == CONV_OP and self.kind[u.name] in ("pointwise", "gemm"):
+                w = u.inputs[1]
+                if len(w.shape) == 4 and w.shape[2] * w.shape[3] > 1:
+                    return True
+        return False
 
     def _epilogues(self) -> dict[str, Node]:
         """Pointwise kernels computed in the epilogue of the GEMM they read (bias, BN, activation, residual).

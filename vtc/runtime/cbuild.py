@@ -43,7 +43,8 @@ from typing import Sequence
 
 CACHE_FORMAT = 1  # bump when the entry layout or the key changes
 BASE_FLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17")
-NUMERIC_FLAGS = ("-ffp-contract=off",)  # no FMA contraction: elementwise results match torch bit for bit
+NUMERIC_FLAGS = ("-ffp-contract=off",  # no FMA contraction: elementwise results match torch bit for bit
+                 "-fno-math-errno")  # sqrt, log, ... need not set errno, so loops calling them vectorise
 NATIVE_FLAGS = ("-march=native",)
 OPENMP_FLAGS = ("-fopenmp",)
 OPENMP_SIMD_FLAGS = ("-fopenmp-simd",)  # fallback when the OpenMP runtime is missing
