@@ -189,20 +189,21 @@ def _shown_systems(data: dict) -> tuple[list[str], list[str]]:
 WHY = """\
 What vtc runs at the commit of this run (see README.md): pointwise ops and
 reductions become generated C++/OpenMP kernels that read virtual tensors
-through their composed mappings, with single-use producers inlined; GEMMs,
-convolutions and ops without a code-generator definition are *library nodes*
-that run through torch, exactly as in eager.  A virtual tensor that a library
-node or a graph output needs must be realised: free when its mapping is a
-strided view, otherwise by a copy kernel ("gathers" below).  So today vtc
-cannot beat eager on GEMM/conv time, every non-strided chain feeding a GEMM
-(repeat_kv and the KV-cache update feeding attention matmuls, the channel
-shuffle feeding a 1x1 conv) is still copied, there is no GEMM/attention
-kernel that packs its operands through the mapping (the CPU form of the
-paper's idea), each kernel is launched from Python through ctypes (a fixed
-cost per kernel that small workloads feel), and ONNX Runtime / OpenVINO /
-Inductor fuse across GEMM boundaries and use tuned GEMM, attention and
-convolution kernels.  The memory figure is where virtual tensors already
-help: chains that stay virtual allocate nothing."""
+through their composed mappings, with single-use producers inlined;
+bmm -> softmax -> bmm attention is one generated kernel reading Q, K and V
+through their mappings (GQA heads and the KV cache without expanded copies:
+the decode units and attn_gqa_* are where vtc leads); a GEMM whose operand
+torch would have to copy, and small 1x1 convolutions, are generated GEMMs
+that pack through the mapping, with bias / norm / activation in their
+epilogue; depthwise convolutions are pointwise kernels.  The other GEMMs and
+convolutions run through torch on zero-copy views or after a copy kernel, and
+that is where vtc loses: torch's 3x3 convolutions and large GEMMs are slower
+here than ONNX Runtime's / OpenVINO's tuned kernels and fusions, the generated
+implicit-GEMM convolution packs its im2col element by element (slower than
+torch's, so it is used only where it measured faster), and each kernel is
+launched from Python through ctypes (a fixed cost that small workloads feel).
+Peak memory is where virtual tensors help most: chains that stay virtual
+allocate nothing."""
 
 
 def shortfall_lines(data: dict) -> list[str]:
