@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from vtc.codegen import kernel_ir as K
-from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us
+from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import NotSupported, pointwise
 from vtc.index.expr import and_, const, ge, lt, var
@@ -40,27 +40,22 @@ MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
 @pointwise("convolution")
 def _depthwise_conv2d(ctx, args, out):
-    x, w, bias = args["input"], args["weight"], args.get("bias")
-    groups = args.get("groups", 1)
-    if args.get("transposed", False):
-        raise NotSupported("transposed convolution")
-    if len(x.shape) != 4 or len(w.shape) != 4:
-        raise NotSupported(f"convolution of rank {len(x.shape)}: only 2-D depthwise convolutions are pointwise")
-    n_, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    if groups != c or cg != 1 or o % c:
+    why = _unsupported(args, out)
+    if why:
+        raise NotSupported(why)
+    geo = _geometry(args, out)
+    x, w, bias, c, groups = geo["x"], geo["w"], geo["bias"], geo["c"], geo["groups"]
+    kh, kw, h, wd = geo["kh"], geo["kw"], geo["h"], geo["wd"]
+    (sh, sw), (ph, pw), (dh, dw) = geo["stride"], geo["pad"], geo["dil"]
+    if groups != c or geo["cg"] != 1:
         raise NotSupported(f"convolution with groups={groups} over {c} channels is not depthwise")
     if kh * kw > MAX_TAPS:
         raise NotSupported(f"depthwise kernel {kh}x{kw} has more than {MAX_TAPS} taps")
-    if any(v is not None and v.dtype != torch.float32 for v in (x, w, bias)):
-        raise NotSupported("depthwise convolution is generated for float32 only")
-    (sh, sw), (ph, pw), (dh, dw) = (_pair(args.get(k, d)) for k, d in
-                                    (("stride", 1), ("padding", 0), ("dilation", 1)))
     dt = torch.float32
     if not ctx.index:  # a probe: the reads only check that the operands are supported
         return K.binary("mul", ctx._read(x, ()), ctx._read(w, ()))
     b, oc, oh, ow = ctx.index
-    mult = o // c
+    mult = geo["og"]  # output channels per input channel
     ic = oc // mult if mult > 1 else oc
     total = ctx._read(bias, (oc,)) if bias is not None else K.const(0, dt)
     for a in range(kh):
@@ -88,41 +83,40 @@ def is_depthwise(n: Node) -> bool:
     return len(x.shape) == 4 and args.get("groups", 1) == x.shape[1] and w.shape[1] == 1
 
 
-def _conv_geometry(n: Node) -> dict:
-    args = bind(n.target, n.args, n.kwargs)
-    x, w, out = args["input"], args["weight"], n.outputs[0]
+def _geometry(args: dict, out) -> dict:
+    """Operands, sizes, stride / padding / dilation of a 2-D convolution call (bound args, its output)."""
+    x, w = args["input"], args["weight"]
     g = args.get("groups", 1)
     (sh, sw), (ph, pw), (dh, dw) = (_pair(args.get(k, d)) for k, d in
                                     (("stride", 1), ("padding", 0), ("dilation", 1)))
     nb, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    return dict(args=args, x=x, w=w, bias=args.get("bias"), out=out, groups=g, stride=(sh, sw), pad=(ph, pw),
-                dil=(dh, dw), n=nb, c=c, h=h, wd=wd, o=o, cg=cg, kh=kh, kw=kw, og=o // g,
-                oh=out.shape[2] if len(out.shape) == 4 else 0, ow=out.shape[3] if len(out.shape) == 4 else 0)
+    return dict(x=x, w=w, bias=args.get("bias"), out=out, groups=g, stride=(sh, sw), pad=(ph, pw), dil=(dh, dw),
+                n=nb, c=c, h=h, wd=wd, cg=cg, kh=kh, kw=kw, og=o // g, oh=out.shape[2], ow=out.shape[3])
 
 
-def _conv_unsupported(n: Node) -> str:
-    args = bind(n.target, n.args, n.kwargs)
+def _unsupported(args: dict, out) -> str:
+    """Why neither generated convolution runs this call ("" when they can)."""
     x, w, bias = args["input"], args["weight"], args.get("bias")
     if args.get("transposed", False):
         return "transposed convolution"
     if len(x.shape) != 4 or len(w.shape) != 4:
-        return f"{len(x.shape) - 2}-D convolution: the generated implicit GEMM is 2-D only"
-    bad = [v for v in (x, w, bias, n.outputs[0]) if v is not None and v.dtype != torch.float32]
+        return f"{len(x.shape) - 2}-D convolution: the generated convolutions are 2-D only"
+    bad = [v for v in (x, w, bias, out) if v is not None and v.dtype != torch.float32]
     if bad:
-        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 only"
-    if any(s == 0 for v in (x, w, n.outputs[0]) for s in v.shape):
+        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated convolutions are float32 only"
+    if any(s == 0 for v in (x, w, out) for s in v.shape):
         return "an empty operand"
     return ""
 
 
 def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     """The generated implicit GEMM or torch's convolution for conv node n under gemm=`mode`."""
-    why = _conv_unsupported(n)
-    geo = _conv_geometry(n) if not why else None
-    x = bind(n.target, n.args, n.kwargs)["input"]
-    copy = low.plan.is_virtual(x.name) and (low.plan.realized.get(x.name) is None
-                                            or low.plan.realized[x.name].strided is None)
+    args = bind(n.target, n.args, n.kwargs)
+    why = _unsupported(args, n.outputs[0])
+    geo = _geometry(args, n.outputs[0]) if not why else None
+    x = args["input"]
+    copy = needs_copy(low, x)
     if geo is None:
         shape = (0, 0, 0, 0)
         vtc_us = torch_us = 0.0
@@ -158,7 +152,7 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
 def conv_kernel(low, n: Node) -> Kernel:
     """The implicit-GEMM kernel of conv node n: batch = image x group, M = output channels of a group,
     N = output pixels, K = input channels of a group x taps; B is the virtual im2col of the input."""
-    geo = _conv_geometry(n)
+    geo = _geometry(bind(n.target, n.args, n.kwargs), n.outputs[0])
     x, w, bias, out = geo["x"], geo["w"], geo["bias"], geo["out"]
     g, og, cg, kh, kw = geo["groups"], geo["og"], geo["cg"], geo["kh"], geo["kw"]
     (sh, sw), (ph, pw), (dh, dw) = geo["stride"], geo["pad"], geo["dil"]

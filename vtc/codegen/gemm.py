@@ -102,6 +102,14 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     return vtc, torch_
 
 
+def needs_copy(low, v) -> bool:
+    """True for a virtual operand that torch cannot take as a zero-copy view (it would be copied first)."""
+    if not isinstance(v, Value) or not low.plan.is_virtual(v.name):
+        return False
+    r = low.plan.realized.get(v.name)
+    return r is None or r.strided is None
+
+
 def choose(low, n: Node, mode: str) -> GemmChoice:
     """vtc or torch for GEMM node n under compile option gemm=`mode` (see the module docstring)."""
     args = bind(n.target, n.args, n.kwargs)
@@ -111,18 +119,12 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     unsupported = _unsupported(n, args)
     bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
 
-    def needs_copy(v) -> bool:  # a virtual operand torch cannot take as a zero-copy view
-        if not isinstance(v, Value) or not low.plan.is_virtual(v.name):
-            return False
-        r = low.plan.realized.get(v.name)
-        return r is None or r.strided is None
-
-    copies = [v for v in (a, b, bias) if v is not None and needs_copy(v)]
+    copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
     copy_bytes = sum(v.nbytes for v in copies)
     # elements packed through a choice of pieces (cat, pad: a test per element; a single-piece mapping is
     # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per MC rows
     mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128)))
-                 if needs_copy(v) and len(low.plan.mappings[v.name].pieces) > 1)
+                 if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
     shape = (batch, m, nn, kk)
 

@@ -242,6 +242,7 @@ class Lowering:
         shifted taps) is never stored: the GEMM kernel stores that kernel's value of its accumulator.
         """
         out: dict[str, Node] = {}
+        nodes = {n.name: n for n in self.graph.nodes}
         for g in self.graph.nodes:
             if self.kind[g.name] != "gemm":
                 continue
@@ -252,7 +253,7 @@ class Lowering:
             if len(readers) != 1:
                 continue
             r = next(iter(readers))
-            node = next((n for n in self.graph.nodes if n.name == r), None)
+            node = nodes.get(r)
             if node is None or self.kind[r] != "pointwise" or node.outputs[0].name in self.inline:
                 continue
             if node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
@@ -268,6 +269,10 @@ class Lowering:
         probe = K.acc("epilogue_probe", self.values[name].dtype)
         value = self._pointwise(node, idx, {(name, idx): probe})
         return not any(s.op == "load" and s.args[0] == name for s in scalars_under([value]))
+
+    def gemm_kernel(self, n: Node) -> Kernel:
+        """The generated GEMM of matmul or convolution node n (without its epilogue)."""
+        return conv_kernel(self, n) if n.op == CONV_OP else gemm_kernel(self, n)
 
     def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
         """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
@@ -559,6 +564,7 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
     `gemm` is the compile option choosing GEMM kernels (vtc.codegen.gemm.choose).
     """
     low = Lowering(graph, plan, gemm)
+    epilogued = {g.name for g in low.epilogue.values()}
     steps: list = []
     done: set[str] = set()
 
@@ -580,9 +586,8 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
                     realise(o.name)
             continue
         if k == "pointwise" and n.name in low.epilogue:
-            g = low.epilogue[n.name]
-            build = conv_kernel if g.op == CONV_OP else gemm_kernel
-            steps.append(("kernel", _step(low, low._finish(low.with_epilogue(build(low, g), n)))))
+            fused = low.with_epilogue(low.gemm_kernel(low.epilogue[n.name]), n)
+            steps.append(("kernel", _step(low, low._finish(fused))))
             continue
         if k == "pointwise":
             if n.outputs[0].name not in low.inline:
@@ -592,10 +597,8 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             steps.append(("kernel", _step(low, low.row_kernel(n))))
             continue
         if k == "gemm":
-            if any(g is n for g in low.epilogue.values()):
-                continue  # built with its epilogue, at the pointwise kernel that finishes it
-            build = conv_kernel if n.op == CONV_OP else gemm_kernel
-            steps.append(("kernel", _step(low, low._finish(build(low, n)))))
+            if n.name not in epilogued:  # else built with its epilogue, at the pointwise kernel that finishes it
+                steps.append(("kernel", _step(low, low._finish(low.gemm_kernel(n)))))
             continue
         if k == "attention":  # the whole pattern is one kernel, at the place of its PV bmm
             if n.name in low.attention:
