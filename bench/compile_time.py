@@ -2,17 +2,23 @@
 
 Each measurement runs in a fresh process (nothing cached in memory):
 
-- ``vtc cold``: ``vtc.compile`` + first call with an empty kernel cache (``VTC_CACHE_DIR``
-  a new directory), so every kernel is generated and built by the C++ compiler;
-- ``vtc warm``: the same with the cache the cold run filled (kernels are loaded, not built);
+- ``vtc cold``: ``vtc.compile`` + first call with an empty cache (``VTC_CACHE_DIR`` a new
+  directory), so every kernel is generated and built by the C++ compiler and the plan is made;
+- ``vtc warm``: the same with the cache the cold run filled (kernels loaded, plan looked up);
+- ``vtc-dynamo cold`` / ``warm``: ``torch.compile(model, backend="vtc")`` + first call (dynamo
+  and aot_autograd capture the graph, vtc does the rest), with an empty / the filled cache;
 - ``inductor cold`` / ``warm``: ``torch.compile(model)`` + first call with an empty /
   the filled ``TORCHINDUCTOR_CACHE_DIR`` (and a fresh Triton/FX cache under it).
 
-The vtc runs also time its stages (capture, plan, lowering, kernel build and load, report)
-by wrapping the stage functions.  Results go to ``bench/results/compile_time.json`` with
-the command, the machine's load (``uptime``) before and after, and the thread count.
+``total_s`` (compile + first call) is the figure to compare: torch.compile compiles lazily,
+in the first call.  The vtc runs also time their stages (capture, plan, lowering, kernel
+build and load, report) by wrapping the stage functions, and every run records
+``setup_s``, the seconds before compiling (importing torch, transformers and vtc, building
+the model).  Results go to ``bench/results/compile_time.json`` with the command, the
+machine's load (``uptime``) before and after, and the thread count.
 
     python -m bench.compile_time [--workload llama_model] [--threads 2] [--repeat 1]
+                                 [--systems vtc,vtc-dynamo,inductor]
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ TAG = "VTC_COMPILE_TIME "
 
 def _child(system: str, workload: str, threads: int) -> dict:
     """Runs in the measuring process: builds the workload, compiles it, calls it once; returns timings."""
+    t_start = time.perf_counter()
     import torch
 
     torch.set_num_threads(threads)
@@ -39,11 +46,12 @@ def _child(system: str, workload: str, threads: int) -> dict:
 
     model, inputs = W.get(workload).build()
     stages: dict[str, float] = {}
-    if system == "vtc":
+    kernels = None
+    if system in ("vtc", "vtc-dynamo"):
         import vtc
+        import vtc.codegen.lower as L
         import vtc.compiler as C
         import vtc.runtime.executor as E
-        import vtc.codegen.lower as L
 
         def timed(name, fn):
             def wrapper(*a, **k):
@@ -55,25 +63,24 @@ def _child(system: str, workload: str, threads: int) -> dict:
             return wrapper
 
         C.export_graph = timed("capture", C.export_graph)
-        C.PLANS = {k: timed("plan", f) for k, f in C.PLANS.items()}
+        C.make_plan = timed("plan", C.make_plan)
         L.lower = timed("lower", L.lower)
         E.build_kernels = timed("build_kernels", E.build_kernels)
         C.build_report = timed("report", C.build_report)
-        t0 = time.perf_counter()
+    setup_s = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    if system == "vtc":
         compiled = vtc.compile(model, inputs)
-        compile_s = time.perf_counter() - t0
         kernels = compiled.report.kernels
     else:
-        t0 = time.perf_counter()
-        compiled = torch.compile(model)
-        compile_s = time.perf_counter() - t0
-        kernels = None
+        compiled = torch.compile(model, backend="vtc" if system == "vtc-dynamo" else "inductor")
+    compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     with torch.no_grad():
         compiled(*inputs)
     first_call_s = time.perf_counter() - t1
     return dict(compile_s=compile_s, first_call_s=first_call_s, total_s=compile_s + first_call_s,
-                stages=stages, kernels=kernels)
+                setup_s=setup_s, stages=stages, kernels=kernels)
 
 
 def _measure(system: str, workload: str, threads: int, env: dict) -> dict:
@@ -100,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="llama_model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="cold/warm pairs per system")
-    p.add_argument("--systems", default="vtc,inductor")
+    p.add_argument("--systems", default="vtc,vtc-dynamo,inductor")
     p.add_argument("--out", default=str(RESULT))
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(a.repeat):
             with tempfile.TemporaryDirectory(prefix=f"vtc-ct-{system}-") as tmp:
                 env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent)}
-                if system == "vtc":
+                if system.startswith("vtc"):
                     env["VTC_CACHE_DIR"] = tmp
                 else:
                     env["TORCHINDUCTOR_CACHE_DIR"] = tmp
@@ -122,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 for state in ("cold", "warm"):
                     r = _measure(system, a.workload, a.threads, env)
                     runs[state].append(r)
-                    print(f"{system:9s} {state}: compile {r['compile_s']:.2f} s + first call {r['first_call_s']:.2f} s"
-                          f" = {r['total_s']:.2f} s  {r['stages'] or ''}", flush=True)
+                    stages = {k: round(v, 2) for k, v in r["stages"].items()}
+                    print(f"{system:10s} {state}: compile {r['compile_s']:.2f} s + first call {r['first_call_s']:.2f} s"
+                          f" = {r['total_s']:.2f} s  (setup {r['setup_s']:.1f} s)  {stages or ''}", flush=True)
     result["uptime_after"] = _uptime()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

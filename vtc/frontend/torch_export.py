@@ -1,8 +1,9 @@
 """torch.export frontend: a model (or function) -> ExportedProgram (core ATen) -> vtc Graph.
 
 ``export_graph`` runs ``torch.export.export(strict=False)`` under ``no_grad`` and
-``run_decompositions()`` (the core ATen op set), then ``graph_from_fx`` turns the
-ATen fx graph into vtc's IR:
+``run_decompositions()`` (the core ATen op set) — in one trace instead of two,
+see ``vtc.frontend.core_export`` — then ``graph_from_fx`` turns the ATen fx
+graph into vtc's IR:
 
 - placeholders that the graph signature names as parameters, buffers or lifted
   tensor constants become ``const`` Values holding their tensor; user inputs
@@ -29,6 +30,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from vtc.frontend.core_export import export_core_aten
 from vtc.ir.graph import Graph, Node, Value
 from vtc.ir.ops import classify
 
@@ -63,7 +65,7 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
         model_or_fn, "__name__", repr(model_or_fn))
     try:
         with torch.no_grad():
-            ep = torch.export.export(model, args, example_kwargs, strict=False).run_decompositions()
+            ep, how = export_core_aten(model, args, example_kwargs)
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
         cause = f"{type(e).__name__}: " + "\n    ".join(lines)
@@ -89,6 +91,7 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     except CaptureError as e:
         raise CaptureError(f"{name}: {e}\n{_TRY_COMPILE}") from e
     graph.meta["source"] = f"torch.export of {name}"
+    graph.meta["capture"] = how
     return graph
 
 
