@@ -68,3 +68,33 @@ def test_unrepresentable_subgraph_runs_eagerly(graphs):
     finally:
         torch._dynamo.config.capture_dynamic_output_shape_ops = False
     torch.testing.assert_close(got, f(x))
+
+
+def test_vtc_runs_the_graph_not_eager_after_a_backend_failure(monkeypatch):
+    """aot_autograd calls the backend inside its FakeTensorMode; vtc must compile outside it (the planner
+    probes a transposed read with real tensors), else dynamo silently falls back to eager."""
+    calls = []
+    real = torch_backend._compile_graph
+
+    def counting(graph):
+        fn = real(graph)
+
+        def run(inputs):
+            calls.append(graph)
+            return fn(inputs)
+
+        return run
+
+    monkeypatch.setattr(torch_backend, "_compile_graph", counting)
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.softmax(x.transpose(0, 1) * 2.0, dim=-1) + 1.0
+
+    x = torch.randn(17, 33)
+    try:
+        got = torch.compile(f, backend="vtc")(x)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-6)
+    assert len(calls) == 1 and any(n.op == "aten.permute.default" for n in calls[0].nodes)

@@ -7,6 +7,10 @@ placeholders are the parameters followed by the user inputs, goes through
 ``graph_from_fx`` (every placeholder an ``input`` Value) and then
 ``vtc.compiler.compile_graph``.  Backward graphs run eagerly.  A subgraph that vtc
 cannot represent (symbolic shapes, non-tensor results) runs eagerly with a warning.
+aot_autograd calls the forward compiler with its FakeTensorMode still active:
+vtc compiles outside it (``unset_fake_temporarily``), since the planner and the
+machine figures run real torch ops (a fake ``nonzero`` raised, and dynamo then
+ran the whole graph eagerly after splitting it up, minutes on a 4-layer Llama).
 """
 from __future__ import annotations
 
@@ -23,9 +27,12 @@ from vtc.ir.graph import Graph
 
 
 def _compile_graph(graph: Graph) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     from vtc.compiler import compile_graph  # late: vtc.compiler imports this package
 
-    return compile_graph(graph)
+    with unset_fake_temporarily():  # real tensors for the planner's probes and the machine figures
+        return compile_graph(graph)
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
