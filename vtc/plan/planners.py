@@ -10,12 +10,15 @@
 
 ``objective="latency"`` (default) keeps the plan as is; ``objective="memory"``
 then lowers its peak memory within ``max_slowdown`` of its estimated latency
-(``vtc.plan.memory``).  Every planner is made for the backend that runs the
+(``vtc.plan.memory``).  Greedy plans that time nothing are cached on disk,
+keyed by the graph's text form, the options, the machine and vtc's code
+(``vtc.plan.cache``).  Every planner is made for the backend that runs the
 plan: a generated kernel reads through mappings, a torch op needs a buffer.
 """
 from __future__ import annotations
 
 from vtc.ir.graph import Graph
+from vtc.plan import cache as plan_cache
 from vtc.plan.cost import CostModel, Estimator
 from vtc.plan.greedy import PULL, Strategy, plan_of, select
 from vtc.plan.virtualize import Plan, plan_all, plan_none
@@ -40,6 +43,11 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
             raise ValueError(f"objective={objective!r} needs a cost-driven plan (plan='greedy' or 'measured'), "
                              f"not plan={mode!r}")
         return plan_all(graph) if mode == "all" else plan_none(graph)
+    key = None
+    if model is None:
+        cached, key = plan_cache.load(graph, options)
+        if cached is not None:
+            return cached
     vtog = VTOG(graph, node_kinds(graph, backend, options.get("gemm", "auto")))
     est = Estimator(vtog, model)
     strategy = select(vtog, est, (PULL,))
@@ -66,6 +74,8 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
         notes.append(note)
     plan = plan_of(graph, mode, vtog, strategy)
     plan.objective, plan.notes = objective, notes
+    if key is not None:
+        plan_cache.store(key, plan)
     return plan
 
 
