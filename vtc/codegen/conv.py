@@ -23,9 +23,10 @@ import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
-from vtc.codegen.kernel_ir import Buffer, Kernel, Store
+from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
-from vtc.index.expr import and_, const, ge, lt, var
+from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, var
+from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node
 from vtc.virtual.movement import bind
 
@@ -176,5 +177,151 @@ def conv_kernel(low, n: Node) -> Kernel:
     kern = Kernel(name, "gemm", tuple(out.shape), k, [],
                   [Store(Buffer(out.name, out.shape, out.dtype), (image, group * og + mi, oh, ow), value)],
                   source_nodes=[n.name])
-    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"))
+    pack = Im2colPack(geo, low, image, group * cg + ci, memo)
+    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
     return kern
+
+
+# -- the im2col pack, by runs -------------------------------------------------
+RUN_RUNTIME = r"""
+#ifndef VTC_CONV_RUNTIME
+#define VTC_CONV_RUNTIME
+// dst[j] = (lo <= j < hi) ? src[j] : 0 for j < len: one run of an im2col row; src is read only in [lo, hi)
+static inline void vtc_conv_run(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
+                                int64_t hi) {
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_maskz_loadu_ps(valid, src + j));
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[j] : 0.0f;
+#endif
+}
+static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
+#endif
+"""
+MAX_CASES = 16  # piece choices unswitched out of the run loops (a cat of up to 16 inputs)
+
+
+class Im2colPack:
+    """Emits the pack of a convolution's B panels (the virtual im2col) by contiguous runs.
+
+    Row r of B is (input channel, tap); for a fixed r, the output pixels of a panel row read the input
+    along an output row: a run of input elements at stride `stride_w`, zero where the tap falls in the
+    padding.  Per panel row the pack walks its output-row segments, works out once per segment which
+    part is inside the input, and copies that part; where the input at (channel, row) is a plain
+    load with unit stride along the width, the copy is one masked vector load and store per 16
+    elements (``vtc_conv_run``), otherwise an element loop over the input's scalar expression (an
+    inlined producer, a pad in front).  A 1x1 convolution without stride or padding reads the input's
+    pixels in order: one run per panel row.  Piece choices that depend on the channel alone (a cat or
+    split in front) are decided once per row r, outside the run loops (``_cases``).
+    """
+
+    def __init__(self, geo: dict, low, image, channel, memo: dict) -> None:
+        self.geo = geo
+        (sh, sw), (ph, pw) = geo["stride"], geo["pad"]
+        self.flat = geo["kh"] == geo["kw"] == 1 and (sh, sw, ph, pw) == (1, 1, 0, 0)
+        x = geo["x"]
+        if self.flat:
+            q = var("cv_q", geo["oh"] * geo["ow"])
+            idx = (image, channel, q // geo["ow"], q % geo["ow"])
+            self.inner = {"cv_q"}
+        else:
+            idx = (image, channel, var("cv_ih", geo["h"]), var("cv_iw", geo["wd"]))
+            self.inner = {"cv_ih", "cv_iw"}
+        # the input at an index inside it: the padding is decided per run, not per element
+        self.value = K.cast(low.value_at(x.name, idx, memo), torch.float32)
+
+    def lines(self, em, g, ind: str) -> list[str]:
+        """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
+        geo = self.geo
+        out = [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{", f"{ind}  const int64_t r = k0 + pp;"]
+        if not self.flat:
+            kh, kw, ow = geo["kh"], geo["kw"], geo["ow"]
+            (sw, dh, dw), (ph, pw) = (geo["stride"][1], *geo["dil"]), geo["pad"]
+            out += [f"{ind}  const int64_t cv_dh = ((r / {kw}) % {kh}) * {dh} - {ph}, cv_dw = (r % {kw}) * {dw} - {pw};",
+                    f"{ind}  const int64_t cv_olo = std::max<int64_t>(0, vtc_ceil_div(-cv_dw, {sw}));",
+                    f"{ind}  const int64_t cv_ohi = std::min<int64_t>({ow}, vtc_ceil_div({geo['wd']} - cv_dw, {sw}));"]
+        out += self._cases(em, self.value, ind + "  ", [MAX_CASES])
+        return out + [f"{ind}}}"]
+
+    def _cases(self, em, s: K.Scalar, ind: str, budget: list[int]) -> list[str]:
+        """An if / else per piece choice of s whose predicate is the same along a run, then the runs."""
+        p = next((x.args[0] for x in scalars_under([s]) if x.op == "pick" and not free_vars(x.args[0]) & self.inner),
+                 None)
+        if p is None or budget[0] <= 1:
+            return self._runs(em, s, ind)
+        budget[0] -= 1
+        return [f"{ind}if ({em.index(p)}) {{", *self._cases(em, _choose(s, p, True), ind + "  ", budget),
+                f"{ind}}} else {{", *self._cases(em, _choose(s, p, False), ind + "  ", budget), f"{ind}}}"]
+
+    def _runs(self, em, s: K.Scalar, ind: str) -> list[str]:
+        geo = self.geo
+        run = self._plain_run(em, s)
+        em.forget()
+        i2, i3 = ind + "  ", ind + "    "
+        out = [f"{ind}for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+               f"{i2}float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
+               f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
+        if self.flat:
+            if run:
+                return out + [f"{i2}const int64_t cv_q = n0 + jr;", f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);",
+                              f"{ind}}}"]
+            temps = em.hoist([s], i3)
+            return out + [f"{i2}for (int64_t jj = 0; jj < len; ++jj) {{", f"{i3}const int64_t cv_q = n0 + jr + jj;",
+                          *temps, f"{i3}dst[jj] = {em.scalar(s)};", f"{i2}}}",
+                          f"{i2}for (int64_t jj = len; jj < VTC_NR; ++jj) dst[jj] = 0.0f;", f"{ind}}}"]
+        ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
+        i4, i5 = i3 + "  ", i3 + "    "
+        out += [f"{i2}int64_t oh = (n0 + jr) / {ow}, ow = (n0 + jr) % {ow}, j = 0;",
+                f"{i2}while (j < len) {{  // one output-row segment: a run of the input row cv_ih",
+                f"{i3}const int64_t seg = std::min<int64_t>({ow} - ow, len - j), cv_ih = oh * {sh} + cv_dh;",
+                f"{i3}const bool row = cv_ih >= 0 && cv_ih < {h};",
+                f"{i3}const int64_t lo = row ? std::min<int64_t>(std::max<int64_t>(cv_olo - ow, 0), seg) : 0;",
+                f"{i3}const int64_t hi = row ? std::max<int64_t>(std::min<int64_t>(cv_ohi - ow, seg), lo) : lo;"]
+        if run:
+            out += [f"{i3}{{ const int64_t cv_iw = ow * {sw} + cv_dw; vtc_conv_run(dst + j, {run}, seg, lo, hi); }}"]
+        else:
+            temps = em.hoist([s], i5)
+            out += [f"{i3}for (int64_t jj = 0; jj < lo; ++jj) dst[j + jj] = 0.0f;",
+                    f"{i3}for (int64_t jj = lo; jj < hi; ++jj) {{",
+                    f"{i4}const int64_t cv_iw = (ow + jj) * {sw} + cv_dw;",
+                    *[t.replace(i5, i4, 1) for t in temps],
+                    f"{i4}dst[j + jj] = {em.scalar(s)};",
+                    f"{i3}}}",
+                    f"{i3}for (int64_t jj = hi; jj < seg; ++jj) dst[j + jj] = 0.0f;"]
+        return out + [f"{i3}j += seg; ++oh; ow = 0;", f"{i2}}}",
+                      f"{i2}for (; j < VTC_NR; ++j) dst[j] = 0.0f;", f"{ind}}}"]
+
+    def _plain_run(self, em, s: K.Scalar) -> str:
+        """C for the address of s at the run's start when s is a load with unit stride along the run, else ""."""
+        along = "cv_q" if self.flat else "cv_iw"
+        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] != 1):
+            return ""
+        buf, idx = s.args
+        lin = linear_offset(idx, em.shapes[buf])
+        _, terms = _terms(lin)
+        for atom, k in terms.items():
+            if along in free_vars(atom) and not (atom.op == "var" and k == 1):
+                return ""
+        if not any(atom.op == "var" and atom.args[0] == along for atom in terms):
+            return ""
+        return f"{em.ptr[buf]} + {em.index(lin)}"
+
+
+def _choose(s: K.Scalar, p, taken: bool, memo: dict | None = None) -> K.Scalar:
+    """s with every piece choice on predicate p replaced by its side for p == taken."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s.op == "pick" and s.args[0] is p:
+        out = _choose(s.args[1] if taken else s.args[2], p, taken, memo)
+    else:
+        args = tuple(_choose(a, p, taken, memo) if isinstance(a, K.Scalar) else a for a in s.args)
+        out = s if all(a is b for a, b in zip(args, s.args)) else K.Scalar.make(s.op, args, s.dtype)
+    memo[id(s)] = out
+    return out
