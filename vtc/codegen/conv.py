@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import kernel_ir as K
+from vtc.codegen import depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
-from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, var
-from vtc.index.mapping import linear_offset
+from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, not_, var
+from vtc.index.mapping import linear_offset, out_vars
 from vtc.ir.graph import Node
 from vtc.virtual.movement import bind
 
@@ -59,13 +59,20 @@ def _depthwise_conv2d(ctx, args, out):
     mult = geo["og"]  # output channels per input channel
     ic = oc // mult if mult > 1 else oc
     total = ctx._read(bias, (oc,)) if bias is not None else K.const(0, dt)
+    weights = []
     for a in range(kh):
         ih = oh * sh + (a * dh - ph)
         for bb in range(kw):
             iw = ow * sw + (bb * dw - pw)
             inside = and_(ge(ih, 0), lt(ih, h), ge(iw, 0), lt(iw, wd))
             tap = K.pick(inside, ctx._read(x, (b, ic, ih, iw)), K.const(0, dt))
-            total = K.binary("add", total, K.binary("mul", ctx._read(w, (oc, const(0), const(a), const(bb))), tap))
+            weights.append(K.cast(ctx._read(w, (oc, const(0), const(a), const(bb))), dt))
+            total = K.binary("add", total, K.binary("mul", weights[-1], tap))
+    if tuple(ctx.index) == out_vars(out.shape):  # at its own index: the plane-by-plane vector code may emit it
+        plane = K.cast(ctx._read(x, (b, ic, var(depthwise.IH, h), var(depthwise.IW, wd))), dt)
+        depthwise.remember(total, depthwise.DepthwiseSum(
+            tuple(ctx.index), plane, tuple(weights), K.cast(ctx._read(bias, (oc,)), dt) if bias is not None else None,
+            (kh, kw), (sh, sw), (ph, pw), (dh, dw), (h, wd), (geo["oh"], geo["ow"])))
     return total
 
 
@@ -245,18 +252,19 @@ class Im2colPack:
             out += [f"{ind}  const int64_t cv_dh = ((r / {kw}) % {kh}) * {dh} - {ph}, cv_dw = (r % {kw}) * {dw} - {pw};",
                     f"{ind}  const int64_t cv_olo = std::max<int64_t>(0, vtc_ceil_div(-cv_dw, {sw}));",
                     f"{ind}  const int64_t cv_ohi = std::min<int64_t>({ow}, vtc_ceil_div({geo['wd']} - cv_dw, {sw}));"]
-        out += self._cases(em, self.value, ind + "  ", [MAX_CASES])
+        out += self._cases(em, self.value, ind + "  ")
         return out + [f"{ind}}}"]
 
-    def _cases(self, em, s: K.Scalar, ind: str, budget: list[int]) -> list[str]:
+    def _cases(self, em, s: K.Scalar, ind: str) -> list[str]:
         """An if / else per piece choice of s whose predicate is the same along a run, then the runs."""
-        p = next((x.args[0] for x in scalars_under([s]) if x.op == "pick" and not free_vars(x.args[0]) & self.inner),
-                 None)
-        if p is None or budget[0] <= 1:
-            return self._runs(em, s, ind)
-        budget[0] -= 1
-        return [f"{ind}if ({em.index(p)}) {{", *self._cases(em, _choose(s, p, True), ind + "  ", budget),
-                f"{ind}}} else {{", *self._cases(em, _choose(s, p, False), ind + "  ", budget), f"{ind}}}"]
+        cases = piece_cases(s, self.inner) or [([], s)]
+        if len(cases) == 1:
+            return self._runs(em, cases[0][1], ind)
+        out: list[str] = []
+        for n, (conds, leaf) in enumerate(cases):
+            test = " && ".join(em.index(p) for p in conds)
+            out += [f"{ind}{'if' if n == 0 else '} else if'} ({test}) {{", *self._runs(em, leaf, ind + "  ")]
+        return out + [f"{ind}}}"]
 
     def _runs(self, em, s: K.Scalar, ind: str) -> list[str]:
         geo = self.geo
@@ -310,6 +318,22 @@ class Im2colPack:
         if not any(atom.op == "var" and atom.args[0] == along for atom in terms):
             return ""
         return f"{em.ptr[buf]} + {em.index(lin)}"
+
+
+def piece_cases(s: K.Scalar, inner: set[str], limit: int = MAX_CASES) -> list[tuple[list, K.Scalar]] | None:
+    """[(predicates, s with those piece choices decided)] over the piece choices of s whose predicate
+    involves none of the variables `inner` (a cat or split on the channel, decided once per row or
+    plane); the cases are exclusive and cover every index.  None beyond `limit` cases."""
+    p = next((x.args[0] for x in scalars_under([s]) if x.op == "pick" and not free_vars(x.args[0]) & inner), None)
+    if p is None:
+        return [([], s)]
+    out = []
+    for taken, cond in ((True, p), (False, not_(p))):
+        sub = piece_cases(_choose(s, p, taken), inner, limit)
+        if sub is None:
+            return None
+        out += [([cond, *conds], leaf) for conds, leaf in sub]
+    return out if len(out) <= limit else None
 
 
 def _choose(s: K.Scalar, p, taken: bool, memo: dict | None = None) -> K.Scalar:
