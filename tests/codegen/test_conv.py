@@ -244,3 +244,101 @@ def test_a_depthwise_conv_after_a_gemm_is_not_its_epilogue():
     compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert [kn.kind for kn in kernels(compiled)] == ["gemm", "pointwise"]
+
+
+# -- the im2col pack by runs and the plane-by-plane depthwise code ----------------------------------
+def _sources(compiled) -> str:
+    from vtc.codegen.cpp import generate
+
+    return "\n".join(generate(k) for k in kernels(compiled))
+
+
+FRONT = {
+    None: lambda x: x,
+    "channel_shuffle": _shuffle,
+    "split": lambda x: x.chunk(2, dim=1)[1],
+    "cat": lambda x: torch.cat([x, x.flip(1)], dim=1),
+    "pad": lambda x: F.pad(x, (1, 2, 0, 1)),
+}
+
+# (batch, channels of x, out channels, kernel, stride, padding, dilation, groups, height, width, in front,
+#  whether the pack copies runs with vector loads: a plain load with unit stride along the width, stride 1)
+PACKED = [
+    (1, 6, 5, 3, 2, 1, 1, 1, 17, 3, "cat", False),  # stride 2: an element loop per run
+    (16, 8, 6, 3, 1, 2, 2, 2, 7, 9, "channel_shuffle", True),  # dilation, groups, batch 16
+    (1, 8, 3, 1, 1, 0, 1, 1, 1, 127, "split", True),  # 1x1: one run per panel row
+    (2, 5, 7, 1, 1, 0, 1, 1, 3, 17, "cat", True),  # 1x1 over a cat: the piece decided per row
+    (1, 5, 4, (1, 3), 1, (0, 1), 1, 1, 5, 40, "pad", False),  # the pad's zeros are a choice inside the run
+    (16, 6, 8, 3, 1, 1, 1, 1, 17, 17, None, True),
+]
+
+
+@pytest.mark.parametrize("case", PACKED, ids=lambda c: "b{}c{}o{}k{}s{}p{}d{}g{}_{}x{}_{}".format(*c[:11]))
+def test_implicit_gemm_packs_im2col_runs_through_the_mapping(case):
+    b, c, o, k, s, p, d, groups, h, w, front, vector_runs = case
+    g = gen(sum(map(hash, map(str, case))) % 991)
+    move = FRONT[front]
+    x = rand((b, c, h, w), g)
+    cin = move(x).shape[1]
+    kk = (k, k) if isinstance(k, int) else k
+    weight, bias = rand((o, cin // groups, *kk), g), rand((o,), g)
+
+    def fn(x):
+        return torch.relu(F.conv2d(move(x), weight, bias, s, p, d, groups))
+
+    compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]
+    assert ("vtc_conv_run(dst" in _sources(compiled)) == vector_runs
+
+
+def test_implicit_gemm_never_reads_outside_a_sliced_view():
+    """The masked run copies load only inside the input: a NaN just outside a sliced view does not leak in."""
+    g = gen(6)
+    weight = rand((4, 3, 3, 3), g)
+    big = rand((2, 3, 10, 12), g)
+    big[:, :, 0, :] = float("nan")  # row 0 and the last columns are outside the slice below
+    big[:, :, :, 10:] = float("nan")
+
+    def fn(x):
+        return F.conv2d(x[:, :, 1:, :10], weight, None, 1, 1)
+
+    compiled = compile_cpu(fn, (big,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (big,), **ROW_TOL)
+    assert not compiled(big).isnan().any()
+    assert "vtc_conv_run(dst" in _sources(compiled)
+
+
+# (batch, channels, multiplier, kernel, stride, padding, dilation, height, width, in front, emitted as)
+PLANES = [
+    (1, 6, 1, 3, 1, 1, 1, 28, 28, "channel_shuffle", "flat"),
+    (16, 8, 1, 3, 1, 1, 1, 7, 7, "split", "flat"),  # batch 16, 7x7 maps: chunks across rows
+    (2, 3, 2, 5, 1, 2, 1, 9, 17, "cat", "flat"),  # channel multiplier, a cat decided per plane
+    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: gathers
+    (1, 3, 1, 3, 1, 2, 2, 5, 3, None, "flat"),  # dilation
+    (1, 2, 1, 3, 1, 0, 1, 3, 127, None, "rows"),  # no padding: output rows shorter than input rows
+    (3, 4, 1, 7, 1, 3, 1, 1, 1, None, "flat"),  # a 1x1 map: every tap but the centre in the padding
+    (1, 4, 1, 3, 1, 1, 1, 6, 5, "pad", "generic"),  # a pad in front: its zeros are a choice per element
+]
+
+
+@pytest.mark.parametrize("case", PLANES, ids=lambda c: "b{}c{}m{}k{}s{}p{}d{}_{}x{}_{}".format(*c[:10]))
+def test_depthwise_conv_plane_by_plane(case):
+    b, c, mult, k, s, p, d, h, w, front, emitted = case
+    g = gen(sum(map(hash, map(str, case))) % 983)
+    move = FRONT[front]
+    x = rand((b, c, h, w), g)
+    cin = move(x).shape[1]
+    weight, bias = rand((cin * mult, 1, k, k), g), rand((cin * mult,), g)
+    scale, shift = rand((cin * mult, 1, 1), g), rand((cin * mult, 1, 1), g)
+
+    def fn(x):
+        return F.hardswish(F.conv2d(move(x), weight, bias, s, p, d, groups=cin) * scale + shift)
+
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
+    src = _sources(compiled)
+    assert {"flat": "masks.m" in src, "rows": "cols.m" in src, "generic": "_mm512" not in src}[emitted], src

@@ -94,7 +94,7 @@ def source(k: Kernel, em, generic) -> list[str] | None:
     cases = piece_cases(dw.plane, {IH, IW})
     if cases is None:
         return None
-    leaves = [_plane_pointer(em, leaf) for _, leaf in cases]
+    leaves = [_plane_pointer(em, leaf, dw.in_hw) for _, leaf in cases]
     if any(x is None for x in leaves):
         return None
     (oh, ow), w = dw.out_hw, dw.in_hw[1]
@@ -117,14 +117,15 @@ def _work(k: Kernel, dw: DepthwiseSum) -> int:
     return k.domain[0] * k.domain[1] * k.domain[2] * k.domain[3] * dw.kernel[0] * dw.kernel[1]
 
 
-def _plane_pointer(em, leaf: Scalar) -> tuple[str, int] | None:
-    """(C address of the plane's element (0, 0), row stride) for a float32 load with unit column stride."""
+def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int] | None:
+    """(C address of the plane's element (0, 0), row stride) for a float32 load with unit column stride
+    (an index of extent 1 is the constant 0: its stride does not matter)."""
     if leaf.op != "load" or leaf.dtype != torch.float32:
         return None
     buf, idx = leaf.args
     lin = linear_offset(idx, em.shapes[buf])
     c, terms = _terms(lin)
-    row, rest, unit = 0, [], False
+    row, rest, unit = (hw[1] if hw[0] == 1 else 0), [], hw[1] == 1
     for atom, k in terms.items():
         if atom.op == "var" and atom.args[0] == IW:
             if k != 1:
