@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
+from .util import (ROW_TOL, as_tuple, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
                    gen, kernels, rand, report)
 
 # (batch, channels, multiplier, kernel, stride, padding, dilation, height, width)
@@ -262,20 +262,24 @@ FRONT = {
 }
 
 # (batch, channels of x, out channels, kernel, stride, padding, dilation, groups, height, width, in front,
-#  whether the pack copies runs with vector loads: a plain load with unit stride along the width, stride 1)
+#  how the pack copies a run: vector loads at stride 1 or 2 of a plain load with unit stride along the
+#  width ("run", "run2"), else an element loop ("loop"); "shifted": stride 1 with output rows as long as
+#  input rows, 16 pixels per masked load across row ends, runs where the tile is not 16-aligned)
 PACKED = [
-    (1, 6, 5, 3, 2, 1, 1, 1, 17, 3, "cat", False),  # stride 2: an element loop per run
-    (16, 8, 6, 3, 1, 2, 2, 2, 7, 9, "channel_shuffle", True),  # dilation, groups, batch 16
-    (1, 8, 3, 1, 1, 0, 1, 1, 1, 127, "split", True),  # 1x1: one run per panel row
-    (2, 5, 7, 1, 1, 0, 1, 1, 3, 17, "cat", True),  # 1x1 over a cat: the piece decided per row
-    (1, 5, 4, (1, 3), 1, (0, 1), 1, 1, 5, 40, "pad", False),  # the pad's zeros are a choice inside the run
-    (16, 6, 8, 3, 1, 1, 1, 1, 17, 17, None, True),
+    (1, 6, 5, 3, 2, 1, 1, 1, 17, 3, "cat", "run2"),  # stride 2: even lanes of two loads
+    (2, 4, 3, 3, 3, 1, 1, 1, 11, 13, "split", "loop"),  # stride 3: an element loop per run
+    (16, 8, 6, 3, 1, 2, 2, 2, 7, 9, "channel_shuffle", "shifted"),  # dilation, groups, batch 16
+    (1, 4, 6, 3, 1, 0, 1, 1, 9, 8, "channel_shuffle", "run"),  # no padding: output rows are shorter
+    (1, 8, 3, 1, 1, 0, 1, 1, 1, 127, "split", "run"),  # 1x1: one run per panel row
+    (2, 5, 7, 1, 1, 0, 1, 1, 3, 17, "cat", "run"),  # 1x1 over a cat: the piece decided per row
+    (1, 5, 4, (1, 3), 1, (0, 1), 1, 1, 5, 40, "pad", "loop"),  # the pad's zeros are a choice inside the run
+    (16, 6, 8, 3, 1, 1, 1, 1, 17, 17, None, "shifted"),
 ]
 
 
 @pytest.mark.parametrize("case", PACKED, ids=lambda c: "b{}c{}o{}k{}s{}p{}d{}g{}_{}x{}_{}".format(*c[:11]))
 def test_implicit_gemm_packs_im2col_runs_through_the_mapping(case):
-    b, c, o, k, s, p, d, groups, h, w, front, vector_runs = case
+    b, c, o, k, s, p, d, groups, h, w, front, copy = case
     g = gen(sum(map(hash, map(str, case))) % 991)
     move = FRONT[front]
     x = rand((b, c, h, w), g)
@@ -290,7 +294,9 @@ def test_implicit_gemm_packs_im2col_runs_through_the_mapping(case):
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert_no_movement(compiled)
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]
-    assert ("vtc_conv_run(dst" in _sources(compiled)) == vector_runs
+    src = _sources(compiled)
+    assert ["cv_masks.rows" in src, "vtc_conv_run(dst" in src, "vtc_conv_run2(dst" in src] == \
+        [copy == "shifted", copy in ("run", "shifted"), copy == "run2"]
 
 
 def test_implicit_gemm_never_reads_outside_a_sliced_view():
@@ -301,13 +307,19 @@ def test_implicit_gemm_never_reads_outside_a_sliced_view():
     big[:, :, 0, :] = float("nan")  # row 0 and the last columns are outside the slice below
     big[:, :, :, 10:] = float("nan")
 
-    def fn(x):
+    def fn(x):  # rows shorter than the input's: runs
         return F.conv2d(x[:, :, 1:, :10], weight, None, 1, 1)
 
-    compiled = compile_cpu(fn, (big,), plan="all", gemm="vtc")
-    assert_matches_eager(compiled, fn, (big,), **ROW_TOL)
-    assert not compiled(big).isnan().any()
-    assert "vtc_conv_run(dst" in _sources(compiled)
+    def whole_rows(x):  # whole rows: shifted loads across row ends
+        return F.conv2d(x[:, :, 1:, :], weight, None, 1, 1)
+
+    big2 = rand((2, 3, 10, 12), g)
+    big2[:, :, 0, :] = float("nan")
+    for f, x in ((fn, big), (whole_rows, big2)):
+        compiled = compile_cpu(f, (x,), plan="all", gemm="vtc")
+        assert_matches_eager(compiled, f, (x,), **ROW_TOL)
+        assert not any(t.isnan().any() for t in as_tuple(compiled(x)))
+        assert ("cv_masks.rows" in _sources(compiled)) == (f is whole_rows)
 
 
 # (batch, channels, multiplier, kernel, stride, padding, dilation, height, width, in front, emitted as)

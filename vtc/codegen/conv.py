@@ -207,6 +207,24 @@ static inline void vtc_conv_run(float* __restrict dst, const float* __restrict s
   for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[j] : 0.0f;
 #endif
 }
+// dst[j] = (lo <= j < hi) ? src[2 * j] : 0 for j < len: a run at stride 2 (even lanes of two loads picked)
+static inline void vtc_conv_run2(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
+                                 int64_t hi) {
+#if defined(__AVX512F__) && defined(__BMI2__)
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const unsigned valid = a < b ? ((1u << b) - 1u) & ~((1u << a) - 1u) : 0u;
+    const unsigned wide = _pdep_u32(valid, 0x55555555u);  // input lane 2l for output lane l
+    const __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)(wide & 0xFFFFu), src + 2 * j);
+    const __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + 2 * j + 16);
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_permutex2var_ps(x0, even, x1));
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[2 * j] : 0.0f;
+#endif
+}
 static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
 #endif
 """
@@ -241,11 +259,36 @@ class Im2colPack:
             self.inner = {"cv_ih", "cv_iw"}
         # the input at an index inside it: the padding is decided per run, not per element
         self.value = K.cast(low.value_at(x.name, idx, memo), torch.float32)
+        # stride 1 and output rows as long as input rows: output pixel q of tap (a, b) reads input pixel
+        # q + (a * dil - pad) * width + (b * dil - pad), 16 pixels at a time across row ends (masked)
+        self.shifted = not self.flat and (sh, sw) == (1, 1) and geo["ow"] == geo["wd"]
+
+    def _mask_table(self, ind: str) -> list[str]:
+        """Per 16 output pixels, which lanes' tap row a / tap column b lies inside the input (built once)."""
+        geo = self.geo
+        kh, kw, oh, ow, h, w = geo["kh"], geo["kw"], geo["oh"], geo["ow"], geo["h"], geo["wd"]
+        (dh, dw), (ph, pw) = geo["dil"], geo["pad"]
+        n, halves = oh * ow, -(-oh * ow // 16) + 2
+        return [f"{ind}#if defined(__AVX512F__)",
+                f"{ind}struct CvMasks {{ __mmask16 rows[{halves * kh}], cols[{halves * kw}]; }};",
+                f"{ind}static const CvMasks cv_masks = [] {{",
+                f"{ind}  CvMasks t{{}};",
+                f"{ind}  for (int64_t q = 0; q < {n}; ++q) {{",
+                f"{ind}    const int64_t y = q / {ow}, x = q % {ow};",
+                f"{ind}    for (int64_t a = 0; a < {kh}; ++a)",
+                f"{ind}      if (y + a * {dh} - {ph} >= 0 && y + a * {dh} - {ph} < {h}) t.rows[q / 16 * {kh} + a] |= 1u << (q % 16);",
+                f"{ind}    for (int64_t b = 0; b < {kw}; ++b)",
+                f"{ind}      if (x + b * {dw} - {pw} >= 0 && x + b * {dw} - {pw} < {w}) t.cols[q / 16 * {kw} + b] |= 1u << (q % 16);",
+                f"{ind}  }}",
+                f"{ind}  return t;",
+                f"{ind}}}();",
+                f"{ind}#endif"]
 
     def lines(self, em, g, ind: str) -> list[str]:
         """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
         geo = self.geo
-        out = [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{", f"{ind}  const int64_t r = k0 + pp;"]
+        out = self._mask_table(ind) if self.shifted else []
+        out += [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{", f"{ind}  const int64_t r = k0 + pp;"]
         if not self.flat:
             kh, kw, ow = geo["kh"], geo["kw"], geo["ow"]
             (sw, dh, dw), (ph, pw) = (geo["stride"][1], *geo["dil"]), geo["pad"]
@@ -284,6 +327,24 @@ class Im2colPack:
                           f"{i2}for (int64_t jj = len; jj < VTC_NR; ++jj) dst[jj] = 0.0f;", f"{ind}}}"]
         ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
         i4, i5 = i3 + "  ", i3 + "    "
+        shifted = []
+        if run and self.shifted and self._row_stride(em, s) == geo["wd"]:
+            kh, kw = geo["kh"], geo["kw"]
+            shifted = [f"{ind}#if defined(__AVX512F__)",
+                       f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
+                       f"{ind}  const int64_t cv_ih = cv_dh, cv_iw = cv_dw, cv_a = (r / {kw}) % {kh}, cv_b = r % {kw};",
+                       f"{ind}  const float* __restrict src = {run};",
+                       f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+                       f"{ind}    float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
+                       f"{ind}    const int64_t q = n0 + jr;",
+                       f"{ind}    for (int64_t hh = 0; hh < VTC_NR / 16; ++hh) {{",
+                       f"{ind}      const int64_t hq = q / 16 + hh;",
+                       f"{ind}      const __mmask16 m = cv_masks.rows[hq * {kh} + cv_a] & cv_masks.cols[hq * {kw} + cv_b];",
+                       f"{ind}      _mm512_storeu_ps(dst + 16 * hh, _mm512_maskz_loadu_ps(m, src + q + 16 * hh));",
+                       f"{ind}    }}",
+                       f"{ind}  }}",
+                       f"{ind}}} else",
+                       f"{ind}#endif"]
         out += [f"{i2}int64_t oh = (n0 + jr) / {ow}, ow = (n0 + jr) % {ow}, j = 0;",
                 f"{i2}while (j < len) {{  // one output-row segment: a run of the input row cv_ih",
                 f"{i3}const int64_t seg = std::min<int64_t>({ow} - ow, len - j), cv_ih = oh * {sh} + cv_dh;",
@@ -291,7 +352,8 @@ class Im2colPack:
                 f"{i3}const int64_t lo = row ? std::min<int64_t>(std::max<int64_t>(cv_olo - ow, 0), seg) : 0;",
                 f"{i3}const int64_t hi = row ? std::max<int64_t>(std::min<int64_t>(cv_ohi - ow, seg), lo) : lo;"]
         if run:
-            out += [f"{i3}{{ const int64_t cv_iw = ow * {sw} + cv_dw; vtc_conv_run(dst + j, {run}, seg, lo, hi); }}"]
+            copy = "vtc_conv_run" if sw == 1 else "vtc_conv_run2"
+            out += [f"{i3}{{ const int64_t cv_iw = ow * {sw} + cv_dw; {copy}(dst + j, {run}, seg, lo, hi); }}"]
         else:
             temps = em.hoist([s], i5)
             out += [f"{i3}for (int64_t jj = 0; jj < lo; ++jj) dst[j + jj] = 0.0f;",
@@ -301,13 +363,19 @@ class Im2colPack:
                     f"{i4}dst[j + jj] = {em.scalar(s)};",
                     f"{i3}}}",
                     f"{i3}for (int64_t jj = hi; jj < seg; ++jj) dst[j + jj] = 0.0f;"]
-        return out + [f"{i3}j += seg; ++oh; ow = 0;", f"{i2}}}",
-                      f"{i2}for (; j < VTC_NR; ++j) dst[j] = 0.0f;", f"{ind}}}"]
+        out += [f"{i3}j += seg; ++oh; ow = 0;", f"{i2}}}", f"{i2}for (; j < VTC_NR; ++j) dst[j] = 0.0f;", f"{ind}}}"]
+        return shifted + out
+
+    def _row_stride(self, em, s: K.Scalar) -> int | None:
+        """The coefficient of the input row in load s's offset."""
+        _, terms = _terms(linear_offset(s.args[1], em.shapes[s.args[0]]))
+        return next((k for atom, k in terms.items() if atom.op == "var" and atom.args[0] == "cv_ih"), None)
 
     def _plain_run(self, em, s: K.Scalar) -> str:
-        """C for the address of s at the run's start when s is a load with unit stride along the run, else ""."""
+        """C for the address of s at the run's start when s is a load with unit stride along the input row
+        and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
         along = "cv_q" if self.flat else "cv_iw"
-        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] != 1):
+        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] not in (1, 2)):
             return ""
         buf, idx = s.args
         lin = linear_offset(idx, em.shapes[buf])
