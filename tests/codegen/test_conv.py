@@ -132,9 +132,9 @@ def test_movement_in_front_of_a_dense_conv_is_packed_through(name):
     assert [q["choice"] for q in report(compiled)["gemm"]] == ["vtc"]
     assert_no_movement(compiled)
     assert_all_generated(compiled)
-    auto = compile_cpu(fn, (x,), plan="all")  # a 3x3 convolution: torch's, on a view or a copy
-    assert_matches_eager(auto, fn, (x,), **ROW_TOL)
-    assert [q["choice"] for q in report(auto)["gemm"]] == ["torch"]
+    auto = compile_cpu(fn, (x,), plan="all")  # not a wide convolution: generated under gemm="auto" too
+    assert [q["choice"] for q in report(auto)["gemm"]] == ["vtc"]
+    assert report(auto)["materialized_movement_bytes"] == 0
 
 
 def test_channel_shuffle_conv_moves_nothing():
@@ -155,19 +155,32 @@ def test_channel_shuffle_conv_moves_nothing():
     assert report(torch_path)["materialized_movement_bytes"] == x.nbytes  # the shuffle copied for torch
 
 
-def test_a_conv_on_a_physical_input_runs_through_torch_with_the_reason():
+def test_gemm_auto_leaves_wide_convolutions_to_torch_with_the_reason():
+    """gemm="auto": a wide convolution (output channels x channels x taps per group >= conv.WIDE) on a
+    physical input runs through torch; a narrower one, or one behind a channel shuffle, is generated."""
     g = gen(3)
-    weight = rand((4, 3, 3, 3), g)
+    wide, narrow = rand((256, 64, 3, 3), g) * 0.1, rand((4, 3, 3, 3), g)
 
     def fn(x):
-        return F.conv2d(x, weight, None, 1, 1, groups=2)
+        return F.conv2d(x, wide, None, 1, 1), F.conv2d(x[:, :6], narrow, None, 1, 1, groups=2)
 
-    x = rand((1, 6, 8, 8), g)
+    x = rand((1, 64, 3, 5), g)
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    [choice] = report(compiled)["gemm"]
-    assert choice["choice"] == "torch" and "physical" in choice["why"], choice
-    assert choice["shape"] == (2, 2, 64, 27)  # batch x group, M, output pixels, K = channels x taps
+    first, second = report(compiled)["gemm"]
+    assert first["choice"] == "torch" and "wide" in first["why"] and "physical" in first["why"], first
+    assert first["shape"] == (1, 256, 15, 576)  # batch x group, M, output pixels, K = channels x taps
+    assert second["choice"] == "vtc" and second["shape"] == (2, 2, 15, 27), second
+
+    def shuffled(x):
+        return F.conv2d(_shuffle(x), wide, None, 1, 1)
+
+    compiled = compile_cpu(shuffled, (x,), plan="all")
+    assert_matches_eager(compiled, shuffled, (x,), **ROW_TOL)
+    [choice] = report(compiled)["gemm"]  # behind a shuffle: copy + torch's convolution, or the implicit GEMM
+    assert "strided view" in choice["why"] and choice["copy_bytes"] == x.nbytes, choice
+    assert choice["choice"] == ("vtc" if choice["vtc_us"] <= choice["torch_us"] else "torch"), choice
+    assert report(compiled)["materialized_movement_bytes"] == (0 if choice["choice"] == "vtc" else x.nbytes)
 
 
 def test_a_nan_in_the_padding_window_is_not_read():

@@ -14,8 +14,10 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  ``choose_conv`` picks it or torch's convolution (oneDNN), like
-``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates.
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
+``choose_conv`` picks it or torch's convolution (oneDNN), like
+``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
+under gemm="auto" every convolution but the wide ones (``WIDE``) is generated.
 """
 from __future__ import annotations
 
@@ -31,10 +33,14 @@ from vtc.ir.graph import Node
 from vtc.virtual.movement import bind
 
 CONV_OP = "aten.convolution.default"
-# gemm="auto" generates 1x1 convolutions up to these input / output channels per group: there the
-# generated GEMM measured faster than torch's convolution (ShuffleNet units: 0.7 vs 3.9 ms at 58 channels,
-# batch 16, 2 threads); 3x3 implicit GEMMs (im2col packing element by element) and wide 1x1 ones did not
-SMALL_K, SMALL_M = 64, 256
+# gemm="auto" generates every convolution but the wide ones: output channels x reduction (input channels x
+# taps) of a group at least this (256 x 512).  Measured side by side (1 thread, thread CPU time, load 8-12,
+# conv + SiLU, vtc's epilogue fused): the generated convolution as fast or faster on the unit shapes (3x3
+# 32->32 40x40: 0.57 vs 0.59 ms at batch 1, 8.0 vs 12.9 ms at batch 16; ShuffleNet 1x1 58->58 b16: 2.1 vs
+# 3.9 ms; stride 2, dilation, groups, shuffle or cat in front: 0.38-0.92 vs 0.44-0.99 ms), torch's faster
+# on wide ones (3x3 256->256 28x28: 7.7 vs 6.8 ms; 1x1 512->512 14x14 b4: 4.2 vs 3.6 ms)
+WIDE = 256 * 512
+RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
@@ -131,9 +137,8 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     else:
         batch, m, p, k = geo["n"] * geo["groups"], geo["og"], geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
         shape = (batch, m, p, k)
-        im2col = geo["kh"] * geo["kw"] > 1 or geo["stride"] != (1, 1) or geo["pad"] != (0, 0)
-        mapped = batch * k * p * -(-m // 128) if (im2col or copy) else 0
-        vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else (), mapped_elems=mapped)
+        vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
+        vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
@@ -145,16 +150,19 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         return pick("vtc", "gemm='vtc' forces the generated implicit GEMM")
     if mode == "torch":
         return pick("torch", "gemm='torch' forces torch's convolution")
-    small_1x1 = (geo["kh"] * geo["kw"] == 1 and geo["stride"] == (1, 1) and geo["pad"] == (0, 0)
-                 and geo["cg"] <= SMALL_K and geo["og"] <= SMALL_M)
-    if small_1x1:
-        why = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
-        return pick("vtc", why + f"a 1x1 convolution of {geo['cg']} -> {geo['og']} channels is a small plain GEMM "
-                                 f"(measured faster than torch's convolution here), its epilogue fused")
+    moved = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
+    wide = geo["og"] * shape[3] >= WIDE
+    if not wide:
+        return pick("vtc", moved + f"a {geo['kh']}x{geo['kw']} convolution of {shape[3]} -> {geo['og']} (channels x "
+                                   f"taps per group) is not wide: the implicit GEMM (im2col packed by runs, "
+                                   f"epilogue fused) measured as fast as torch's or faster")
+    if copy and vtc_us <= torch_us:
+        return pick("vtc", moved + "the implicit GEMM packs it through its mapping (estimated cheaper)")
     if copy:
-        return pick("torch", f"%{x.name} is not a strided view: copy + torch's convolution (the implicit GEMM's "
-                             f"im2col packing is slower than the copy at present; gemm='vtc' forces it)")
-    return pick("torch", "the input is physical or a zero-copy strided view: torch's convolution")
+        return pick("torch", f"%{x.name} is not a strided view, but copying {x.nbytes} bytes and running torch's "
+                             f"convolution of a wide {shape[3]} -> {geo['og']} is estimated cheaper")
+    return pick("torch", f"a wide convolution ({shape[3]} -> {geo['og']} channels x taps per group) on a physical "
+                         f"input or a zero-copy strided view: torch's convolution (measured faster there)")
 
 
 def conv_kernel(low, n: Node) -> Kernel:
