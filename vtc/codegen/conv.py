@@ -7,6 +7,8 @@ a batch norm or activation after it is computed in the same kernel, and its
 input is read through whatever mapping produced it (a channel shuffle, split,
 pad or cat in front of it moves no data).  A tap that falls in the zero
 padding is a piece choice (``K.pick``) whose untaken side is never loaded.
+Where the kernel holds one such sum at its own index, vtc.codegen.depthwise
+emits it plane by plane in vector code instead of the generic loop.
 
 Other 2-D convolutions are implicit GEMMs (``conv_kernel``): per image and
 group, ``out[o, p] = sum_r W[o, r] * X[r, p]`` with ``r`` over (input channel,
@@ -247,10 +249,14 @@ class Im2colPack:
     padding.  Per panel row the pack walks its output-row segments, works out once per segment which
     part is inside the input, and copies that part; where the input at (channel, row) is a plain
     load with unit stride along the width, the copy is one masked vector load and store per 16
-    elements (``vtc_conv_run``), otherwise an element loop over the input's scalar expression (an
-    inlined producer, a pad in front).  A 1x1 convolution without stride or padding reads the input's
-    pixels in order: one run per panel row.  Piece choices that depend on the channel alone (a cat or
-    split in front) are decided once per row r, outside the run loops (``_cases``).
+    elements (``vtc_conv_run``; at stride 2 the even lanes of two loads, ``vtc_conv_run2``), otherwise
+    an element loop over the input's scalar expression (an inlined producer, a pad in front).  At stride
+    1 with output rows as long as the input's (same padding), output pixel q of tap (a, b) reads input
+    pixel q + const, so a panel row is filled 16 pixels per masked load across row ends, the masks per
+    16 pixels and tap row / column built once per kernel (``shifted``).  A 1x1 convolution without
+    stride or padding reads the input's pixels in order: one run per panel row.  Piece choices that
+    depend on the channel alone (a cat or split in front) are decided once per row r, outside the run
+    loops (``_cases``).
     """
 
     def __init__(self, geo: dict, low, image, channel, memo: dict) -> None:
