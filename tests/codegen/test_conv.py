@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
+from .util import (ROW_TOL, as_tuple, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
                    gen, kernels, rand, report)
 
 # (batch, channels, multiplier, kernel, stride, padding, dilation, height, width)
@@ -132,9 +132,9 @@ def test_movement_in_front_of_a_dense_conv_is_packed_through(name):
     assert [q["choice"] for q in report(compiled)["gemm"]] == ["vtc"]
     assert_no_movement(compiled)
     assert_all_generated(compiled)
-    auto = compile_cpu(fn, (x,), plan="all")  # a 3x3 convolution: torch's, on a view or a copy
-    assert_matches_eager(auto, fn, (x,), **ROW_TOL)
-    assert [q["choice"] for q in report(auto)["gemm"]] == ["torch"]
+    auto = compile_cpu(fn, (x,), plan="all")  # not a wide convolution: generated under gemm="auto" too
+    assert [q["choice"] for q in report(auto)["gemm"]] == ["vtc"]
+    assert report(auto)["materialized_movement_bytes"] == 0
 
 
 def test_channel_shuffle_conv_moves_nothing():
@@ -155,19 +155,32 @@ def test_channel_shuffle_conv_moves_nothing():
     assert report(torch_path)["materialized_movement_bytes"] == x.nbytes  # the shuffle copied for torch
 
 
-def test_a_conv_on_a_physical_input_runs_through_torch_with_the_reason():
+def test_gemm_auto_leaves_wide_convolutions_to_torch_with_the_reason():
+    """gemm="auto": a wide convolution (output channels x channels x taps per group >= conv.WIDE) on a
+    physical input runs through torch; a narrower one, or one behind a channel shuffle, is generated."""
     g = gen(3)
-    weight = rand((4, 3, 3, 3), g)
+    wide, narrow = rand((256, 64, 3, 3), g) * 0.1, rand((4, 3, 3, 3), g)
 
     def fn(x):
-        return F.conv2d(x, weight, None, 1, 1, groups=2)
+        return F.conv2d(x, wide, None, 1, 1), F.conv2d(x[:, :6], narrow, None, 1, 1, groups=2)
 
-    x = rand((1, 6, 8, 8), g)
+    x = rand((1, 64, 3, 5), g)
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    [choice] = report(compiled)["gemm"]
-    assert choice["choice"] == "torch" and "physical" in choice["why"], choice
-    assert choice["shape"] == (2, 2, 64, 27)  # batch x group, M, output pixels, K = channels x taps
+    first, second = report(compiled)["gemm"]
+    assert first["choice"] == "torch" and "wide" in first["why"] and "physical" in first["why"], first
+    assert first["shape"] == (1, 256, 15, 576)  # batch x group, M, output pixels, K = channels x taps
+    assert second["choice"] == "vtc" and second["shape"] == (2, 2, 15, 27), second
+
+    def shuffled(x):
+        return F.conv2d(_shuffle(x), wide, None, 1, 1)
+
+    compiled = compile_cpu(shuffled, (x,), plan="all")
+    assert_matches_eager(compiled, shuffled, (x,), **ROW_TOL)
+    [choice] = report(compiled)["gemm"]  # behind a shuffle: copy + torch's convolution, or the implicit GEMM
+    assert "strided view" in choice["why"] and choice["copy_bytes"] == x.nbytes, choice
+    assert choice["choice"] == ("vtc" if choice["vtc_us"] <= choice["torch_us"] else "torch"), choice
+    assert report(compiled)["materialized_movement_bytes"] == (0 if choice["choice"] == "vtc" else x.nbytes)
 
 
 def test_a_nan_in_the_padding_window_is_not_read():
@@ -244,3 +257,113 @@ def test_a_depthwise_conv_after_a_gemm_is_not_its_epilogue():
     compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert [kn.kind for kn in kernels(compiled)] == ["gemm", "pointwise"]
+
+
+# -- the im2col pack by runs and the plane-by-plane depthwise code ----------------------------------
+def _sources(compiled) -> str:
+    from vtc.codegen.cpp import generate
+
+    return "\n".join(generate(k) for k in kernels(compiled))
+
+
+FRONT = {
+    None: lambda x: x,
+    "channel_shuffle": _shuffle,
+    "split": lambda x: x.chunk(2, dim=1)[1],
+    "cat": lambda x: torch.cat([x, x.flip(1)], dim=1),
+    "pad": lambda x: F.pad(x, (1, 2, 0, 1)),
+}
+
+# (batch, channels of x, out channels, kernel, stride, padding, dilation, groups, height, width, in front,
+#  how the pack copies a run: vector loads at stride 1 or 2 of a plain load with unit stride along the
+#  width ("run", "run2"), else an element loop ("loop"); "shifted": stride 1 with output rows as long as
+#  input rows, 16 pixels per masked load across row ends, runs where the tile is not 16-aligned)
+PACKED = [
+    (1, 6, 5, 3, 2, 1, 1, 1, 17, 3, "cat", "run2"),  # stride 2: even lanes of two loads
+    (2, 4, 3, 3, 3, 1, 1, 1, 11, 13, "split", "loop"),  # stride 3: an element loop per run
+    (16, 8, 6, 3, 1, 2, 2, 2, 7, 9, "channel_shuffle", "shifted"),  # dilation, groups, batch 16
+    (1, 4, 6, 3, 1, 0, 1, 1, 9, 8, "channel_shuffle", "run"),  # no padding: output rows are shorter
+    (1, 8, 3, 1, 1, 0, 1, 1, 1, 127, "split", "run"),  # 1x1: one run per panel row
+    (2, 5, 7, 1, 1, 0, 1, 1, 3, 17, "cat", "run"),  # 1x1 over a cat: the piece decided per row
+    (1, 5, 4, (1, 3), 1, (0, 1), 1, 1, 5, 40, "pad", "loop"),  # the pad's zeros are a choice inside the run
+    (16, 6, 8, 3, 1, 1, 1, 1, 17, 17, None, "shifted"),
+]
+
+
+@pytest.mark.parametrize("case", PACKED, ids=lambda c: "b{}c{}o{}k{}s{}p{}d{}g{}_{}x{}_{}".format(*c[:11]))
+def test_implicit_gemm_packs_im2col_runs_through_the_mapping(case):
+    b, c, o, k, s, p, d, groups, h, w, front, copy = case
+    g = gen(sum(map(hash, map(str, case))) % 991)
+    move = FRONT[front]
+    x = rand((b, c, h, w), g)
+    cin = move(x).shape[1]
+    kk = (k, k) if isinstance(k, int) else k
+    weight, bias = rand((o, cin // groups, *kk), g), rand((o,), g)
+
+    def fn(x):
+        return torch.relu(F.conv2d(move(x), weight, bias, s, p, d, groups))
+
+    compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]
+    src = _sources(compiled)
+    assert ["cv_masks.rows" in src, "vtc_conv_run(dst" in src, "vtc_conv_run2(dst" in src] == \
+        [copy == "shifted", copy in ("run", "shifted"), copy == "run2"]
+
+
+def test_implicit_gemm_never_reads_outside_a_sliced_view():
+    """The masked run copies load only inside the input: a NaN just outside a sliced view does not leak in."""
+    g = gen(6)
+    weight = rand((4, 3, 3, 3), g)
+    big = rand((2, 3, 10, 12), g)
+    big[:, :, 0, :] = float("nan")  # row 0 and the last columns are outside the slice below
+    big[:, :, :, 10:] = float("nan")
+
+    def fn(x):  # rows shorter than the input's: runs
+        return F.conv2d(x[:, :, 1:, :10], weight, None, 1, 1)
+
+    def whole_rows(x):  # whole rows: shifted loads across row ends
+        return F.conv2d(x[:, :, 1:, :], weight, None, 1, 1)
+
+    big2 = rand((2, 3, 10, 12), g)
+    big2[:, :, 0, :] = float("nan")
+    for f, x in ((fn, big), (whole_rows, big2)):
+        compiled = compile_cpu(f, (x,), plan="all", gemm="vtc")
+        assert_matches_eager(compiled, f, (x,), **ROW_TOL)
+        assert not any(t.isnan().any() for t in as_tuple(compiled(x)))
+        assert ("cv_masks.rows" in _sources(compiled)) == (f is whole_rows)
+
+
+# (batch, channels, multiplier, kernel, stride, padding, dilation, height, width, in front, emitted as)
+PLANES = [
+    (1, 6, 1, 3, 1, 1, 1, 28, 28, "channel_shuffle", "flat"),
+    (16, 8, 1, 3, 1, 1, 1, 7, 7, "split", "flat"),  # batch 16, 7x7 maps: chunks across rows
+    (2, 3, 2, 5, 1, 2, 1, 9, 17, "cat", "flat"),  # channel multiplier, a cat decided per plane
+    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: gathers
+    (1, 3, 1, 3, 1, 2, 2, 5, 3, None, "flat"),  # dilation
+    (1, 2, 1, 3, 1, 0, 1, 3, 127, None, "rows"),  # no padding: output rows shorter than input rows
+    (3, 4, 1, 7, 1, 3, 1, 1, 1, None, "flat"),  # a 1x1 map: every tap but the centre in the padding
+    (1, 4, 1, 3, 1, 1, 1, 6, 5, "pad", "generic"),  # a pad in front: its zeros are a choice per element
+]
+
+
+@pytest.mark.parametrize("case", PLANES, ids=lambda c: "b{}c{}m{}k{}s{}p{}d{}_{}x{}_{}".format(*c[:10]))
+def test_depthwise_conv_plane_by_plane(case):
+    b, c, mult, k, s, p, d, h, w, front, emitted = case
+    g = gen(sum(map(hash, map(str, case))) % 983)
+    move = FRONT[front]
+    x = rand((b, c, h, w), g)
+    cin = move(x).shape[1]
+    weight, bias = rand((cin * mult, 1, k, k), g), rand((cin * mult,), g)
+    scale, shift = rand((cin * mult, 1, 1), g), rand((cin * mult, 1, 1), g)
+
+    def fn(x):
+        return F.hardswish(F.conv2d(move(x), weight, bias, s, p, d, groups=cin) * scale + shift)
+
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
+    src = _sources(compiled)
+    assert {"flat": "masks.m" in src, "rows": "cols.m" in src, "generic": "_mm512" not in src}[emitted], src

@@ -7,6 +7,8 @@ a batch norm or activation after it is computed in the same kernel, and its
 input is read through whatever mapping produced it (a channel shuffle, split,
 pad or cat in front of it moves no data).  A tap that falls in the zero
 padding is a piece choice (``K.pick``) whose untaken side is never loaded.
+Where the kernel holds one such sum at its own index, vtc.codegen.depthwise
+emits it plane by plane in vector code instead of the generic loop.
 
 Other 2-D convolutions are implicit GEMMs (``conv_kernel``): per image and
 group, ``out[o, p] = sum_r W[o, r] * X[r, p]`` with ``r`` over (input channel,
@@ -14,26 +16,33 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  ``choose_conv`` picks it or torch's convolution (oneDNN), like
-``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates.
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
+``choose_conv`` picks it or torch's convolution (oneDNN), like
+``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
+under gemm="auto" every convolution but the wide ones (``WIDE``) is generated.
 """
 from __future__ import annotations
 
 import torch
 
-from vtc.codegen import kernel_ir as K
+from vtc.codegen import depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
-from vtc.codegen.kernel_ir import Buffer, Kernel, Store
+from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
-from vtc.index.expr import and_, const, ge, lt, var
+from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, not_, var
+from vtc.index.mapping import linear_offset, out_vars
 from vtc.ir.graph import Node
 from vtc.virtual.movement import bind
 
 CONV_OP = "aten.convolution.default"
-# gemm="auto" generates 1x1 convolutions up to these input / output channels per group: there the
-# generated GEMM measured faster than torch's convolution (ShuffleNet units: 0.7 vs 3.9 ms at 58 channels,
-# batch 16, 2 threads); 3x3 implicit GEMMs (im2col packing element by element) and wide 1x1 ones did not
-SMALL_K, SMALL_M = 64, 256
+# gemm="auto" generates every convolution but the wide ones: output channels x reduction (input channels x
+# taps) of a group at least this (256 x 512).  Measured side by side (1 thread, thread CPU time, load 8-12,
+# conv + SiLU, vtc's epilogue fused): the generated convolution as fast or faster on the unit shapes (3x3
+# 32->32 40x40: 0.57 vs 0.59 ms at batch 1, 8.0 vs 12.9 ms at batch 16; ShuffleNet 1x1 58->58 b16: 2.1 vs
+# 3.9 ms; stride 2, dilation, groups, shuffle or cat in front: 0.38-0.92 vs 0.44-0.99 ms), torch's faster
+# on wide ones (3x3 256->256 28x28: 7.7 vs 6.8 ms; 1x1 512->512 14x14 b4: 4.2 vs 3.6 ms)
+WIDE = 256 * 512
+RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
@@ -58,13 +67,20 @@ def _depthwise_conv2d(ctx, args, out):
     mult = geo["og"]  # output channels per input channel
     ic = oc // mult if mult > 1 else oc
     total = ctx._read(bias, (oc,)) if bias is not None else K.const(0, dt)
+    weights = []
     for a in range(kh):
         ih = oh * sh + (a * dh - ph)
         for bb in range(kw):
             iw = ow * sw + (bb * dw - pw)
             inside = and_(ge(ih, 0), lt(ih, h), ge(iw, 0), lt(iw, wd))
             tap = K.pick(inside, ctx._read(x, (b, ic, ih, iw)), K.const(0, dt))
-            total = K.binary("add", total, K.binary("mul", ctx._read(w, (oc, const(0), const(a), const(bb))), tap))
+            weights.append(K.cast(ctx._read(w, (oc, const(0), const(a), const(bb))), dt))
+            total = K.binary("add", total, K.binary("mul", weights[-1], tap))
+    if tuple(ctx.index) == out_vars(out.shape):  # at its own index: the plane-by-plane vector code may emit it
+        plane = K.cast(ctx._read(x, (b, ic, var(depthwise.IH, h), var(depthwise.IW, wd))), dt)
+        depthwise.remember(total, depthwise.DepthwiseSum(
+            tuple(ctx.index), plane, tuple(weights), K.cast(ctx._read(bias, (oc,)), dt) if bias is not None else None,
+            (kh, kw), (sh, sw), (ph, pw), (dh, dw), (h, wd), (geo["oh"], geo["ow"])))
     return total
 
 
@@ -123,9 +139,8 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     else:
         batch, m, p, k = geo["n"] * geo["groups"], geo["og"], geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
         shape = (batch, m, p, k)
-        im2col = geo["kh"] * geo["kw"] > 1 or geo["stride"] != (1, 1) or geo["pad"] != (0, 0)
-        mapped = batch * k * p * -(-m // 128) if (im2col or copy) else 0
-        vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else (), mapped_elems=mapped)
+        vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
+        vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
@@ -137,16 +152,19 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         return pick("vtc", "gemm='vtc' forces the generated implicit GEMM")
     if mode == "torch":
         return pick("torch", "gemm='torch' forces torch's convolution")
-    small_1x1 = (geo["kh"] * geo["kw"] == 1 and geo["stride"] == (1, 1) and geo["pad"] == (0, 0)
-                 and geo["cg"] <= SMALL_K and geo["og"] <= SMALL_M)
-    if small_1x1:
-        why = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
-        return pick("vtc", why + f"a 1x1 convolution of {geo['cg']} -> {geo['og']} channels is a small plain GEMM "
-                                 f"(measured faster than torch's convolution here), its epilogue fused")
+    moved = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
+    wide = geo["og"] * shape[3] >= WIDE
+    if not wide:
+        return pick("vtc", moved + f"a {geo['kh']}x{geo['kw']} convolution of {shape[3]} -> {geo['og']} (channels x "
+                                   f"taps per group) is not wide: the implicit GEMM (im2col packed by runs, "
+                                   f"epilogue fused) measured as fast as torch's or faster")
+    if copy and vtc_us <= torch_us:
+        return pick("vtc", moved + "the implicit GEMM packs it through its mapping (estimated cheaper)")
     if copy:
-        return pick("torch", f"%{x.name} is not a strided view: copy + torch's convolution (the implicit GEMM's "
-                             f"im2col packing is slower than the copy at present; gemm='vtc' forces it)")
-    return pick("torch", "the input is physical or a zero-copy strided view: torch's convolution")
+        return pick("torch", f"%{x.name} is not a strided view, but copying {x.nbytes} bytes and running torch's "
+                             f"convolution of a wide {shape[3]} -> {geo['og']} is estimated cheaper")
+    return pick("torch", f"a wide convolution ({shape[3]} -> {geo['og']} channels x taps per group) on a physical "
+                         f"input or a zero-copy strided view: torch's convolution (measured faster there)")
 
 
 def conv_kernel(low, n: Node) -> Kernel:
@@ -176,5 +194,240 @@ def conv_kernel(low, n: Node) -> Kernel:
     kern = Kernel(name, "gemm", tuple(out.shape), k, [],
                   [Store(Buffer(out.name, out.shape, out.dtype), (image, group * og + mi, oh, ow), value)],
                   source_nodes=[n.name])
-    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"))
+    pack = Im2colPack(geo, low, image, group * cg + ci, memo)
+    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
     return kern
+
+
+# -- the im2col pack, by runs -------------------------------------------------
+RUN_RUNTIME = r"""
+#ifndef VTC_CONV_RUNTIME
+#define VTC_CONV_RUNTIME
+// dst[j] = (lo <= j < hi) ? src[j] : 0 for j < len: one run of an im2col row; src is read only in [lo, hi)
+static inline void vtc_conv_run(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
+                                int64_t hi) {
+#if defined(__AVX512F__)
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_maskz_loadu_ps(valid, src + j));
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[j] : 0.0f;
+#endif
+}
+// dst[j] = (lo <= j < hi) ? src[2 * j] : 0 for j < len: a run at stride 2 (even lanes of two loads picked)
+static inline void vtc_conv_run2(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
+                                 int64_t hi) {
+#if defined(__AVX512F__) && defined(__BMI2__)
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const unsigned valid = a < b ? ((1u << b) - 1u) & ~((1u << a) - 1u) : 0u;
+    const unsigned wide = _pdep_u32(valid, 0x55555555u);  // input lane 2l for output lane l
+    const __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)(wide & 0xFFFFu), src + 2 * j);
+    const __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + 2 * j + 16);
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_permutex2var_ps(x0, even, x1));
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[2 * j] : 0.0f;
+#endif
+}
+static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
+#endif
+"""
+MAX_CASES = 16  # piece choices unswitched out of the run loops (a cat of up to 16 inputs)
+
+
+class Im2colPack:
+    """Emits the pack of a convolution's B panels (the virtual im2col) by contiguous runs.
+
+    Row r of B is (input channel, tap); for a fixed r, the output pixels of a panel row read the input
+    along an output row: a run of input elements at stride `stride_w`, zero where the tap falls in the
+    padding.  Per panel row the pack walks its output-row segments, works out once per segment which
+    part is inside the input, and copies that part; where the input at (channel, row) is a plain
+    load with unit stride along the width, the copy is one masked vector load and store per 16
+    elements (``vtc_conv_run``; at stride 2 the even lanes of two loads, ``vtc_conv_run2``), otherwise
+    an element loop over the input's scalar expression (an inlined producer, a pad in front).  At stride
+    1 with output rows as long as the input's (same padding), output pixel q of tap (a, b) reads input
+    pixel q + const, so a panel row is filled 16 pixels per masked load across row ends, the masks per
+    16 pixels and tap row / column built once per kernel (``shifted``).  A 1x1 convolution without
+    stride or padding reads the input's pixels in order: one run per panel row.  Piece choices that
+    depend on the channel alone (a cat or split in front) are decided once per row r, outside the run
+    loops (``_cases``).
+    """
+
+    def __init__(self, geo: dict, low, image, channel, memo: dict) -> None:
+        self.geo = geo
+        (sh, sw), (ph, pw) = geo["stride"], geo["pad"]
+        self.flat = geo["kh"] == geo["kw"] == 1 and (sh, sw, ph, pw) == (1, 1, 0, 0)
+        x = geo["x"]
+        if self.flat:
+            q = var("cv_q", geo["oh"] * geo["ow"])
+            idx = (image, channel, q // geo["ow"], q % geo["ow"])
+            self.inner = {"cv_q"}
+        else:
+            idx = (image, channel, var("cv_ih", geo["h"]), var("cv_iw", geo["wd"]))
+            self.inner = {"cv_ih", "cv_iw"}
+        # the input at an index inside it: the padding is decided per run, not per element
+        self.value = K.cast(low.value_at(x.name, idx, memo), torch.float32)
+        # stride 1 and output rows as long as input rows: output pixel q of tap (a, b) reads input pixel
+        # q + (a * dil - pad) * width + (b * dil - pad), 16 pixels at a time across row ends (masked)
+        self.shifted = not self.flat and (sh, sw) == (1, 1) and geo["ow"] == geo["wd"]
+
+    def _mask_table(self, ind: str) -> list[str]:
+        """Per 16 output pixels, which lanes' tap row a / tap column b lies inside the input (built once)."""
+        geo = self.geo
+        kh, kw, oh, ow, h, w = geo["kh"], geo["kw"], geo["oh"], geo["ow"], geo["h"], geo["wd"]
+        (dh, dw), (ph, pw) = geo["dil"], geo["pad"]
+        n, halves = oh * ow, -(-oh * ow // 16) + 2
+        return [f"{ind}#if defined(__AVX512F__)",
+                f"{ind}struct CvMasks {{ __mmask16 rows[{halves * kh}], cols[{halves * kw}]; }};",
+                f"{ind}static const CvMasks cv_masks = [] {{",
+                f"{ind}  CvMasks t{{}};",
+                f"{ind}  for (int64_t q = 0; q < {n}; ++q) {{",
+                f"{ind}    const int64_t y = q / {ow}, x = q % {ow};",
+                f"{ind}    for (int64_t a = 0; a < {kh}; ++a)",
+                f"{ind}      if (y + a * {dh} - {ph} >= 0 && y + a * {dh} - {ph} < {h}) t.rows[q / 16 * {kh} + a] |= 1u << (q % 16);",
+                f"{ind}    for (int64_t b = 0; b < {kw}; ++b)",
+                f"{ind}      if (x + b * {dw} - {pw} >= 0 && x + b * {dw} - {pw} < {w}) t.cols[q / 16 * {kw} + b] |= 1u << (q % 16);",
+                f"{ind}  }}",
+                f"{ind}  return t;",
+                f"{ind}}}();",
+                f"{ind}#endif"]
+
+    def lines(self, em, g, ind: str) -> list[str]:
+        """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
+        geo = self.geo
+        out = self._mask_table(ind) if self.shifted else []
+        out += [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{", f"{ind}  const int64_t r = k0 + pp;"]
+        if not self.flat:
+            kh, kw, ow = geo["kh"], geo["kw"], geo["ow"]
+            (sw, dh, dw), (ph, pw) = (geo["stride"][1], *geo["dil"]), geo["pad"]
+            out += [f"{ind}  const int64_t cv_dh = ((r / {kw}) % {kh}) * {dh} - {ph}, cv_dw = (r % {kw}) * {dw} - {pw};",
+                    f"{ind}  const int64_t cv_olo = std::max<int64_t>(0, vtc_ceil_div(-cv_dw, {sw}));",
+                    f"{ind}  const int64_t cv_ohi = std::min<int64_t>({ow}, vtc_ceil_div({geo['wd']} - cv_dw, {sw}));"]
+        out += self._cases(em, self.value, ind + "  ")
+        return out + [f"{ind}}}"]
+
+    def _cases(self, em, s: K.Scalar, ind: str) -> list[str]:
+        """An if / else per piece choice of s whose predicate is the same along a run, then the runs."""
+        cases = piece_cases(s, self.inner) or [([], s)]
+        if len(cases) == 1:
+            return self._runs(em, cases[0][1], ind)
+        out: list[str] = []
+        for n, (conds, leaf) in enumerate(cases):
+            test = " && ".join(em.index(p) for p in conds)
+            out += [f"{ind}{'if' if n == 0 else '} else if'} ({test}) {{", *self._runs(em, leaf, ind + "  ")]
+        return out + [f"{ind}}}"]
+
+    def _runs(self, em, s: K.Scalar, ind: str) -> list[str]:
+        geo = self.geo
+        run = self._plain_run(em, s)
+        em.forget()
+        i2, i3 = ind + "  ", ind + "    "
+        out = [f"{ind}for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+               f"{i2}float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
+               f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
+        if self.flat:
+            if run:
+                return out + [f"{i2}const int64_t cv_q = n0 + jr;", f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);",
+                              f"{ind}}}"]
+            temps = em.hoist([s], i3)
+            return out + [f"{i2}for (int64_t jj = 0; jj < len; ++jj) {{", f"{i3}const int64_t cv_q = n0 + jr + jj;",
+                          *temps, f"{i3}dst[jj] = {em.scalar(s)};", f"{i2}}}",
+                          f"{i2}for (int64_t jj = len; jj < VTC_NR; ++jj) dst[jj] = 0.0f;", f"{ind}}}"]
+        ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
+        i4, i5 = i3 + "  ", i3 + "    "
+        shifted = []
+        if run and self.shifted and self._row_stride(em, s) == geo["wd"]:
+            kh, kw = geo["kh"], geo["kw"]
+            shifted = [f"{ind}#if defined(__AVX512F__)",
+                       f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
+                       f"{ind}  const int64_t cv_ih = cv_dh, cv_iw = cv_dw, cv_a = (r / {kw}) % {kh}, cv_b = r % {kw};",
+                       f"{ind}  const float* __restrict src = {run};",
+                       f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+                       f"{ind}    float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
+                       f"{ind}    const int64_t q = n0 + jr;",
+                       f"{ind}    for (int64_t hh = 0; hh < VTC_NR / 16; ++hh) {{",
+                       f"{ind}      const int64_t hq = q / 16 + hh;",
+                       f"{ind}      const __mmask16 m = cv_masks.rows[hq * {kh} + cv_a] & cv_masks.cols[hq * {kw} + cv_b];",
+                       f"{ind}      _mm512_storeu_ps(dst + 16 * hh, _mm512_maskz_loadu_ps(m, src + q + 16 * hh));",
+                       f"{ind}    }}",
+                       f"{ind}  }}",
+                       f"{ind}}} else",
+                       f"{ind}#endif"]
+        out += [f"{i2}int64_t oh = (n0 + jr) / {ow}, ow = (n0 + jr) % {ow}, j = 0;",
+                f"{i2}while (j < len) {{  // one output-row segment: a run of the input row cv_ih",
+                f"{i3}const int64_t seg = std::min<int64_t>({ow} - ow, len - j), cv_ih = oh * {sh} + cv_dh;",
+                f"{i3}const bool row = cv_ih >= 0 && cv_ih < {h};",
+                f"{i3}const int64_t lo = row ? std::min<int64_t>(std::max<int64_t>(cv_olo - ow, 0), seg) : 0;",
+                f"{i3}const int64_t hi = row ? std::max<int64_t>(std::min<int64_t>(cv_ohi - ow, seg), lo) : lo;"]
+        if run:
+            copy = "vtc_conv_run" if sw == 1 else "vtc_conv_run2"
+            out += [f"{i3}{{ const int64_t cv_iw = ow * {sw} + cv_dw; {copy}(dst + j, {run}, seg, lo, hi); }}"]
+        else:
+            temps = em.hoist([s], i5)
+            out += [f"{i3}for (int64_t jj = 0; jj < lo; ++jj) dst[j + jj] = 0.0f;",
+                    f"{i3}for (int64_t jj = lo; jj < hi; ++jj) {{",
+                    f"{i4}const int64_t cv_iw = (ow + jj) * {sw} + cv_dw;",
+                    *[t.replace(i5, i4, 1) for t in temps],
+                    f"{i4}dst[j + jj] = {em.scalar(s)};",
+                    f"{i3}}}",
+                    f"{i3}for (int64_t jj = hi; jj < seg; ++jj) dst[j + jj] = 0.0f;"]
+        out += [f"{i3}j += seg; ++oh; ow = 0;", f"{i2}}}", f"{i2}for (; j < VTC_NR; ++j) dst[j] = 0.0f;", f"{ind}}}"]
+        return shifted + out
+
+    def _row_stride(self, em, s: K.Scalar) -> int | None:
+        """The coefficient of the input row in load s's offset."""
+        _, terms = _terms(linear_offset(s.args[1], em.shapes[s.args[0]]))
+        return next((k for atom, k in terms.items() if atom.op == "var" and atom.args[0] == "cv_ih"), None)
+
+    def _plain_run(self, em, s: K.Scalar) -> str:
+        """C for the address of s at the run's start when s is a load with unit stride along the input row
+        and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
+        along = "cv_q" if self.flat else "cv_iw"
+        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] not in (1, 2)):
+            return ""
+        buf, idx = s.args
+        lin = linear_offset(idx, em.shapes[buf])
+        _, terms = _terms(lin)
+        for atom, k in terms.items():
+            if along in free_vars(atom) and not (atom.op == "var" and k == 1):
+                return ""
+        if not any(atom.op == "var" and atom.args[0] == along for atom in terms):
+            return ""
+        return f"{em.ptr[buf]} + {em.index(lin)}"
+
+
+def piece_cases(s: K.Scalar, inner: set[str], limit: int = MAX_CASES) -> list[tuple[list, K.Scalar]] | None:
+    """[(predicates, s with those piece choices decided)] over the piece choices of s whose predicate
+    involves none of the variables `inner` (a cat or split on the channel, decided once per row or
+    plane); the cases are exclusive and cover every index.  None beyond `limit` cases."""
+    p = next((x.args[0] for x in scalars_under([s]) if x.op == "pick" and not free_vars(x.args[0]) & inner), None)
+    if p is None:
+        return [([], s)]
+    out = []
+    for taken, cond in ((True, p), (False, not_(p))):
+        sub = piece_cases(_choose(s, p, taken), inner, limit)
+        if sub is None:
+            return None
+        out += [([cond, *conds], leaf) for conds, leaf in sub]
+    return out if len(out) <= limit else None
+
+
+def _choose(s: K.Scalar, p, taken: bool, memo: dict | None = None) -> K.Scalar:
+    """s with every piece choice on predicate p replaced by its side for p == taken."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s.op == "pick" and s.args[0] is p:
+        out = _choose(s.args[1] if taken else s.args[2], p, taken, memo)
+    else:
+        args = tuple(_choose(a, p, taken, memo) if isinstance(a, K.Scalar) else a for a in s.args)
+        out = s if all(a is b for a, b in zip(args, s.args)) else K.Scalar.make(s.op, args, s.dtype)
+    memo[id(s)] = out
+    return out

@@ -29,6 +29,7 @@ from typing import Iterable
 
 import torch
 
+from vtc.codegen import depthwise
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
 from vtc.codegen.ops import C_TYPES
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
@@ -380,12 +381,16 @@ def generate(k: Kernel) -> str:
         qual = "" if b.name in {x.buffer.name for x in k.stores} else "const "
         body.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    head = PRELUDE
     if k.kind == "attention":
         from vtc.codegen.attention import emit_attention
         body += emit_attention(k, em)
+    elif k.kind == "pointwise" and (dw := depthwise.source(k, em, _pointwise_kernel)):
+        body += dw  # a depthwise convolution plane by plane (vtc.codegen.depthwise)
+        head += depthwise.PRELUDE
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
-    return PRELUDE + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
+    return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 
 def _store(em: _Emitter, st, indent: str) -> str:

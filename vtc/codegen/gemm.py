@@ -31,6 +31,7 @@ both estimates for the report.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -58,6 +59,8 @@ class GemmOperands:
     n: int
     k: int
     vars: tuple[str, str, str]  # C names of the batch, row and column index ("" for no batch)
+    pack_b: Callable | None = None  # (emitter, self, indent) -> C lines packing B instead of _pack_b (conv im2col)
+    runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
 
 
 @dataclass
@@ -497,7 +500,7 @@ def generate(k: Kernel) -> str:
     if dot:
         lines += dot
     lines += _pack_a(em, g, "        ")
-    lines += _pack_b(em, g, "        ")
+    lines += (g.pack_b or _pack_b)(em, g, "        ")
     lines += [
         "        for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
         "          for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
@@ -507,7 +510,7 @@ def generate(k: Kernel) -> str:
     ]
     lines += _epilogue(em, k, "      ")
     lines += ["    }", "  }"]
-    head = PRELUDE + RUNTIME
+    head = PRELUDE + RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 

@@ -1,0 +1,70 @@
+"""Units side by side in one process on a busy machine: eager, Inductor, ONNX Runtime and vtc, per call.
+
+    PYTHONPATH=$PWD python bench/units_side_by_side.py c3k2_b1,shufflenet_unit_b16 [eager,inductor,onnxruntime,vtc-auto]
+
+``vtc-<gemm>`` is vtc.compile with gemm=<gemm> (auto, vtc, torch).  Calls are
+interleaved system by system, N (env, default 25) rounds, the first 5 dropped;
+min and median are printed with the speed-up of vtc over the best other
+system.  With CPU=1 each call is timed by the calling thread's CPU time
+(``time.thread_time``), which only makes sense with T=1 (env, threads, default
+1: ORT, Inductor, torch and vtc's kernels then run on the calling thread): on a
+shared machine whose load is far above its core count, wall-clock times at 2
+threads are dominated by OpenMP threads waiting for their core, and CPU time at
+1 thread is the comparison that still holds.  `vtc bench` remains the benchmark.
+"""
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+T = int(os.environ.get("T", 1))
+torch.set_num_threads(T)
+clk = time.thread_time if os.environ.get("CPU") else time.perf_counter
+
+import vtc  # noqa: E402
+from bench.systems import Context, _eager, _inductor, _onnxruntime  # noqa: E402
+from bench.workloads import get  # noqa: E402
+
+
+def main(names: list[str], systems: list[str], rounds: int) -> None:
+    for name in names:
+        model, inputs = get(name).build()
+        ctx = Context(name, model, inputs, T, Path(tempfile.mkdtemp()))
+        with torch.no_grad():
+            ref = model(*inputs)
+        fns = {}
+        for s in systems:
+            if s == "eager":
+                fns[s] = _eager(ctx).fn
+            elif s == "onnxruntime":
+                fns[s] = _onnxruntime(ctx).fn
+            elif s == "inductor":
+                fns[s] = _inductor(None)(ctx).fn
+            else:
+                c = vtc.compile(model, inputs, gemm=s.split("-", 1)[1])
+                err = (c(*inputs) - ref).abs().max().item()
+                if err > 1e-3:
+                    raise AssertionError(f"{name} {s}: max error {err}")
+                fns[s] = (lambda c: lambda: c(*inputs))(c)
+        ts: dict[str, list[float]] = {s: [] for s in fns}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for s, f in fns.items():
+                    t0 = clk()
+                    f()
+                    ts[s].append(clk() - t0)
+        for agg in (min, statistics.median):
+            ms = {s: agg(v[5:]) * 1e3 for s, v in ts.items()}
+            best = min(v for s, v in ms.items() if not s.startswith("vtc"))
+            print(f"{name:20s} {agg.__name__:6s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
+                  "   best other / vtc: " + " ".join(f"{best / v:.2f}x" for s, v in ms.items() if s.startswith("vtc")),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(","), (sys.argv[2] if len(sys.argv) > 2 else "eager,inductor,onnxruntime,vtc-auto").split(","),
+         int(os.environ.get("N", 25)))

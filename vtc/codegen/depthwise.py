@@ -1,0 +1,278 @@
+"""Depthwise convolutions as vector code: one channel plane at a time, taps as masked vector loads.
+
+A depthwise convolution (vtc.codegen.conv) is a pointwise op: its output
+element is a short unrolled sum of taps, each a piece choice (``K.pick``)
+between the input and the zero padding.  Emitted by the generic pointwise
+loop, every tap of every element tests its padding predicate and the width
+loop is as short as an output row (28, 14, 7 elements).  Here a pointwise
+kernel whose value contains one depthwise sum at the kernel's own index is
+emitted plane by plane instead (OpenMP over image x channel):
+
+- **flat**: stride 1 and input rows as long as output rows (same padding,
+  the input plane contiguous in its rows): the plane's output positions are
+  walked 16 at a time across row ends; tap t of chunk c is one masked load
+  at a constant offset, its mask (inside the input and the plane) computed
+  once per call for every (c, t);
+- **rows**: any stride or dilation: per output row, 16 columns at a time; a
+  tap row outside the input is skipped, a tap column is a masked load
+  (stride 1) or a masked gather (stride > 1).
+
+The sums go to a small per-thread buffer (a block of rows, in L1); then the
+kernel's own stores (the batch norm, activation, residual fused after the
+convolution) run over the block with the sum read from it, vectorised along
+the width by the compiler.  The input plane is read through its mapping: a
+piece choice on the channel alone (a cat, split or channel shuffle in front)
+is decided once per plane; any other mapping (a pad in front, an inlined
+producer, a strided width) keeps the generic pointwise loop, as do machines
+without AVX-512 (the preprocessor picks).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from vtc.codegen import kernel_ir as K
+from vtc.codegen.kernel_ir import Kernel, Scalar, scalars_under
+from vtc.index.expr import Expr, _terms, free_vars
+from vtc.index.mapping import linear_offset, out_vars
+
+PRELUDE = r"""
+#if defined(__AVX512F__) && !defined(VTC_DEPTHWISE_PRELUDE)
+#define VTC_DEPTHWISE_PRELUDE
+#include <immintrin.h>
+#endif
+"""
+BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
+IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
+
+
+@dataclass(frozen=True)
+class DepthwiseSum:
+    """What the vector emitter needs of one depthwise sum (built by conv._depthwise_conv2d)."""
+
+    index: tuple[Expr, ...]  # the output index the sum was built at (batch, channel, row, column)
+    plane: Scalar  # the input at (image, input channel, IH, IW): the plane read through its mapping
+    taps: tuple[Scalar, ...]  # weight of tap (a, b) at index a * kw + b, for this output channel
+    bias: Scalar | None
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pad: tuple[int, int]
+    dil: tuple[int, int]
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+
+
+_SUMS: "weakref.WeakKeyDictionary[Scalar, DepthwiseSum]" = weakref.WeakKeyDictionary()
+
+
+def remember(total: Scalar, info: DepthwiseSum) -> None:
+    """Records that scalar `total` is the depthwise sum described by `info`."""
+    _SUMS[total] = info
+
+
+def source(k: Kernel, em, generic) -> list[str] | None:
+    """The body of pointwise kernel k as plane-by-plane vector code, or None where it does not apply.
+
+    `generic(k, em)` emits the pointwise loop (vtc.codegen.cpp), kept for machines without AVX-512.
+    """
+    if k.kind != "pointwise" or len(k.domain) != 4:
+        return None
+    found = [s for s in scalars_under([st.value for st in k.stores]) if s in _SUMS]
+    if len(found) != 1:
+        return None
+    total = found[0]
+    dw = _SUMS[total]
+    idx = out_vars(k.domain)
+    if dw.index != idx or any(st.index != idx or tuple(st.buffer.shape) != tuple(k.domain) for st in k.stores):
+        return None
+    if dw.out_hw != tuple(k.domain[2:]):
+        return None
+    from vtc.codegen.conv import piece_cases
+
+    cases = piece_cases(dw.plane, {IH, IW})
+    if cases is None:
+        return None
+    leaves = [_plane_pointer(em, leaf, dw.in_hw) for _, leaf in cases]
+    if any(x is None for x in leaves):
+        return None
+    (oh, ow), w = dw.out_hw, dw.in_hw[1]
+    flat = dw.stride == (1, 1) and all(row == w for _, row in leaves) and ow == w and oh * ow <= BLOCK
+    em.forget()
+    head = [f"  #pragma omp parallel for num_threads(nthreads) if({_work(k, dw)} >= {PARALLEL_MIN_WORK})",
+            f"  for (int64_t pl = 0; pl < {k.domain[0] * k.domain[1]}; ++pl) {{",
+            *_plane_head(k, dw, em, "    ")]
+    body = _flat(k, em, dw, total, cases, leaves) if flat else _rows(k, em, dw, total, cases, leaves)
+    tables, body = body
+    em.forget()
+    generic_body = generic(k, em)
+    return ["#if defined(__AVX512F__)", *tables, *head, *body, "  }", "#else", *generic_body, "#endif"]
+
+
+PARALLEL_MIN_WORK = 1 << 15
+
+
+def _work(k: Kernel, dw: DepthwiseSum) -> int:
+    return k.domain[0] * k.domain[1] * k.domain[2] * k.domain[3] * dw.kernel[0] * dw.kernel[1]
+
+
+def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int] | None:
+    """(C address of the plane's element (0, 0), row stride) for a float32 load with unit column stride
+    (an index of extent 1 is the constant 0: its stride does not matter)."""
+    if leaf.op != "load" or leaf.dtype != torch.float32:
+        return None
+    buf, idx = leaf.args
+    lin = linear_offset(idx, em.shapes[buf])
+    c, terms = _terms(lin)
+    row, rest, unit = (hw[1] if hw[0] == 1 else 0), [], hw[1] == 1
+    for atom, k in terms.items():
+        if atom.op == "var" and atom.args[0] == IW:
+            if k != 1:
+                return None
+            unit = True
+        elif atom.op == "var" and atom.args[0] == IH:
+            row = k
+        elif free_vars(atom) & {IH, IW}:
+            return None
+        else:
+            rest.append(em.index(atom) if k == 1 else f"{k}*{em.index(atom)}")
+    if not unit:
+        return None
+    return f"{em.ptr[buf]} + ({' + '.join(rest + [str(c)])})", row
+
+
+def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
+    """Plane pl's batch and channel indices, its tap weights and bias."""
+    kh, kw = dw.kernel
+    lines = [f"{ind}const int64_t i0 = pl / {k.domain[1]}, i1 = pl % {k.domain[1]};", f"{ind}float wt[{kh * kw}];"]
+    lines += [f"{ind}wt[{t}] = {em.scalar(s)};" for t, s in enumerate(dw.taps)]
+    bias = em.scalar(dw.bias) if dw.bias is not None else "0.0f"
+    return lines + [f"{ind}const __m512 bias = _mm512_set1_ps({bias});"]
+
+
+def _epilogue(k: Kernel, em, total: Scalar, lo: str, hi: str, ind: str) -> list[str]:
+    """The kernel's stores for output rows [lo, hi), the sum read from tmp (rows from lo on)."""
+    ow = k.domain[3]
+    em.forget()
+    em.temps[id(total)] = "dw_sum"
+    inner = ind + "    "
+    temps = em.hoist([st.value for st in k.stores], inner)
+    stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
+              for st in k.stores]
+    em.forget()
+    return [f"{ind}for (int64_t i2 = {lo}; i2 < {hi}; ++i2) {{",
+            f"{ind}  #pragma omp simd",
+            f"{ind}  for (int64_t i3 = 0; i3 < {ow}; ++i3) {{",
+            f"{inner}const float dw_sum = tmp[(i2 - {lo}) * {ow} + i3];",
+            *temps, *stores,
+            f"{ind}  }}",
+            f"{ind}}}"]
+
+
+def _cases(em, cases, leaves, emit, ind: str) -> list[str]:
+    """if / else over the plane's piece choices, `emit(row_stride, indent)` in each with `src` its plane."""
+    out: list[str] = []
+    for n, ((conds, _), (src, row)) in enumerate(zip(cases, leaves)):
+        test = " && ".join(f"{em.index(p)}" for p in conds) or "true"
+        out += [f"{ind}{'if' if n == 0 else '} else if'} ({test}) {{",
+                f"{ind}  const float* __restrict src = {src};", *emit(row, ind + "  ")]
+    return out + [f"{ind}}}"]
+
+
+def _mask_table(name: str, n: int, body: list[str]) -> list[str]:
+    """A function-local table of n masks filled once (thread-safe static initialisation) by `body`."""
+    return [f"  struct Masks {{ __mmask16 m[{n}]; }};",
+            f"  static const Masks {name} = [] {{",
+            "    Masks tab{};",
+            *["    " + x for x in body],
+            "    return tab;",
+            "  }();"]
+
+
+def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
+    """Stride 1, input rows as long as output rows: 16 output positions of the plane at a time."""
+    (oh, ow), (h, w) = dw.out_hw, dw.in_hw
+    kh, kw = dw.kernel
+    (ph, pw), (dh, dd) = dw.pad, dw.dil
+    taps, n = kh * kw, oh * ow
+    chunks = -(-n // 16)
+    offs = [(a * dh - ph) * w + (b * dd - pw) for a in range(kh) for b in range(kw)]
+    tables = _mask_table("masks", chunks * taps, [
+        f"for (int64_t c = 0; c < {chunks}; ++c)",
+        f"  for (int64_t t = 0; t < {taps}; ++t) {{  // lanes of chunk c inside the plane whose tap t is inside the input",
+        "    unsigned m = 0;",
+        "    for (int l = 0; l < 16; ++l) {",
+        f"      const int64_t p = c * 16 + l, y = p / {ow} + (t / {kw}) * {dh} - {ph}, x = p % {ow} + (t % {kw}) * {dd} - {pw};",
+        f"      if (p < {n} && y >= 0 && y < {h} && x >= 0 && x < {w}) m |= 1u << l;",
+        "    }",
+        f"    tab.m[c * {taps} + t] = (__mmask16)m;",
+        "  }"])
+
+    def emit(row: int, ind: str) -> list[str]:
+        return [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
+                f"{ind}  const __mmask16* mk = masks.m + c * {taps};",
+                f"{ind}  const float* __restrict s = src + c * 16;",
+                f"{ind}  __m512 acc = bias;",
+                *[f"{ind}  acc = _mm512_fmadd_ps(_mm512_set1_ps(wt[{t}]), _mm512_maskz_loadu_ps(mk[{t}], s + ({offs[t]})), acc);"
+                  for t in range(taps)],
+                f"{ind}  _mm512_store_ps(tmp + c * 16, acc);",
+                f"{ind}}}"]
+
+    body = [f"    alignas(64) float tmp[{chunks * 16}];",
+            *_cases(em, cases, leaves, emit, "    "),
+            *_epilogue(k, em, total, "0", str(oh), "    ")]
+    return tables, body
+
+
+def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
+    """Any stride and dilation: per output row, 16 columns at a time (masked loads, or gathers at stride > 1)."""
+    (oh, ow), (h, w) = dw.out_hw, dw.in_hw
+    kh, kw = dw.kernel
+    (sh, sw), (ph, pw), (dh, dd) = dw.stride, dw.pad, dw.dil
+    chunks = -(-ow // 16)
+    rows = max(1, BLOCK // ow)
+    tables = _mask_table("cols", chunks * kw, [
+        f"for (int64_t c = 0; c < {chunks}; ++c)",
+        f"  for (int64_t b = 0; b < {kw}; ++b) {{  // lanes of column chunk c whose tap column b is inside the input",
+        "    unsigned m = 0;",
+        "    for (int l = 0; l < 16; ++l) {",
+        f"      const int64_t x = c * 16 + l, ix = x * {sw} + b * {dd} - {pw};",
+        f"      if (x < {ow} && ix >= 0 && ix < {w}) m |= 1u << l;",
+        "    }",
+        f"    tab.m[c * {kw} + b] = (__mmask16)m;",
+        "  }"])
+
+    def load(b: int) -> str:
+        off = f"c * {16 * sw} + ({b * dd - pw})"
+        if sw == 1:
+            return f"_mm512_maskz_loadu_ps(mk[{b}], rp + {off})"
+        return f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk[{b}], lanes, rp + {off}, 4)"
+
+    def emit(row: int, ind: str) -> list[str]:
+        out = [f"{ind}for (int64_t y = r0; y < r1; ++y) {{",
+               f"{ind}  for (int64_t c = 0; c < {chunks}; ++c) {{",
+               f"{ind}    const __mmask16* mk = cols.m + c * {kw};",
+               f"{ind}    __m512 acc = bias;"]
+        for a in range(kh):
+            out += [f"{ind}    if (const int64_t iy = y * {sh} + ({a * dh - ph}); iy >= 0 && iy < {h}) {{",
+                    f"{ind}      const float* rp = src + iy * {row};",
+                    *[f"{ind}      acc = _mm512_fmadd_ps(_mm512_set1_ps(wt[{a * kw + b}]), {load(b)}, acc);"
+                      for b in range(kw)],
+                    f"{ind}    }}"]
+        return out + [f"{ind}    const int64_t left = {ow} - c * 16;",
+                      f"{ind}    _mm512_mask_storeu_ps(tmp + (y - r0) * {ow} + c * 16, "
+                      f"(__mmask16)(left >= 16 ? 0xFFFFu : (1u << left) - 1u), acc);",
+                      f"{ind}  }}",
+                      f"{ind}}}"]
+
+    body = [f"    alignas(64) float tmp[{rows * ow + 16}];"]
+    if sw > 1:
+        body.append(f"    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, "
+                    f"11, 12, 13, 14, 15), _mm512_set1_epi32({sw}));")
+    body += [f"    for (int64_t r0 = 0; r0 < {oh}; r0 += {rows}) {{",
+             f"      const int64_t r1 = std::min<int64_t>({oh}, r0 + {rows});",
+             *_cases(em, cases, leaves, emit, "      "),
+             *_epilogue(k, em, total, "r0", "r1", "      "),
+             "    }"]
+    return tables, body
