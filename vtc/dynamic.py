@@ -37,13 +37,14 @@ from vtc.runtime.generic import GenericKernels
 class DynamicSizes:
     """A symbolic graph and the specializations made from it (plans reused, kernels size-generic)."""
 
-    def __init__(self, sgraph: SymbolicGraph, options: dict) -> None:
-        self.sg, self.options = sgraph, options
+    def __init__(self, sgraph: SymbolicGraph, options: dict, dims: list[set[int]] | None = None) -> None:
+        self.sg, self.options, self.dims = sgraph, options, dims  # dims: per input leaf, the ones marked dynamic
         self.symbols = tuple(str(s) for s in sgraph.symbols)
         self.degrees = tuple(sgraph.degree[s] for s in sgraph.symbols)
         self.first_plan: Plan | None = None
         self.why_not: list[str] = []  # inputs that did not fit, and why
         self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
+        self.misses: list[str] = []  # kernels that found no template: why (vtc.runtime.generic)
 
     def _plan(self, graph: Graph) -> Plan:
         """The first size's plan from the planner; later sizes keep the same movement ops physical."""
@@ -88,6 +89,7 @@ class DynamicSizes:
         spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
         for k, v in builder.stats.items():
             self.kernels[k] += v
+        self.misses += builder.misses
         return spec
 
 
@@ -99,23 +101,19 @@ def dynamic_specialization(compiled, args: tuple, kwargs: dict):
     """
     leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
     dyn = getattr(compiled, "_dynamic", None)
-    if dyn is None:
-        first = pytree.tree_leaves((tuple(compiled._args), dict(compiled._kwargs)))
-        if compiled.options["dynamic"] is True:
-            dims, example = None, (args, kwargs)
-        else:
-            dims = dynamic_dims(first, leaves)
-            if not any(dims):
-                return None
-            # export needs a dynamic dim's example size to be >= 2: take the call whose changed sizes are
-            small = any(isinstance(x, torch.Tensor) and any(x.shape[d] < 2 for d in ds) for x, ds in zip(leaves, dims))
-            example = (compiled._args, compiled._kwargs) if small else (args, kwargs)
-        try:
-            dyn = DynamicSizes(export_symbolic(compiled.model, example[0], example[1], dims), compiled.options)
-        except CaptureError as e:
-            dyn = False
-            compiled._dynamic_why = str(e)
-        compiled._dynamic = dyn
+    if dyn is False:
+        return None
+    first = pytree.tree_leaves((tuple(compiled._args), dict(compiled._kwargs)))
+    changed = dynamic_dims(first, leaves)
+    if dyn is None and compiled.options["dynamic"] is True:
+        dyn = _capture(compiled, None, (args, kwargs), None)
+    elif dyn is None or (dyn.dims is not None and any(c - d for c, d in zip(changed, dyn.dims))):
+        if not any(changed):
+            return None  # the example's sizes: the static capture
+        dims = [c | d for c, d in zip(changed, dyn.dims)] if dyn is not None else changed
+        # export needs a dynamic dim's example size to be >= 2: take the call whose changed sizes are
+        small = any(isinstance(x, torch.Tensor) and any(x.shape[d] < 2 for d in ds) for x, ds in zip(leaves, dims))
+        dyn = _capture(compiled, dims, (compiled._args, compiled._kwargs) if small else (args, kwargs), dyn)
     if dyn is False:
         return None
     try:
@@ -123,6 +121,19 @@ def dynamic_specialization(compiled, args: tuple, kwargs: dict):
     except NotInstantiable as e:
         dyn.why_not.append(str(e))
         return None
+
+
+def _capture(compiled, dims, example, previous):
+    """A new DynamicSizes for `compiled` with `dims` dynamic (None: all), stored on it; previous's if it fails."""
+    try:
+        dyn = DynamicSizes(export_symbolic(compiled.model, example[0], example[1], dims), compiled.options, dims)
+    except CaptureError as e:
+        compiled._dynamic_why = str(e)
+        dyn = previous if previous is not None else False
+    if previous is not None and dyn is not previous:
+        dyn.why_not, dyn.first_plan = previous.why_not, previous.first_plan
+    compiled._dynamic = dyn
+    return dyn
 
 
 def backend_runner(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict):

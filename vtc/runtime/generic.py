@@ -44,6 +44,7 @@ _FLOAT = re.compile(r"\d+\.\d*(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?")
 _ARRAY_DECL = re.compile(r"^\s*(?:alignas\(\d+\)\s*)?(?:const\s+)?[A-Za-z_][\w:<>]*\s+(?:__restrict\s+)?[A-Za-z_]\w*\s*\[")
 MAX_DEGREE = 3  # per symbol
 MAX_PROBES = 36  # grid points of one fit (lowerings of the whole graph)
+PROBE_STEPS = (1, -1, 2, -2, 4)  # distances between probe sizes, tried in turn for the kernels not fitted yet
 _LIMIT = 1 << 62  # every term of a size expression must stay below this in magnitude (int64 arithmetic)
 
 
@@ -125,15 +126,18 @@ def _poly_mul(a: dict, b: dict) -> dict:
     return {e: c for e, c in out.items() if c}
 
 
-def interpolate(base: Sequence[int], degrees: Sequence[int], values: dict[tuple[int, ...], int]) -> Poly:
-    """The polynomial of degree <= degrees[i] in symbol i through values[offsets] at sizes base + offsets."""
+def interpolate(base: Sequence[int], degrees: Sequence[int], values: dict[tuple[int, ...], int],
+                step: int | Sequence[int] = 1) -> Poly:
+    """The polynomial of degree <= degrees[i] in symbol i through values[j] at sizes base + step * j
+    (`step` one int, or one per symbol)."""
     k = len(base)
+    steps = [step] * k if isinstance(step, int) else list(step)
     grid = list(itertools.product(*[range(d + 1) for d in degrees]))
     diff = {j: Fraction(values[j]) for j in grid}
     for axis in range(k):  # forward differences along each axis: coefficients of prod C(x_i, j_i)
-        for step in range(1, degrees[axis] + 1):
+        for order in range(1, degrees[axis] + 1):
             for j in sorted(grid, key=lambda t: -t[axis]):
-                if j[axis] >= step:
+                if j[axis] >= order:
                     prev = j[:axis] + (j[axis] - 1,) + j[axis + 1:]
                     diff[j] = diff[j] - diff[prev]
     poly: dict = {}
@@ -143,9 +147,9 @@ def interpolate(base: Sequence[int], degrees: Sequence[int], values: dict[tuple[
             continue
         term = {zero: c / math.prod(math.factorial(x) for x in j)}
         for axis, n in enumerate(j):
-            for m in range(n):  # C(x, n) = prod_{m<n} (x - m) / n!, x = s - base
-                lin = {zero: Fraction(-base[axis] - m)}
-                lin[tuple(int(i == axis) for i in range(k))] = Fraction(1)
+            for m in range(n):  # C(x, n) = prod_{m<n} (x - m) / n!, x = (s - base) / step
+                lin = {zero: Fraction(-base[axis] - m * steps[axis], steps[axis])}
+                lin[tuple(int(i == axis) for i in range(k))] = Fraction(1, steps[axis])
                 term = _poly_mul(term, lin)
         for e, v in term.items():
             poly[e] = poly.get(e, 0) + v
@@ -176,8 +180,8 @@ class Template:
 
 
 def fit(name: str, at: Parsed, probes: dict[tuple[int, ...], Parsed], base: Sequence[int],
-        degrees: Sequence[int], n_buffers: int) -> Template | None:
-    """A template of kernel `name` from its sources at base + offset (offset -> source), or None."""
+        degrees: Sequence[int], n_buffers: int, step: int | Sequence[int] = 1) -> Template | None:
+    """A template of kernel `name` from its sources at base + step * offset (offset -> source), or None."""
     if any(p is None or p.skeleton != at.skeleton or p.head != at.head
            for p in probes.values()):
         return None
@@ -192,7 +196,7 @@ def fit(name: str, at: Parsed, probes: dict[tuple[int, ...], Parsed], base: Sequ
             continue
         if not _may_vary(at.func, at.spans[i][0]):
             return None  # an array size or a pragma argument must stay a compile-time constant
-        poly = interpolate(base, degrees, vals)
+        poly = interpolate(base, degrees, vals, step)
         if poly.at(base) != v0:
             return None
         literals.append(poly)
@@ -242,6 +246,16 @@ def _emit(p: Parsed, literals: Sequence, name: str, n_sizes: int, n_buffers: int
     return p.head + opening + sizes + func[len(opening):]
 
 
+def _mismatch(t: Template, p: Parsed, sizes: Sequence[int]) -> str:
+    """Why template t is not concrete source p at `sizes` (the first differing literal)."""
+    for i, (lit, v, v0) in enumerate(zip(t.literals, p.values, t.parsed.values)):
+        want = v0 if lit is None else lit.at(sizes)
+        if want != v:
+            line = p.func[:p.spans[i][0]].count("\n")
+            return f"literal {v} on line {line} of the function, the template gives {want}"
+    return "same literals"
+
+
 _TEMPLATES: dict[tuple, list[Template]] = {}  # (kernel name, symbols, head + skeleton digest) -> templates
 _LOCK = threading.Lock()
 
@@ -266,17 +280,31 @@ class GenericKernels:
     probe: Callable[[tuple[int, ...]], dict[str, str] | None]
     valid: Callable[[tuple[int, ...]], bool]
     stats: dict = field(default_factory=lambda: {"generic": 0, "constant": 0, "fitted": 0})
+    misses: list = field(default_factory=list)  # why a kernel had no matching template (then fitted or built)
 
-    def _offsets(self) -> tuple[tuple[int, ...], list[tuple[int, ...]]] | None:
-        """The probe base (the current sizes, or below them near a range's end) and the grid of offsets."""
+    def _probes(self, step: int, current: dict[str, str]):
+        """(per-symbol steps, the kernel sources at sizes + steps * offset for every grid offset), or None.
+
+        A symbol whose probes would leave its range at `step` goes the other way (batch 2 probes 3, 4).
+        """
         degrees = [min(d, MAX_DEGREE) for d in self.degrees]
         grid = list(itertools.product(*[range(d + 1) for d in degrees]))
         if len(grid) > MAX_PROBES:
             return None
-        base = tuple(self.sizes)
-        if not all(self.valid(tuple(b + o for b, o in zip(base, off))) for off in grid):
+        steps = []
+        for i, (b, d) in enumerate(zip(self.sizes, degrees)):
+            edge = list(self.sizes)
+            edge[i] = b + step * d
+            steps.append(step if self.valid(tuple(edge)) else -step)
+        points = {off: tuple(b + h * o for b, h, o in zip(self.sizes, steps, off)) for off in grid}
+        if not all(self.valid(p) for p in points.values()):
             return None
-        return base, grid
+        sources = {}
+        for off, p in points.items():
+            sources[off] = self.probe(p) if any(off) else current
+            if sources[off] is None:
+                return None
+        return tuple(steps), sources
 
     def _load(self, templates: list[Template]) -> None:
         """Compiles new templates (chunks of KERNELS_PER_LIBRARY per library) and registers those that built."""
@@ -315,35 +343,40 @@ class GenericKernels:
             p = parsed[id(s)]
             if p is None:
                 continue
-            for t in _TEMPLATES.get(_key(s.kernel.name, self.symbols, p), ()):
+            cands = _TEMPLATES.get(_key(s.kernel.name, self.symbols, p), ())
+            for t in cands:
                 if t.matches(p, self.sizes):
                     chosen[id(s)] = t
                     break
             else:
                 missing.append(s)
-        if missing and (grid := self._offsets()) is not None:
-            base, offsets = grid
-            probes = {}
-            for off in offsets:
-                probes[off] = self.probe(tuple(b + o for b, o in zip(base, off))) if any(off) else {
-                    s.kernel.name: sources[id(s)] for s in ksteps}
-            new = []
-            for s in missing:
+                self.misses.append(f"{s.kernel.name} at {self.sizes}: " + (
+                    _mismatch(cands[0], p, self.sizes) if cands else "no template with this text"))
+        current = {s.kernel.name: sources[id(s)] for s in ksteps}
+        new = []
+        for step in PROBE_STEPS if missing else ():  # above the sizes first, then below (a size class's top)
+            probed = self._probes(step, current)
+            if probed is None:
+                continue
+            steps, probes = probed
+            for s in list(missing):
                 name = s.kernel.name
-                at = parsed[id(s)]
-                got = {off: (parse(src[name], name) if src is not None and name in src else None)
-                       for off, src in probes.items()}
-                t = fit(name, at, got, base, [min(d, MAX_DEGREE) for d in self.degrees], len(buffer_order(s.kernel)))
-                if t is not None and t.matches(at, self.sizes):
+                got = {off: (parse(src[name], name) if name in src else None) for off, src in probes.items()}
+                t = fit(name, parsed[id(s)], got, self.sizes, [min(d, MAX_DEGREE) for d in self.degrees],
+                        len(buffer_order(s.kernel)), steps)
+                if t is not None and t.matches(parsed[id(s)], self.sizes):
                     chosen[id(s)] = t
                     new.append(t)
-            self.stats["fitted"] += len(new)
-            if new:
-                self._load(new)
-                for s in missing:
-                    if id(s) in chosen and chosen[id(s)].fn is None:
-                        del chosen[id(s)]  # its template did not build: the kernel keeps its constants
+                    missing.remove(s)
+            if not missing:
+                break
+        self.stats["fitted"] += len(new)
+        if new:
+            self._load(new)
+            for key in [key for key, t in chosen.items() if t.fn is None]:
+                del chosen[key]  # its template did not build: the kernel keeps its constants
         constant = [s for s in ksteps if id(s) not in chosen]
+        self.misses += [f"{s.kernel.name} at {self.sizes}: not generic (built with its sizes)" for s in constant]
         built = dict(zip(map(id, constant), build_kernels(constant)))
         self.stats["generic"] += len(chosen)
         self.stats["constant"] += len(constant)
