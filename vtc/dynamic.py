@@ -130,6 +130,8 @@ def _capture(compiled, dims, example, previous):
     except CaptureError as e:
         compiled._dynamic_why = str(e)
         dyn = previous if previous is not None else False
+        if previous is not None:
+            previous.dims = dims  # not tried again: inputs it cannot bind are captured for their sizes
     if previous is not None and dyn is not previous:
         dyn.why_not, dyn.first_plan = previous.why_not, previous.first_plan
     compiled._dynamic = dyn

@@ -96,10 +96,10 @@ class Poly:
             t = c
             for s, e in zip(sizes, exps):
                 t *= s ** e
-            if abs(t) >= _LIMIT:
-                return None
             total += t
-        if abs(total) >= _LIMIT or total % self.denom:
+            if abs(t) >= _LIMIT or abs(total) >= _LIMIT:  # every product and partial sum C computes
+                return None
+        if total % self.denom:
             return None
         return total // self.denom
 
