@@ -6,8 +6,10 @@ The pipeline, as named stages::
       -> schedule (executor steps, liveness) -> report
 
 ``Compiled`` keeps one specialisation per input shape signature: a call with
-new sizes of the same rank captures the model again for those sizes (a later
-issue makes sizes symbolic so this needs no recompile).  Inputs are checked
+new sizes of the same rank is an instantiation of a symbolic capture whose
+kernels take the sizes that vary as arguments (``vtc.dynamic``: no tracing and
+no C++ compiler run once the symbolic graph exists); inputs it does not fit
+are captured again for their sizes.  Inputs are checked
 against the graph: their number, dtypes and ranks, with expected and received
 values in the error.
 """
@@ -32,7 +34,8 @@ from vtc.runtime.reference import check_inputs
 
 PLANS = ("greedy", "all", "none", "measured")  # vtc.plan.planners.make_plan makes each one
 OPTIONS = {"plan": "greedy", "backend": "cpu", "oracle": False, "max_specializations": 8,
-           "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto"}
+           "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto",
+           "dynamic": None}  # dynamic: None (symbolic from the first new size on), True (from the start), False
 BACKENDS = ("torch", "cpu")
 
 
@@ -67,15 +70,21 @@ def check_options(options: dict) -> dict:
         x = out[name]
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0):
             raise ValueError(f"{name}={x!r} must be a number >= 0")
+    if out["dynamic"] not in (None, True, False):
+        raise ValueError(f"dynamic={out['dynamic']!r} is not one of None, True, False")
     if out["oracle"]:
         out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
 
 
-def specialize(graph: Graph, options: dict) -> Specialization:
-    """Plans (for the backend that runs the plan) and schedules a captured graph."""
-    plan = make_plan(graph, options)
-    executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"])
+def specialize(graph: Graph, options: dict, plan: Plan | None = None, kernel_builder=None) -> Specialization:
+    """Plans (for the backend that runs the plan) and schedules a captured graph.
+
+    `plan` replaces the planner's; `kernel_builder` the executor's kernel build (size-generic kernels).
+    """
+    plan = make_plan(graph, options) if plan is None else plan
+    executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"],
+                        kernel_builder=kernel_builder)
     return Specialization(graph, plan, executor, build_report(graph, plan, executor))
 
 
@@ -101,6 +110,7 @@ class Compiled:
         self._plain: tuple[int, bool] | None = None  # (number of inputs, captured as plain positional tensors)
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
+        self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
         if _graph is not None:
             self._first = specialize(_graph, self.options)
@@ -132,7 +142,13 @@ class Compiled:
             if spec is not None:
                 self._specs.move_to_end(key)
                 return spec
-        spec = specialize(export_graph(self.model, args, kwargs), self.options)
+        spec = None
+        if self.options["dynamic"] is not False and self.options["backend"] == "cpu":
+            from vtc.dynamic import dynamic_specialization
+
+            spec = dynamic_specialization(self, args, kwargs)  # None: these sizes need their own capture
+        if spec is None:
+            spec = specialize(export_graph(self.model, args, kwargs), self.options)
         with self._lock:
             self._specs[key] = spec
             while len(self._specs) > self.options["max_specializations"]:
@@ -195,7 +211,10 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     the others through torch on zero-copy views), "vtc" (every float32 GEMM
     generated) or "torch" (every GEMM through torch, and no fused attention
     kernel, whose matmuls are its own); the choice per GEMM node
-    and both estimated costs are in ``report.to_dict()["gemm"]``.
+    and both estimated costs are in ``report.to_dict()["gemm"]``;
+    dynamic=None (default: static sizes until a call brings new ones, then a
+    symbolic capture whose kernels take the sizes as arguments, ``vtc.dynamic``),
+    True (symbolic from the start) or False (capture and build again per size).
 
     An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to
     ``vtc.frontend.onnx.compile_onnx`` (``dims={name: size}`` resolves symbolic

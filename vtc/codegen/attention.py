@@ -437,10 +437,14 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     tiled = k.tiled
     shared = 0 if tiled else k.shared_rows
     per_head = k.domain[1]
-    rb, kb = (TILE_ROWS, -(-min(KEY_BLOCK, n) // LANES) * LANES) if tiled else (min(ROW_BLOCK, rows), min(KEY_BLOCK, n))
+    # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
+    # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
+    rb, kb = (TILE_ROWS, KEY_BLOCK) if tiled else (min(ROW_BLOCK, rows), KEY_BLOCK)
     rb = shared or rb
-    chunks = -(-per_head // rb)  # tiled: row blocks per head (a block never straddles two heads)
-    nblk = k.domain[0] * chunks if tiled else -(-rows // rb)
+    # row blocks per head (tiled: a block never straddles two heads) and blocks, as ceiling divisions in C,
+    # so that the sizes stay polynomial literals (vtc.runtime.generic makes them kernel arguments)
+    chunks = f"(({per_head} + {rb - 1}) / {rb})"
+    nblk = f"({k.domain[0]} * {chunks})" if tiled else f"(({rows} + {rb - 1}) / {rb})"
     names = [f"i{x}" for x in range(len(k.domain))]
     out = k.stores[0]
     work = rows * n * (dd + ee)
@@ -547,7 +551,8 @@ def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, 
         "          #pragma omp simd",
         f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            kt[d][r - r0] = {kx};", "          }",
         "        }",
-        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < {kb}; ++t) kt[d][t] = 0.0f;",
+        f"        const int64_t t1 = std::min<int64_t>({kb}, (r1 - r0 + {LANES - 1}) / {LANES} * {LANES});",
+        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < t1; ++t) kt[d][t] = 0.0f;",
         "      }",
         f"      for (int64_t rr0 = 0; rr0 < nr; rr0 += 4) {{",
         f"        for (int64_t k0 = 0; k0 < r1 - r0; k0 += {LANES}) {{",

@@ -427,10 +427,10 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)
     if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):
         a, b = shape[-2], shape[-1]
-        ta, tb = -(-a // TILE), -(-b // TILE)
+        ta, tb = f"(({a} + {TILE - 1}) / {TILE})", f"(({b} + {TILE - 1}) / {TILE})"  # in C: polynomial literals
         outer = n // (a * b)
-        lines = [par, f"  for (int64_t t = 0; t < {outer * ta * tb}; ++t) {{",
-                 f"    const int64_t o = t / {ta * tb}, ta = (t / {tb}) % {ta}, tb = t % {tb};"]
+        lines = [par, f"  for (int64_t t = 0; t < {outer} * {ta} * {tb}; ++t) {{",
+                 f"    const int64_t o = t / ({ta} * {tb}), ta = (t / {tb}) % {ta}, tb = t % {tb};"]
         lines += _decompose(names[:-2], shape[:-2], "o", "    ")
         lines += [f"    for (int64_t {names[-2]} = ta * {TILE}; {names[-2]} < std::min<int64_t>(ta * {TILE} + {TILE}, {a}); "
                   f"++{names[-2]}) {{",

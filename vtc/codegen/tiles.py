@@ -103,11 +103,12 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
     shape = k.domain
     names = [f"i{d}" for d in range(len(shape))]
     a, b = shape[-2], shape[-1]
-    ta, tb = -(-a // TILE), -(-b // TILE)
+    # tile counts as ceiling divisions in C: the sizes stay polynomial literals (vtc.runtime.generic)
+    ta, tb = f"(({a} + {TILE - 1}) / {TILE})", f"(({b} + {TILE - 1}) / {TILE})"
     outer = math.prod(shape[:-2])
     row, inner = names[-2], names[-1]
-    lines = [par, f"  for (int64_t t = 0; t < {outer * ta * tb}; ++t) {{",
-             f"    const int64_t o = t / {ta * tb}, ta0 = (t / {tb}) % {ta} * {TILE}, tb0 = t % {tb} * {TILE};"]
+    lines = [par, f"  for (int64_t t = 0; t < {outer} * {ta} * {tb}; ++t) {{",
+             f"    const int64_t o = t / ({ta} * {tb}), ta0 = (t / {tb}) % {ta} * {TILE}, tb0 = t % {tb} * {TILE};"]
     lines += decompose(names[:-2], shape[:-2], "o", "    ")
     lines.append(f"    if (ta0 + {TILE} <= {a} && tb0 + {TILE} <= {b}) {{")
     em.forget()

@@ -5,12 +5,15 @@ to the backend as an FX graph of torch-level calls.  ``aot_autograd`` lowers it
 to core ATen (``core_aten_decompositions``); its forward/inference graph, whose
 placeholders are the parameters followed by the user inputs, goes through
 ``graph_from_fx`` (every placeholder an ``input`` Value) and then
-``vtc.compiler.compile_graph``.  Backward graphs run eagerly.  A subgraph that vtc
-cannot represent (symbolic shapes, non-tensor results) runs eagerly with a warning.
-aot_autograd calls the forward compiler with its FakeTensorMode still active:
-vtc compiles outside it (``unset_fake_temporarily``), since the planner and the
-machine figures run real torch ops (a fake ``nonzero`` raised, and dynamo then
-ran the whole graph eagerly after splitting it up, minutes on a 4-layer Llama).
+``vtc.compiler.compile_graph``.  A graph with symbolic sizes (dynamo makes one
+when a second shape arrives) runs through ``vtc.dynamic.backend_runner``: one
+specialization per size, with size-generic kernels, compiled at its first call.
+Backward graphs run eagerly.  A subgraph that vtc cannot represent (non-tensor
+results) runs eagerly with a warning.  aot_autograd calls the forward compiler
+with its FakeTensorMode still active: vtc compiles outside it
+(``unset_fake_temporarily``), since the planner and the machine figures run real
+torch ops (a fake ``nonzero`` raised, and dynamo then ran the whole graph eagerly
+after splitting it up, minutes on a 4-layer Llama).
 """
 from __future__ import annotations
 
@@ -37,6 +40,15 @@ def _compile_graph(graph: Graph) -> Callable[[list[torch.Tensor]], list[torch.Te
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """aot_autograd's forward compiler: an ATen GraphModule -> a boxed callable running it with vtc."""
+    if any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+            isinstance(d, torch.SymInt) for d in x.shape)) for x in example_inputs):
+        from vtc.compiler import OPTIONS
+        from vtc.dynamic import backend_runner
+
+        run = backend_runner(gm, example_inputs, dict(OPTIONS))
+        if run is not None:
+            run._boxed_call = True  # type: ignore[attr-defined]
+            return run
     try:
         graph = graph_from_fx(gm)
     except CaptureError as e:

@@ -89,6 +89,7 @@ _key_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 _info_lock = threading.Lock()
 _info: CompilerInfo | None = None
+compile_count = 0  # compiler runs that built a library in this process (tests assert a cache hit by it)
 
 
 def _run_compiler(cmd: Sequence[str]) -> subprocess.CompletedProcess:
@@ -228,7 +229,10 @@ def _verified(so: Path, sidecar: Path) -> bool:
 
 def _compile(source: str, stem: Path, flags: Sequence[str]) -> None:
     """Compiles source into stem.so (atomically) and writes the stem.sha256 sidecar."""
+    global compile_count
     src, so = stem.with_suffix(".cpp"), stem.with_suffix(".so")
+    with _locks_guard:
+        compile_count += 1
     src.write_text(source)  # kept next to the library: the copy to read when debugging
     fd, tmp = tempfile.mkstemp(dir=stem.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)

@@ -66,9 +66,10 @@ class Executor:
     """
 
     def __init__(self, graph: Graph, plan: Plan, oracle: bool = False, backend: str = "torch",
-                 gemm: str = "auto", build: bool = True) -> None:
+                 gemm: str = "auto", build: bool = True, kernel_builder=None) -> None:
         self.graph, self.plan, self.oracle, self.backend, self.gemm = graph, plan, oracle, backend, gemm
         self.build = build  # False: steps and liveness only (a planner's peak estimate); kernels not compiled
+        self.kernel_builder = kernel_builder  # (kernel steps, executor) -> CompiledKernels; None: build_kernels
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         self.lowering = None
@@ -105,7 +106,10 @@ class Executor:
 
         self.lowering, lowered = lower(self.graph, self.plan, gemm=self.gemm)
         ksteps = [payload for kind, payload in lowered if kind == "kernel"]
-        built = build_kernels(ksteps) if self.build else [CompiledKernel(k, None) for k in ksteps]
+        if not self.build:
+            built = [CompiledKernel(k, None) for k in ksteps]
+        else:  # size-generic kernels (vtc.runtime.generic) when a builder is given
+            built = self.kernel_builder(ksteps, self) if self.kernel_builder else build_kernels(ksteps)
         compiled = dict(zip((id(k) for k in ksteps), built))
         steps: list[Step] = []
         for kind, payload in lowered:
@@ -194,7 +198,7 @@ def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
 class CompiledKernel:
     """A generated kernel loaded from its shared library, called on tensors looked up by name."""
 
-    def __init__(self, step, fn) -> None:
+    def __init__(self, step, fn, sizes: tuple[int, ...] | None = None) -> None:
         from vtc.codegen.cpp import buffer_order
 
         self.step, self.fn = step, fn
@@ -209,6 +213,10 @@ class CompiledKernel:
         self._inputs = [(b.name, torch.Size(b.shape), b.dtype) for b in self.inputs]
         self._outputs = [(torch.Size(b.shape), b.dtype) for b in self.outputs]
         self._pointers = ctypes.c_void_p * len(self.order)
+        # a size-generic kernel (vtc.runtime.generic) reads its sizes from one more pointer after the buffers
+        self._sizes = () if sizes is None else (torch.tensor(sizes, dtype=torch.int64),)
+        if sizes is not None:
+            self._pointers = ctypes.c_void_p * (len(self.order) + 1)
         self._plain = not step.checks and not step.derived  # reads env as it is
 
     def __call__(self, env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -229,7 +237,7 @@ class CompiledKernel:
             tensors.append(t if t.is_contiguous() else t.contiguous())
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._outputs]
         tensors += outs
-        self.fn(self._pointers(*[t.data_ptr() for t in tensors]), torch.get_num_threads())
+        self.fn(self._pointers(*[t.data_ptr() for t in [*tensors, *self._sizes]]), torch.get_num_threads())
         return outs
 
 

@@ -1,0 +1,204 @@
+"""Sizes as kernel arguments: a new sequence length / batch / cache length does not run the C++ compiler.
+
+The compiler-run counter ``cbuild.compile_count`` proves it; every result is compared with eager torch on
+random inputs.  Size classes where a kernel cannot be generic (size 1, which torch.export specialises;
+a register-tiled transpose that appears above 32) recompile and stay correct.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import vtc
+from vtc.runtime import cbuild, generic
+
+sys.path.insert(0, str(Path(__file__).parents[2]))
+from bench.workloads.llama3 import Llama3Layer  # noqa: E402
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))  # a build is a compiler run, not a disk hit
+    generic._TEMPLATES.clear()
+    yield
+    generic._TEMPLATES.clear()
+
+
+def _layer_inputs(b: int, s: int, t: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, s, 64, generator=g), torch.randn(b, 2, t, 16, generator=g),
+            torch.randn(b, 2, t, 16, generator=g), torch.arange(t - s, t))
+
+
+def _close(got, want):
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_llama_layer_new_sequence_batch_and_cache_lengths_do_not_compile():
+    torch.manual_seed(0)
+    model = Llama3Layer(hidden=64, heads=4, kv_heads=2, inter=96).eval()
+    first = _layer_inputs(2, 12, 24, 0)
+    compiled = vtc.compile(model, first, dynamic=True)
+    with torch.no_grad():
+        _close(compiled(*first), model(*first))
+    built = cbuild.compile_count
+    for b, s, t in [(2, 17, 40), (3, 12, 31), (4, 9, 9), (2, 127, 130)]:  # prefill: batch*seq > 16
+        x = _layer_inputs(b, s, t, seed=s)
+        with torch.no_grad():
+            _close(compiled(*x), model(*x))
+    assert cbuild.compile_count == built, "a new size ran the C++ compiler"
+    dyn = compiled._dynamic
+    assert dyn.kernels["generic"] > 0 and not dyn.why_not
+    # decode at batch 1 is built for its sizes, and right: torch.export assumed sizes >= 2, so it is
+    # captured again (other classes that recompile: a skinny GEMM, batch*seq <= 16; fewer queries than a tile)
+    for b, s, t in [(1, 1, 20)]:
+        x = _layer_inputs(b, s, t, seed=s)
+        with torch.no_grad():
+            _close(compiled(*x), model(*x))
+    assert any("outside the captured range" in w for w in dyn.why_not)
+
+
+def _movement(x, past):
+    """cat along the varying dim, a slice by a varying length, a reshape splitting it, softmax over it."""
+    kv = torch.cat([past, x], dim=1)  # [B, P+S, D]
+    recent = kv[:, -x.shape[1]:]  # the last S rows
+    halves = kv.reshape(kv.shape[0], -1, 2, kv.shape[2]).sum(2)  # needs P+S even: export asserts it
+    return torch.softmax(recent * 2, dim=-1) + x, halves, torch.softmax(kv, dim=1), kv.transpose(1, 2) + 1
+
+
+def test_size_dependent_mappings_first_static_then_generic():
+    g = torch.Generator().manual_seed(1)
+    make = lambda b, p, s: (torch.randn(b, s, 24, generator=g), torch.randn(b, p, 24, generator=g))  # noqa: E731
+    first = make(2, 6, 4)
+    compiled = vtc.compile(_movement, first)  # static until a size changes
+    _close(compiled(*first), _movement(*first))
+    second = make(3, 9, 5)  # new sizes: the symbolic capture (these dims dynamic) and generic kernels are made
+    _close(compiled(*second), _movement(*second))
+    assert compiled._dynamic and compiled._dynamic.kernels["generic"] > 0
+    built = cbuild.compile_count
+    for b, p, s in [(2, 14, 2), (2, 3, 17), (4, 21, 7)]:
+        x = make(b, p, s)
+        _close(compiled(*x), _movement(*x))
+    assert cbuild.compile_count == built
+    odd = make(2, 4, 3)  # P+S odd: the reshape cannot run; eager raises, and so do we
+    with pytest.raises(RuntimeError):
+        _movement(*odd)
+    with pytest.raises(Exception):
+        compiled(*odd)
+
+
+def test_kernel_that_cannot_be_generic_recompiles_correctly():
+    def f(x, y):
+        return x.transpose(-1, -2) * 2 + y  # from 16 x 16 up: register-tiled transposes, another loop nest
+
+    g = torch.Generator().manual_seed(2)
+    make = lambda n: (torch.randn(3, n, n + 1, generator=g), torch.randn(3, n + 1, n, generator=g))  # noqa: E731
+    x = make(17)
+    compiled = vtc.compile(f, x, dynamic=True)
+    torch.testing.assert_close(compiled(*x), f(*x), **TOL)
+    built = cbuild.compile_count
+    for n in (127, 100, 16):
+        x = make(n)
+        torch.testing.assert_close(compiled(*x), f(*x), **TOL)
+    assert cbuild.compile_count == built  # the tiled kernel takes its sizes (tile counts too) as arguments
+    x = make(8)  # below a tile: a plain loop nest, built for it
+    torch.testing.assert_close(compiled(*x), f(*x), **TOL)
+    assert cbuild.compile_count > built
+    built = cbuild.compile_count
+    x = make(5)
+    torch.testing.assert_close(compiled(*x), f(*x), **TOL)
+    assert cbuild.compile_count == built
+
+
+def test_torch_compile_backend_specializes_symbolic_graph_without_compiling():
+    torch._dynamo.reset()
+    lin = torch.nn.Linear(16, 16)
+
+    def f(x):
+        y = lin(x).transpose(1, 2)  # [B, 16, S]
+        return torch.softmax(y, dim=-1).transpose(1, 2) * x + torch.cat([x, x], dim=1)[:, : x.shape[1]]
+
+    g = torch.Generator().manual_seed(3)
+    fn = torch.compile(f, backend="vtc")
+    with torch.no_grad():
+        for s in (8, 11):  # dynamo: static first, then a graph with a symbolic S
+            x = torch.randn(2, s, 16, generator=g)
+            torch.testing.assert_close(fn(x), f(x), **TOL)
+        built = cbuild.compile_count
+        for b, s in ((2, 17), (3, 127), (2, 5)):
+            x = torch.randn(b, s, 16, generator=g)
+            torch.testing.assert_close(fn(x), f(x), **TOL)
+    assert cbuild.compile_count == built
+    torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------- the template machinery
+
+def test_interpolate_recovers_integer_polynomials():
+    rnd = random.Random(0)
+    for _ in range(100):
+        k = rnd.randint(1, 3)
+        deg = [rnd.randint(0, 2) for _ in range(k)]
+        base = [rnd.randint(2, 40) for _ in range(k)]
+        step = rnd.randint(1, 4)
+        coef = {e: rnd.randint(-9, 9) for e in itertools.product(*[range(d + 1) for d in deg])}
+
+        def f(s):
+            return sum(c * eval_monomial(s, e) for e, c in coef.items())
+
+        grid = itertools.product(*[range(d + 1) for d in deg])
+        vals = {o: f([b + step * x for b, x in zip(base, o)]) for o in grid}
+        p = generic.interpolate(base, deg, vals, step)
+        for _ in range(5):
+            s = [rnd.randint(1, 300) for _ in range(k)]  # values below the int64 guard
+            assert p.at(s) == f(s)
+
+
+def eval_monomial(s, e):
+    out = 1
+    for x, n in zip(s, e):
+        out *= x ** n
+    return out
+
+
+def test_poly_refuses_overflow_and_inexact_division():
+    p = generic.interpolate([4], [2], {(0,): 6, (1,): 10, (2,): 15})  # s*(s-1)/2
+    assert p.denom == 2 and p.at([10]) == 45
+    assert generic.Poly((((1,), 1),), 2).at([3]) is None  # s / 2 at an odd size
+    assert generic.Poly((((2,), 1 << 40),), 1).at([1 << 12]) is None  # would overflow int64 arithmetic
+
+
+def _src(body: str) -> str:
+    return 'extern "C" void k_x(void* const* bufs, int nthreads) {\n' + body + "}\n"
+
+
+def test_template_matches_only_the_same_text_and_literals():
+    at = generic.parse(_src("  for (int64_t i = 0; i < 24; ++i) b0[i * 3] = 1.5f;\n"), "k_x")
+    probes = {(0,): at, (1,): generic.parse(_src("  for (int64_t i = 0; i < 27; ++i) b0[i * 3] = 1.5f;\n"), "k_x")}
+    t = generic.fit("k_x", at, probes, [8], [1], 1)
+    assert t is not None and "vtc_s0" in t.source and "bufs[1]" in t.source
+    assert t.matches(generic.parse(_src("  for (int64_t i = 0; i < 300; ++i) b0[i * 3] = 1.5f;\n"), "k_x"), [100])
+    assert not t.matches(generic.parse(_src("  for (int64_t i = 0; i < 301; ++i) b0[i * 3] = 1.5f;\n"), "k_x"), [100])
+    assert not t.matches(generic.parse(_src("  for (int64_t i = 0; i < 300; ++i) b0[i * 4] = 1.5f;\n"), "k_x"), [100])
+    other = generic.parse(_src("  for (int64_t i = 0; i < 300; ++i) b0[i] = 1.5f;\n"), "k_x")
+    assert not t.matches(other, [100])  # another skeleton
+
+
+def test_array_sizes_and_pragma_arguments_stay_constant():
+    at = generic.parse(_src("  float sc[4][24];\n  #pragma omp simd safelen(24)\n"), "k_x")
+    nxt = generic.parse(_src("  float sc[4][27];\n  #pragma omp simd safelen(27)\n"), "k_x")
+    assert generic.fit("k_x", at, {(0,): at, (1,): nxt}, [8], [1], 1) is None
+    at = generic.parse(_src("  #pragma omp parallel for if(24 >= 32768)\n"), "k_x")
+    nxt = generic.parse(_src("  #pragma omp parallel for if(27 >= 32768)\n"), "k_x")
+    assert generic.fit("k_x", at, {(0,): at, (1,): nxt}, [8], [1], 1) is not None
+    f1 = generic.parse(_src("  b0[0] = 24 * 0.125f;\n"), "k_x")  # a float that varies (a mean): not generic
+    f2 = generic.parse(_src("  b0[0] = 27 * 0.111f;\n"), "k_x")
+    assert generic.fit("k_x", f1, {(0,): f1, (1,): f2}, [8], [1], 1) is None

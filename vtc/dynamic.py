@@ -1,0 +1,174 @@
+"""New sizes without tracing or compiling again: symbolic capture + size-generic kernels.
+
+``Compiled`` (``vtc.compile``) starts with static sizes.  When a call brings
+new sizes of the same rank (or from the start with ``dynamic=True``), the model
+is captured once more with torch.export, the dims that changed marked
+``Dim.AUTO`` (``vtc.frontend.symbolic``); every later size is an
+*instantiation* of that symbolic graph (tenths of a second, no tracing).  The
+``torch.compile`` backend gets the symbolic graph from dynamo directly.
+
+``DynamicSizes.specialization(leaves)`` then plans, lowers and builds one
+concrete specialization; its kernels come from ``vtc.runtime.generic``:
+size-generic templates, fitted from lowerings at probe sizes and checked
+against the concrete source, so two sizes share one compiled kernel and the
+C++ compiler does not run again.  The plan decisions of the first size
+(which movement ops stay physical) are reused for the later ones and for the
+probes, so that every size gets the same kernels; the planner's report of the
+first size is kept with them.
+
+Inputs that do not fit the symbolic graph (a size outside torch's range, e.g.
+1 where export assumed >= 2; a static dim changed) fall back to a concrete
+capture, with the reason in ``DynamicSizes.why_not``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
+from vtc.frontend.torch_export import CaptureError
+from vtc.ir.graph import Graph
+from vtc.plan.virtualize import Plan, plan_keeping, plan_none
+from vtc.runtime.generic import GenericKernels
+
+
+class DynamicSizes:
+    """A symbolic graph and the specializations made from it (plans reused, kernels size-generic)."""
+
+    def __init__(self, sgraph: SymbolicGraph, options: dict, dims: list[set[int]] | None = None) -> None:
+        self.sg, self.options, self.dims = sgraph, options, dims  # dims: per input leaf, the ones marked dynamic
+        self.symbols = tuple(str(s) for s in sgraph.symbols)
+        self.degrees = tuple(sgraph.degree[s] for s in sgraph.symbols)
+        self.first_plan: Plan | None = None
+        self.why_not: list[str] = []  # inputs that did not fit, and why
+        self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
+        self.misses: list[str] = []  # kernels that found no template: why (vtc.runtime.generic)
+
+    def _plan(self, graph: Graph) -> Plan:
+        """The first size's plan from the planner; later sizes keep the same movement ops physical."""
+        from vtc.plan.planners import make_plan
+
+        if self.first_plan is None:
+            self.first_plan = make_plan(graph, self.options)
+            return self.first_plan
+        return self._replay(graph)
+
+    def _replay(self, graph: Graph) -> Plan:
+        first = self.first_plan
+        plan = plan_none(graph) if first.mode == "none" else plan_keeping(graph, first.mode, dict(first.kept))
+        plan.decisions, plan.objective = first.decisions, first.objective
+        plan.notes = [*first.notes, "plan decisions reused from the first size of this symbolic graph"]
+        return plan
+
+    def _valid(self, sizes: tuple[int, ...]) -> bool:
+        return all(lo <= v <= hi for v, (lo, hi) in zip(sizes, (self.sg.ranges.get(s, (0, float("inf")))
+                                                                 for s in self.sg.symbols)))
+
+    def _probe(self, sizes: tuple[int, ...]) -> dict[str, str] | None:
+        """Kernel name -> C++ source of the graph at other sizes, under the same plan decisions."""
+        from vtc.codegen.cpp import generate
+        from vtc.codegen.lower import lower
+
+        try:
+            graph = self.sg.instantiate(dict(zip(self.sg.symbols, sizes)))
+            _, steps = lower(graph, self._replay(graph), gemm=self.options["gemm"])
+            return {s.kernel.name: generate(s.kernel) for kind, s in steps if kind == "kernel"}
+        except Exception:  # a probe that cannot be made only means no template: the kernel keeps its constants
+            return None
+
+    def specialization(self, leaves: list[Any]):
+        """The planned, built specialization for these flat user inputs (NotInstantiable if they do not fit)."""
+        from vtc.compiler import specialize
+
+        env = self.sg.bind(leaves)
+        sizes = tuple(env[s] for s in self.sg.symbols)
+        graph = self.sg.instantiate(env)
+        builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid)
+        spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
+        for k, v in builder.stats.items():
+            self.kernels[k] += v
+        self.misses += builder.misses
+        return spec
+
+
+def dynamic_specialization(compiled, args: tuple, kwargs: dict):
+    """``Compiled``'s specialization for new inputs through its symbolic graph, or None (capture them concretely).
+
+    The symbolic graph is made on the first call whose sizes differ from the example inputs (or at once
+    with ``dynamic=True``), with the dims that changed marked dynamic.
+    """
+    leaves = pytree.tree_leaves((tuple(args), dict(kwargs)))
+    dyn = getattr(compiled, "_dynamic", None)
+    if dyn is False:
+        return None
+    first = pytree.tree_leaves((tuple(compiled._args), dict(compiled._kwargs)))
+    changed = dynamic_dims(first, leaves)
+    if dyn is None and compiled.options["dynamic"] is True:
+        dyn = _capture(compiled, None, (args, kwargs), None)
+    elif dyn is None or (dyn.dims is not None and any(c - d for c, d in zip(changed, dyn.dims))):
+        if not any(changed):
+            return None  # the example's sizes: the static capture
+        dims = [c | d for c, d in zip(changed, dyn.dims)] if dyn is not None else changed
+        # export needs a dynamic dim's example size to be >= 2: take the call whose changed sizes are
+        small = any(isinstance(x, torch.Tensor) and any(x.shape[d] < 2 for d in ds) for x, ds in zip(leaves, dims))
+        dyn = _capture(compiled, dims, (compiled._args, compiled._kwargs) if small else (args, kwargs), dyn)
+    if dyn is False:
+        return None
+    try:
+        return dyn.specialization(leaves)
+    except NotInstantiable as e:
+        dyn.why_not.append(str(e))
+        return None
+
+
+def _capture(compiled, dims, example, previous):
+    """A new DynamicSizes for `compiled` with `dims` dynamic (None: all), stored on it; previous's if it fails."""
+    try:
+        dyn = DynamicSizes(export_symbolic(compiled.model, example[0], example[1], dims), compiled.options, dims)
+    except CaptureError as e:
+        compiled._dynamic_why = str(e)
+        dyn = previous if previous is not None else False
+        if previous is not None:
+            previous.dims = dims  # not tried again: inputs it cannot bind are captured for their sizes
+    if previous is not None and dyn is not previous:
+        dyn.why_not, dyn.first_plan = previous.why_not, previous.first_plan
+    compiled._dynamic = dyn
+    return dyn
+
+
+def backend_runner(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict):
+    """The torch.compile backend's callable for a graph with symbolic sizes: one specialization per size.
+
+    Returns a function of the boxed inputs (tensors and SymInt values as ints) -> flat outputs
+    including non-tensor ones, or None when the graph cannot be instantiated.
+    """
+    shape_env = None
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            shape_env = x.node.shape_env
+        elif isinstance(x, torch.Tensor) and getattr(x, "fake_mode", None) is not None:
+            shape_env = x.fake_mode.shape_env
+        if shape_env is not None:
+            break
+    ranges = dict(shape_env.var_to_range) if shape_env is not None else {}
+    try:
+        dyn = DynamicSizes(SymbolicGraph(gm, ranges=ranges), options)
+    except CaptureError:
+        return None
+    specs: dict[tuple, Any] = {}
+
+    def run(args: list) -> list:
+        key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+        spec = specs.get(key)
+        if spec is None:
+            spec = specs[key] = dyn.specialization(list(args))
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        flat = spec.executor(tensors)
+        consts = spec.graph.meta["output_consts"]
+        it = iter(flat)
+        return [consts[i] if i in consts else next(it) for i in range(len(flat) + len(consts))]
+
+    run.dynamic = dyn  # type: ignore[attr-defined]
+    return run

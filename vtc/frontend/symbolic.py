@@ -1,0 +1,236 @@
+"""Symbolic capture: one ATen graph with symbolic sizes, instantiated for concrete sizes without tracing again.
+
+``export_symbolic`` runs torch.export with ``Dim.AUTO`` on the input dims that
+may vary; ``SymbolicGraph`` wraps an ATen fx graph whose sizes are SymInts
+(from that export, or the graph dynamo hands the ``torch.compile`` backend
+once it has seen a second shape):
+
+- ``symbols``: the size symbols the inputs bind, in order of first appearance
+  (a symbol is a sympy ``Symbol`` of torch's ShapeEnv, printed ``s0``, ``s70``...);
+- ``bind(leaves)``: the symbol values given the flat user inputs (tensors and
+  ints), checked against the shapes of the other dims, torch's value ranges of
+  the symbols and the graph's runtime asserts; ``NotInstantiable`` (with the
+  reason) when the inputs do not fit;
+- ``instantiate(env)``: a concrete vtc ``Graph`` for those values: the fx graph
+  copied with every SymInt argument and size computation evaluated and every
+  ``meta["val"]`` a meta tensor of the concrete shape, then the usual
+  ``graph_from_fx``.  Node and value names are the fx names, the same for
+  every instantiation, so the kernels of two instantiations have the same names.
+
+Everything downstream (planner, lowering, code generation) sees only concrete
+sizes; ``vtc.runtime.generic`` makes the kernels size-generic.
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from vtc.frontend.torch_export import CaptureError, _as_module, graph_from_fx
+from vtc.ir.graph import Graph
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_ASSERTS = ("_assert_scalar", "sym_constrain_range", "_functional_sym_constrain_range", "sym_constrain_range_for_size")
+
+
+class NotInstantiable(ValueError):
+    """The inputs do not fit the symbolic graph (a static dim differs, a value range or an assert fails)."""
+
+
+def _expr(x: Any) -> Any:
+    """The sympy expression of a SymInt/SymFloat/SymBool; an int, float or bool unchanged."""
+    return x.node.expr if isinstance(x, _SYM) else x
+
+
+class SymbolicGraph:
+    """An ATen fx graph with symbolic sizes; ``instantiate`` makes a concrete Graph for given sizes."""
+
+    def __init__(self, gm: fx.GraphModule, consts: dict[str, torch.Tensor] | None = None, in_spec: Any = None,
+                 out_spec: Any = None, ranges: dict | None = None) -> None:
+        self.gm, self.consts, self.in_spec, self.out_spec = gm, dict(consts or {}), in_spec, out_spec
+        self.ranges: dict[sympy.Symbol, tuple[int, float]] = {}  # symbol -> (lo, hi), hi may be inf
+        for s, vr in (ranges or {}).items():
+            self.ranges[s] = (_bound(vr.lower, 0), _bound(vr.upper, float("inf")))
+        self.user = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name not in self.consts]
+        self.symbols: list[sympy.Symbol] = []
+        for n in self.user:
+            for x in _leaf_sizes(n.meta.get("val")):
+                for s in sorted(getattr(_expr(x), "free_symbols", ()), key=str):
+                    if s not in self.symbols:
+                        self.symbols.append(s)
+        if not self.symbols:
+            raise CaptureError("the graph has no symbolic input size")
+        self.degree = self._degrees()
+
+    def _degrees(self) -> dict[sympy.Symbol, int]:
+        """Per symbol, the most dims of one tensor whose size depends on it (the degree of sizes and strides in it)."""
+        deg = dict.fromkeys(self.symbols, 1)
+        for n in self.gm.graph.nodes:
+            for t in pytree.tree_leaves(n.meta.get("val")):
+                if isinstance(t, torch.Tensor):
+                    for s in self.symbols:
+                        k = sum(s in getattr(_expr(d), "free_symbols", ()) for d in t.shape)
+                        deg[s] = max(deg[s], k)
+        return deg
+
+    def bind(self, leaves: list[Any]) -> dict[sympy.Symbol, int]:
+        """The symbol values for these flat user inputs; NotInstantiable when they do not fit."""
+        if len(leaves) != len(self.user):
+            raise NotInstantiable(f"{len(leaves)} inputs for {len(self.user)} graph inputs")
+        env: dict[sympy.Symbol, int] = {}
+        pending = []
+        for n, x in zip(self.user, leaves):
+            val = n.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                if not isinstance(x, torch.Tensor) or x.dim() != val.dim():
+                    raise NotInstantiable(f"input {n.name}: expected a rank-{val.dim()} tensor, got {x!r:.60}")
+                pairs = list(zip(val.shape, x.shape))
+            else:
+                pairs = [(val, x)]
+            for want, got in pairs:
+                e = _expr(want)
+                if isinstance(e, sympy.Symbol):
+                    if env.setdefault(e, int(got)) != int(got):
+                        raise NotInstantiable(f"size {e} is {env[e]} and {got} in the same call")
+                elif isinstance(e, sympy.Expr) and e.free_symbols:
+                    pending.append((n.name, e, got))
+                elif isinstance(want, (int, float, bool)) and not isinstance(got, torch.Tensor) and want != got:
+                    raise NotInstantiable(f"input {n.name}: captured with {want}, received {got}")
+        missing = [s for s in self.symbols if s not in env]
+        if missing:
+            raise NotInstantiable(f"no input binds the size(s) {missing}")
+        for name, e, got in pending:
+            if int(e.xreplace(env)) != int(got):
+                raise NotInstantiable(f"input {name}: a size is {e} = {int(e.xreplace(env))}, received {got}")
+        for s, v in env.items():
+            lo, hi = self.ranges.get(s, (0, float("inf")))
+            if not lo <= v <= hi:
+                raise NotInstantiable(f"size {s} = {v} is outside the captured range [{lo}, {hi}]")
+        return env
+
+    def instantiate(self, env: dict[sympy.Symbol, int]) -> Graph:
+        """The concrete Graph for symbol values `env` (NotInstantiable when a runtime assert fails)."""
+        subs = {s: sympy.Integer(v) for s, v in env.items()}
+        cache: dict[Any, Any] = {}
+
+        def value(x: Any) -> Any:
+            if not isinstance(x, _SYM):
+                return x
+            e = x.node.expr
+            hit = cache.get(e)
+            if hit is None:
+                r = e.xreplace(subs)
+                if getattr(r, "free_symbols", None):
+                    raise NotInstantiable(f"size expression {e} has unbound symbols {sorted(map(str, r.free_symbols))}")
+                hit = cache[e] = (bool(r) if isinstance(x, torch.SymBool) else
+                                  float(r) if isinstance(x, torch.SymFloat) else int(r))
+            return hit
+
+        def concrete(val: Any) -> Any:
+            if isinstance(val, torch.Tensor):
+                return torch.empty([value(d) for d in val.shape], dtype=val.dtype, device="meta")
+            if isinstance(val, (list, tuple)):
+                return type(val)(concrete(v) for v in val)
+            return value(val)
+
+        out = fx.Graph()
+        mapped: dict[fx.Node, Any] = {}
+        for n in self.gm.graph.nodes:
+            val = n.meta.get("val")
+            if n.op == "call_function" and (isinstance(val, _SYM) or _is_size_op(n)):
+                mapped[n] = value(val)  # a size computation: its value, not a node
+                if getattr(n.target, "_opname", "") == "_assert_scalar":
+                    cond = n.args[0]
+                    if not (mapped[cond] if isinstance(cond, fx.Node) else value(cond)):
+                        raise NotInstantiable(f"runtime assert {n.args[1:]} fails for sizes {env}")
+                continue
+            if n.op == "output":
+                out.output(fx.node.map_arg(n.args[0], lambda a: mapped[a]))
+                continue
+            new = out.node_copy(n, lambda a: mapped[a])
+            new.args = pytree.tree_map(value, new.args, is_leaf=lambda a: isinstance(a, fx.Node))
+            new.kwargs = pytree.tree_map(value, dict(new.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
+            if "val" in n.meta:
+                new.meta["val"] = concrete(val)
+            mapped[n] = new
+        gm = fx.GraphModule(self.gm, out)
+        graph = graph_from_fx(gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec)
+        graph.meta["sizes"] = {str(s): v for s, v in env.items()}
+        return graph
+
+
+def _bound(x: Any, unbounded: float) -> float:
+    """A value-range bound as an int, `unbounded` for torch's infinities."""
+    return int(x) if isinstance(x, sympy.Integer) or isinstance(x, int) else unbounded
+
+
+def _leaf_sizes(val: Any) -> list[Any]:
+    """The sizes a placeholder's value carries: a tensor's dims, or the value itself (a SymInt input)."""
+    if isinstance(val, torch.Tensor):
+        return list(val.shape)
+    return [val] if isinstance(val, _SYM) else []
+
+
+def _is_size_op(n: fx.Node) -> bool:
+    """An op computing or asserting sizes (no tensor result): sym_size, operator.mul on sizes, _assert_scalar."""
+    val = n.meta.get("val")
+    if isinstance(val, torch.Tensor) or (isinstance(val, (list, tuple)) and val):
+        return False
+    t = n.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t._opname.startswith(_ASSERTS) or t._opname.startswith("sym_")
+    return getattr(t, "__module__", None) in ("_operator", "operator", "math", "builtins") or t in (
+        operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod, operator.neg)
+
+
+def dynamic_dims(first: list[Any], new: list[Any]) -> list[set[int]]:
+    """Per flat input leaf, the dims whose size differs between two calls (empty for non-tensors)."""
+    out = []
+    for a, b in zip(first, new):
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == b.dim():
+            out.append({d for d in range(a.dim()) if a.shape[d] != b.shape[d]})
+        else:
+            out.append(set())
+    return out
+
+
+def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[int]] | None) -> SymbolicGraph:
+    """torch.export of the model with ``Dim.AUTO`` on `dims` (per flat input leaf; None: every dim of every tensor)."""
+    from torch.export import Dim
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    if dims is None:
+        dims = [set(range(x.dim())) if isinstance(x, torch.Tensor) else set() for x in leaves]
+    marks = [({d: Dim.AUTO for d in ds} if isinstance(x, torch.Tensor) and ds else None) for x, ds in zip(leaves, dims)]
+    m_args, m_kwargs = pytree.tree_unflatten(marks, spec)
+    try:
+        bound = inspect.signature(model.forward).bind(*m_args, **m_kwargs)
+    except TypeError as e:
+        raise CaptureError(f"cannot name the inputs for dynamic_shapes: {e}") from None
+    params = inspect.signature(model.forward).parameters
+    shapes = {k: (tuple(v) if params[k].kind == inspect.Parameter.VAR_POSITIONAL else v)
+              for k, v in bound.arguments.items()}
+    try:
+        with torch.no_grad():
+            ep = torch.export.export(model, tuple(args), dict(kwargs) or None, strict=False,
+                                     dynamic_shapes=shapes).run_decompositions()
+    except Exception as e:
+        raise CaptureError(f"torch.export with dynamic sizes failed: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+    consts: dict[str, torch.Tensor] = {}
+    for s in ep.graph_signature.input_specs:
+        if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            t = ep.state_dict[s.target] if s.target in ep.state_dict else ep.constants[s.target]
+            consts[s.arg.name] = t.detach()
+        elif s.kind != InputKind.USER_INPUT:
+            raise CaptureError(f"graph input {s.arg.name} of kind {s.kind.name} is not supported")
+    if any(s.kind != OutputKind.USER_OUTPUT for s in ep.graph_signature.output_specs):
+        raise CaptureError("the model mutates state")
+    return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints)
