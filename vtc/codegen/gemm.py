@@ -78,28 +78,45 @@ class GemmChoice:
 
 
 # -- cost model ---------------------------------------------------------------
-# Rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on, from bench/gemm_side_by_side.py
-# (1 thread: the generated kernel ~115 GFLOPS, MKL ~150 on large square GEMMs; a copy kernel ~5 GB/s of
-# read + write); only their ratios and the launch cost decide a choice.
-VTC_GFLOPS = 220.0
+# Rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on (AVX-512, 2 MB L2 per core), from
+# single-thread CPU times (tools: bench/gemm_side_by_side.py for wall times; the machine is shared, so
+# CPU time is the figure that does not move with the load): large contiguous squares run at ~139
+# GFLOPS per thread here, MKL at ~144; a skinny GEMM (M <= 16) streams B from memory: ~18 GB/s per thread
+# for torch and for the dot-product path (B = W^T, unit stride along k), ~6 GB/s where B's unit stride
+# is along n (read in place, row by row); a copy kernel ~5 GB/s of read + write per thread.  Only their
+# ratios and the launch cost decide a choice.
+VTC_GFLOPS = 280.0
 TORCH_GFLOPS = 290.0
+SKINNY_GBPS = {"dot": 36.0, "rows": 12.0, "torch": 35.0}  # B bytes per second when M <= SKINNY_M
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
+TILE = (12, 32)  # the AVX-512 micro-kernel's MR x NR: a partial tile costs a full one
 
 
-def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0
-                ) -> tuple[float, float]:
+def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
+                b_unit_stride: str = "n") -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
     read and written); the generated kernel pays for packing `mapped_elems` elements through mappings
-    that are not plain strided loads.
+    that are not plain strided loads, and for partial MR x NR tiles.  A skinny GEMM (m <= SKINNY_M) is
+    bound by reading B: `b_unit_stride` "k" (B = W^T: the dot-product path) or "n" says how.
     """
     flops = 2.0 * batch * m * n * k
-    vtc = flops / (VTC_GFLOPS * 1e3) + mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
-    torch_ = flops / (TORCH_GFLOPS * 1e3) + sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
-    return vtc, torch_
+    b_bytes = 4.0 * batch * k * n
+    if m <= SKINNY_M:
+        gbps = SKINNY_GBPS["dot" if b_unit_stride == "k" else "rows"]
+        vtc = max(flops / (VTC_GFLOPS * 1e3), b_bytes / (gbps * 1e3))
+        lib = max(flops / (TORCH_GFLOPS * 1e3), b_bytes / (SKINNY_GBPS["torch"] * 1e3))
+    else:
+        mr, nr = TILE
+        used = m / (-(-m // mr) * mr) * n / (-(-n // nr) * nr)
+        vtc = flops / (VTC_GFLOPS * 1e3 * used)
+        lib = flops / (TORCH_GFLOPS * 1e3)
+    vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
+    lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
+    return vtc, lib
 
 
 def needs_copy(low, v) -> bool:
@@ -122,10 +139,11 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
     copy_bytes = sum(v.nbytes for v in copies)
     # elements packed through a choice of pieces (cat, pad: a test per element; a single-piece mapping is
-    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per MC rows
-    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128)))
+    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per thread
+    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
                  if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
-    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped,
+                                   b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
@@ -144,7 +162,28 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"the generated kernel packs it through its mapping (estimated cheaper)")
         return pick("torch", f"{names} is not a strided view, but copying {copy_bytes} bytes and running "
                              f"torch's faster library kernel is estimated cheaper")
-    return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel")
+    if vtc_us <= torch_us:
+        return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
+                           "estimated at least as fast as torch's library kernel here")
+    return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
+                         "(estimated faster)")
+
+
+def _unit_stride(low, b: Value) -> str:
+    """"k" when GEMM operand B ([.., K, N]) has unit stride along k (B = W^T, a transposed view), else "n"."""
+    if not low.plan.is_virtual(b.name):
+        return "n"
+    r = low.plan.realized.get(b.name)
+    if r is not None and r.strided is not None:
+        return "k" if r.strided.strides[-2] == 1 else "n"
+    mp = low.plan.mappings[b.name]
+    if len(mp.pieces) != 1 or mp.pieces[0].source is None:
+        return "n"
+    piece = mp.pieces[0]
+    lin = linear_offset(piece.index, mp.sources[piece.source])
+    _, terms = _terms(lin)
+    kvar = f"i{len(b.shape) - 2}"
+    return "k" if any(atom.op == "var" and atom.args[0] == kvar and c == 1 for atom, c in terms.items()) else "n"
 
 
 def _numel(shape) -> int:
@@ -527,6 +566,7 @@ def generate(k: Kernel) -> str:
         f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
+        "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         "  if ((BATCH * tm * tn) % nt) {  // equal work per thread: split the larger of M and N into a multiple of nt",
         "    if (M >= N && M >= 2 * nt * VTC_MR) {",
