@@ -7,30 +7,41 @@ virtual tensors, inlined pointwise producers) and a transpose, expand (GQA:
 query head h reads KV head h // group), cat, slice, pad or gather in front of
 a GEMM moves no data through main memory.
 
-The kernel (``kind="gemm"`` in the kernel IR) loops over output tiles
-(batch x MC rows x NC columns, OpenMP over tiles, no synchronisation); per
-tile and per KC-deep slice of the reduction it packs an MC x KC block of A
-into MR-row panels and a KC x NC block of B into NR-column panels, then a
-register-blocked micro-kernel (MR x NR accumulators in vector registers,
-FMA; AVX-512, AVX2 or scalar, chosen by the preprocessor) adds their product
-into the tile.  When the tile is done an epilogue applies what the store's
-scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")`` is the product).
+The kernel (``kind="gemm"`` in the kernel IR) runs the BLIS loops.  The
+output is cut into blocks (batch x NC-column chunk x MC-row block) and each
+thread takes a contiguous range of them, as many as the others (the larger of
+M and N is split into a multiple of the thread count; no synchronisation).
+Per chunk and KC-deep slice of the reduction a thread packs the KC x NC block
+of B into NR-column panels once, for all its row blocks; per row block it
+packs the MC x KC block of A into MR-row panels (row-major A by 16 x 16
+register transposes), then a register-blocked micro-kernel (MR x NR
+accumulators in vector registers, broadcast-FMA; AVX-512 12 x 32, AVX2 6 x 16
+or scalar 4 x 8, chosen by the preprocessor; partial tiles by masked columns
+and 8/4/2/1-row kernels) adds their product into the block, an A micro-panel
+held in L1 while the B panels stream from L2.  Skinny GEMMs (M <= 16) read B
+in place: dot products against a transposed weight (decode's x @ W^T), or B's
+rows as the micro-kernel's panels.  When a block is done an epilogue applies
+what the store's scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")``
+is the product).
 
 A pack loop reads a plain strided operand (an affine offset into one buffer)
 through a pointer with constant strides, in the loop order that walks the
 unit stride; any other mapping is emitted as its scalar expression.
 
-``choose`` is the policy and ``estimate_us`` its cost model: under
-``gemm="auto"`` a GEMM whose operands are all physical or zero-copy strided
-views runs through torch (MKL/oneDNN: faster than this kernel on large
-contiguous operands), and one with an operand torch would have to copy first
-runs here unless copy + torch's kernel is estimated cheaper (a large GEMM
-behind a small copy).  ``Lowering.gemm_choices`` keeps every decision with
-both estimates for the report.
+``choose`` is the policy and ``estimate_us`` its cost model (rates measured
+on this CPU): under ``gemm="auto"`` a GEMM with an operand torch would have to
+copy first runs here unless copy + torch's kernel is estimated cheaper (a
+large GEMM behind a small copy); one whose operands are all physical or
+zero-copy strided views runs here only where the generated kernel is
+estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
+slightly ahead on large contiguous squares).  Other dtypes (bf16 included)
+run through torch, the reason in the report.  ``Lowering.gemm_choices`` keeps
+every decision with both estimates for the report.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
@@ -58,6 +69,8 @@ class GemmOperands:
     n: int
     k: int
     vars: tuple[str, str, str]  # C names of the batch, row and column index ("" for no batch)
+    pack_b: Callable | None = None  # (emitter, self, indent) -> C lines packing B instead of _pack_b (conv im2col)
+    runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
 
 
 @dataclass
@@ -599,10 +612,10 @@ def generate(k: Kernel) -> str:
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
              "  float* __restrict ct = cg + m0 * N;"]
     ind = "        "
-    dot = _dot_path(em, g, ind, block)
+    dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
         lines += dot
-    direct = _direct_b(em, g)
+    direct = _direct_b(em, g) if g.pack_b is None else None
     if direct:
         src, ldb = direct
         lines += [f"{ind}#if defined(__AVX512F__)",
@@ -611,7 +624,7 @@ def generate(k: Kernel) -> str:
                   f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
                   f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
                   f"{ind}#else"]
-    lines += _pack_b(em, g, ind)
+    lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
     lines += [f"{ind}const float* __restrict bsrc = bp;",
               f"{ind}const float* __restrict btail = nullptr;",
               f"{ind}const int64_t ldb = VTC_NR, bstep = kb;"]
@@ -634,7 +647,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
-    head = PRELUDE + RUNTIME
+    head = PRELUDE + RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
