@@ -440,57 +440,52 @@ static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int
     for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
 }
 
-// c[i * ldc + j] = (add ? c : 0) + sum_p a[i * kc + p] * w[j * ldw + p] for i < m, j < J: skinny GEMMs
-// against a row-major weight (B = W^T) read in place, two rows of a at a time
+// c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
+// against a row-major weight (B = W^T) read in place
+template <int R, int J>
+static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+                                float* __restrict c, int64_t ldc, bool add) {
+  const int64_t kf = kc / 16 * 16;
+  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
+  __m512 s[R][J];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) s[r][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kf; p += 16) {
+    __m512 x[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a + r * kc + p);
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
+    }
+  }
+  if (tail) {
+    __m512 x[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a + r * kc + kf);
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+}
+
+// rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
 template <int J>
 static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
                            float* __restrict c, int64_t ldc, bool add) {
-  const int64_t kf = kc / 16 * 16;
-  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
   int64_t i = 0;
-  for (; i + 2 <= m; i += 2) {
-    __m512 s0[J], s1[J];
-    #pragma GCC unroll 8
-    for (int j = 0; j < J; ++j) { s0[j] = _mm512_setzero_ps(); s1[j] = _mm512_setzero_ps(); }
-    const float* a0 = a + i * kc; const float* a1 = a0 + kc;
-    for (int64_t p = 0; p < kf; p += 16) {
-      const __m512 x0 = _mm512_loadu_ps(a0 + p), x1 = _mm512_loadu_ps(a1 + p);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) {
-        const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
-        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
-      }
-    }
-    if (tail) {
-      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf), x1 = _mm512_maskz_loadu_ps(tail, a1 + kf);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) {
-        const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
-        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
-      }
-    }
-    for (int j = 0; j < J; ++j) {
-      c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
-      c[(i + 1) * ldc + j] = (add ? c[(i + 1) * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s1[j]);
-    }
-  }
-  for (; i < m; ++i) {
-    __m512 s0[J];
-    #pragma GCC unroll 8
-    for (int j = 0; j < J; ++j) s0[j] = _mm512_setzero_ps();
-    const float* a0 = a + i * kc;
-    for (int64_t p = 0; p < kf; p += 16) {
-      const __m512 x0 = _mm512_loadu_ps(a0 + p);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w + j * ldw + p), s0[j]);
-    }
-    if (tail) {
-      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(tail, w + j * ldw + kf), s0[j]);
-    }
-    for (int j = 0; j < J; ++j) c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
-  }
+  for (; i + 4 <= m; i += 4) vtc_dot_rows<4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
+  if (m - i >= 2) { vtc_dot_rows<2, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add); i += 2; }
+  if (m - i >= 1) vtc_dot_rows<1, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
 }
 
 // columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
