@@ -6,6 +6,11 @@ This script runs every system once per round, round after round, so each sees th
 the minimum (the undisturbed time) next to the median::
 
     python -m bench.gemm_side_by_side [--workloads gemm] [--threads 2] [--rounds 15] [--out DIR]
+    python -m bench.gemm_side_by_side --threads 1 --clock cpu   # CPU time of the calling thread
+
+With ``--clock cpu`` (one thread only: every system then runs in the calling thread) the time is the
+thread's CPU time, which does not count the time the thread waited for a core: on a machine shared with
+other jobs it is the figure that stays put while wall times swing.
 
 Systems: eager (torch.matmul: MKL/oneDNN), onnxruntime (MLAS), vtc-all (gemm="auto"), vtc-gemm-vtc (every
 GEMM generated), vtc-gemm-torch (every GEMM through torch, non-strided operands copied first).
@@ -17,6 +22,7 @@ import json
 import os
 import socket
 import statistics
+import sys
 import tempfile
 import time
 from datetime import datetime
@@ -31,7 +37,10 @@ SYSTEMS = ("eager", "onnxruntime", "vtc-all", "vtc-gemm-vtc", "vtc-gemm-torch")
 MIN_ROUND_S = 0.02  # each system's calls per round last at least this long (small GEMMs repeat)
 
 
-def time_side_by_side(fns: dict, rounds: int) -> dict:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def time_side_by_side(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
     """{system: {"min_ms", "median_ms", "calls_per_round"}} from interleaved rounds."""
     reps = {}
     for name, fn in fns.items():
@@ -42,10 +51,10 @@ def time_side_by_side(fns: dict, rounds: int) -> dict:
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(reps[name]):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / reps[name] * 1e3)
+            samples[name].append((clock() - t0) / reps[name] * 1e3)
     return {n: {"min_ms": min(s), "median_ms": statistics.median(s), "calls_per_round": reps[n]}
             for n, s in samples.items()}
 
@@ -56,7 +65,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall time, or the calling thread's CPU time (with --threads 1 only)")
     args = p.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        p.error(f"--clock cpu measures the calling thread only: it needs --threads 1, not {args.threads}")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     results = []
@@ -71,7 +84,7 @@ def main(argv=None) -> int:
                 except SystemFailure as e:
                     failed[s] = e.reason
             with torch.no_grad():
-                times = time_side_by_side(fns, args.rounds)
+                times = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
             best_lib = min(times[s]["min_ms"] for s in ("eager", "onnxruntime") if s in times)
             row = {"workload": w.name, "desc": w.desc, "times": times, "failed": failed,
                    "vtc_all_vs_best_library": best_lib / times["vtc-all"]["min_ms"],
@@ -84,7 +97,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gemm-side-by-side-{socket.gethostname()}-{datetime.now():%Y-%m-%d-%H%M%S}.json"
-    data = {"command": "python -m bench.gemm_side_by_side " + " ".join(argv or []), "threads": args.threads,
+    data = {"command": "python -m bench.gemm_side_by_side " + " ".join(sys.argv[1:] if argv is None else argv), "threads": args.threads,
+            "clock": args.clock,
             "rounds": args.rounds, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "cpu_count": os.cpu_count(), "results": results}
     path.write_text(json.dumps(data, indent=1))

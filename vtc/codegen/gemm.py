@@ -7,26 +7,36 @@ virtual tensors, inlined pointwise producers) and a transpose, expand (GQA:
 query head h reads KV head h // group), cat, slice, pad or gather in front of
 a GEMM moves no data through main memory.
 
-The kernel (``kind="gemm"`` in the kernel IR) loops over output tiles
-(batch x MC rows x NC columns, OpenMP over tiles, no synchronisation); per
-tile and per KC-deep slice of the reduction it packs an MC x KC block of A
-into MR-row panels and a KC x NC block of B into NR-column panels, then a
-register-blocked micro-kernel (MR x NR accumulators in vector registers,
-FMA; AVX-512, AVX2 or scalar, chosen by the preprocessor) adds their product
-into the tile.  When the tile is done an epilogue applies what the store's
-scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")`` is the product).
+The kernel (``kind="gemm"`` in the kernel IR) runs the BLIS loops.  The
+output is cut into blocks (batch x NC-column chunk x MC-row block) and each
+thread takes a contiguous range of them, as many as the others (the larger of
+M and N is split into a multiple of the thread count; no synchronisation).
+Per chunk and KC-deep slice of the reduction a thread packs the KC x NC block
+of B into NR-column panels once, for all its row blocks; per row block it
+packs the MC x KC block of A into MR-row panels (row-major A by 16 x 16
+register transposes), then a register-blocked micro-kernel (MR x NR
+accumulators in vector registers, broadcast-FMA; AVX-512 12 x 32, AVX2 6 x 16
+or scalar 4 x 8, chosen by the preprocessor; partial tiles by masked columns
+and 8/4/2/1-row kernels) adds their product into the block, an A micro-panel
+held in L1 while the B panels stream from L2.  Skinny GEMMs (M <= 16) read B
+in place: dot products against a transposed weight (decode's x @ W^T), or B's
+rows as the micro-kernel's panels.  When a block is done an epilogue applies
+what the store's scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")``
+is the product).
 
 A pack loop reads a plain strided operand (an affine offset into one buffer)
 through a pointer with constant strides, in the loop order that walks the
 unit stride; any other mapping is emitted as its scalar expression.
 
-``choose`` is the policy and ``estimate_us`` its cost model: under
-``gemm="auto"`` a GEMM whose operands are all physical or zero-copy strided
-views runs through torch (MKL/oneDNN: faster than this kernel on large
-contiguous operands), and one with an operand torch would have to copy first
-runs here unless copy + torch's kernel is estimated cheaper (a large GEMM
-behind a small copy).  ``Lowering.gemm_choices`` keeps every decision with
-both estimates for the report.
+``choose`` is the policy and ``estimate_us`` its cost model (rates measured
+on this CPU): under ``gemm="auto"`` a GEMM with an operand torch would have to
+copy first runs here unless copy + torch's kernel is estimated cheaper (a
+large GEMM behind a small copy); one whose operands are all physical or
+zero-copy strided views runs here only where the generated kernel is
+estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
+slightly ahead on large contiguous squares).  Other dtypes (bf16 included)
+run through torch, the reason in the report.  ``Lowering.gemm_choices`` keeps
+every decision with both estimates for the report.
 """
 from __future__ import annotations
 
@@ -81,28 +91,51 @@ class GemmChoice:
 
 
 # -- cost model ---------------------------------------------------------------
-# Rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on, from bench/gemm_side_by_side.py
-# (1 thread: the generated kernel ~115 GFLOPS, MKL ~150 on large square GEMMs; a copy kernel ~5 GB/s of
-# read + write); only their ratios and the launch cost decide a choice.
-VTC_GFLOPS = 220.0
+# Rates on 2 threads of the Sapphire Rapids-class CPU this was tuned on (AVX-512, 2 MB L2 per core), from
+# single-thread CPU times (python -m bench.gemm_side_by_side --threads 1 --clock cpu, and direct kernel
+# calls: the machine is shared, so CPU time is the figure that does not move with the load): large
+# contiguous squares run at ~139 GFLOPS per thread here, MKL at ~144.  A skinny GEMM (M <= 16) costs
+# reading B plus its flops at a lower rate: 4096 x 4096 weights, 1 / 4 / 16 rows, took 3.65 / 4.5 / 8.0 ms
+# on the dot-product path (B = W^T) against torch's 3.8 / 7.9 / 11.7 ms (ONNX Runtime 4.5 / 5.8 / 9.2):
+# ~20 GB/s of B for both, then ~116 vs ~64 GFLOPS; B read in place row by row (unit stride along n) ~6 GB/s
+# and ~21 GFLOPS.  A copy kernel moves ~5 GB/s of read + write per thread.  Only ratios and the launch
+# cost decide a choice.
+VTC_GFLOPS = 280.0
 TORCH_GFLOPS = 290.0
+SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  # (GB/s of B, GFLOPS), M <= 16
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
+TILE = (12, 32)  # the AVX-512 micro-kernel's MR x NR: a partial tile costs a full one
+# on physical / strided operands the generated kernel must be estimated this much cheaper than torch's
+# (estimates closer than that are within their error: the library keeps those)
+MIN_SAVING = (10.0, 0.05)  # microseconds, and fraction of torch's estimate
 
 
-def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0
-                ) -> tuple[float, float]:
+def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
+                b_unit_stride: str = "n") -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
     read and written); the generated kernel pays for packing `mapped_elems` elements through mappings
-    that are not plain strided loads.
+    that are not plain strided loads, and for partial MR x NR tiles.  A skinny GEMM (m <= SKINNY_M) pays
+    for reading B and its flops at the skinny rates: `b_unit_stride` "k" (B = W^T: the dot-product path)
+    or "n" says which.
     """
     flops = 2.0 * batch * m * n * k
-    vtc = flops / (VTC_GFLOPS * 1e3) + mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
-    torch_ = flops / (TORCH_GFLOPS * 1e3) + sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
-    return vtc, torch_
+    b_bytes = 4.0 * batch * k * n
+    if m <= SKINNY_M:
+        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
+        vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
+        lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
+    else:
+        mr, nr = TILE
+        used = m / (-(-m // mr) * mr) * n / (-(-n // nr) * nr)
+        vtc = flops / (VTC_GFLOPS * 1e3 * used)
+        lib = flops / (TORCH_GFLOPS * 1e3)
+    vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
+    lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
+    return vtc, lib
 
 
 def needs_copy(low, v) -> bool:
@@ -125,10 +158,11 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
     copy_bytes = sum(v.nbytes for v in copies)
     # elements packed through a choice of pieces (cat, pad: a test per element; a single-piece mapping is
-    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per MC rows
-    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 512)), (b, -(-m // 128)))
+    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per thread
+    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
                  if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
-    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped)
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped,
+                                   b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
@@ -147,7 +181,28 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"the generated kernel packs it through its mapping (estimated cheaper)")
         return pick("torch", f"{names} is not a strided view, but copying {copy_bytes} bytes and running "
                              f"torch's faster library kernel is estimated cheaper")
-    return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel")
+    if torch_us - vtc_us >= max(MIN_SAVING[0], MIN_SAVING[1] * torch_us):
+        return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
+                           "estimated faster than torch's library kernel here")
+    return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
+                         "(not estimated slower than the generated one by a clear margin)")
+
+
+def _unit_stride(low, b: Value) -> str:
+    """"k" when GEMM operand B ([.., K, N]) has unit stride along k (B = W^T, a transposed view), else "n"."""
+    if not low.plan.is_virtual(b.name):
+        return "n"
+    r = low.plan.realized.get(b.name)
+    if r is not None and r.strided is not None:
+        return "k" if r.strided.strides[-2] == 1 else "n"
+    mp = low.plan.mappings[b.name]
+    if len(mp.pieces) != 1 or mp.pieces[0].source is None:
+        return "n"
+    piece = mp.pieces[0]
+    lin = linear_offset(piece.index, mp.sources[piece.source])
+    _, terms = _terms(lin)
+    kvar = f"i{len(b.shape) - 2}"
+    return "k" if any(atom.op == "var" and atom.args[0] == kvar and c == 1 for atom, c in terms.items()) else "n"
 
 
 def _numel(shape) -> int:
@@ -221,16 +276,17 @@ def gemm_kernel(low, n: Node) -> Kernel:
 
 
 # -- C++ ----------------------------------------------------------------------
-MAX_MR = 8  # the largest VTC_MR below
-
 RUNTIME = r"""
 #ifndef VTC_GEMM_RUNTIME
 #define VTC_GEMM_RUNTIME
 #include <cstdlib>
 #include <cstring>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
-#define VTC_MR 8
+#define VTC_MR 12
 #define VTC_NR 32
 #elif defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -240,20 +296,29 @@ RUNTIME = r"""
 #define VTC_MR 4
 #define VTC_NR 8
 #endif
+// blocking: an A block (MC x KC) and a B block (KC x NC) together fit in a 2 MB L2, a B micro-panel
+// (KC x NR) in L1 while the A micro-panels stream past it
 #define VTC_KC 256
-#define VTC_MC (VTC_MR * 16)
-#define VTC_NC (VTC_NR * 16)
+#define VTC_MC (VTC_MR * 12)
+#define VTC_NC 1024
 
-// c[R x NR] = (add ? c : 0) + a[kc x MR (R used)] * b[kc x NR]; a and b are packed panels
+// c[R x cols] = (add ? c : 0) + a[kc x MR (R used)] * b[kc x NR (cols used)]: a is a packed panel, b either a
+// packed panel (ldb = NR) or B itself (ldb = its row stride); every b row is read in full (NR floats)
 template <int R>
-static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* __restrict b,
-                           float* __restrict c, int64_t ldc, bool add) {
+static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
+                           float* __restrict c, int64_t ldc, bool add, int64_t cols) {
 #if defined(__AVX512F__)
+  const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
+  const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
   __m512 c0[R], c1[R];
   #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
+    c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
+  }
+  #pragma GCC unroll 2
   for (int64_t p = 0; p < kc; ++p) {
-    const __m512 b0 = _mm512_load_ps(b + p * 32), b1 = _mm512_load_ps(b + p * 32 + 16);
+    const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 av = _mm512_set1_ps(a[p * VTC_MR + r]);
@@ -264,16 +329,21 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     float* cr = c + r * ldc;
-    if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_loadu_ps(cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_loadu_ps(cr + 16)); }
-    _mm512_storeu_ps(cr, c0[r]);
-    _mm512_storeu_ps(cr + 16, c1[r]);
+    if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(k0, cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(k1, cr + 16)); }
+    _mm512_mask_storeu_ps(cr, k0, c0[r]);
+    _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
   }
-#elif defined(__AVX2__) && defined(__FMA__)
+#else
+  alignas(64) float tmp[R * VTC_NR];
+  const bool full = cols == VTC_NR;
+  float* dst = full ? c : tmp;
+  const int64_t ld = full ? ldc : VTC_NR;
+#if defined(__AVX2__) && defined(__FMA__)
   __m256 c0[R], c1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) { c0[r] = _mm256_setzero_ps(); c1[r] = _mm256_setzero_ps(); }
   for (int64_t p = 0; p < kc; ++p) {
-    const __m256 b0 = _mm256_load_ps(b + p * 16), b1 = _mm256_load_ps(b + p * 16 + 8);
+    const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_broadcast_ss(a + p * VTC_MR + r);
@@ -283,8 +353,8 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   }
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    float* cr = c + r * ldc;
-    if (add) { c0[r] = _mm256_add_ps(c0[r], _mm256_loadu_ps(cr)); c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(cr + 8)); }
+    float* cr = dst + r * ld;
+    if (full && add) { c0[r] = _mm256_add_ps(c0[r], _mm256_loadu_ps(cr)); c1[r] = _mm256_add_ps(c1[r], _mm256_loadu_ps(cr + 8)); }
     _mm256_storeu_ps(cr, c0[r]);
     _mm256_storeu_ps(cr + 8, c1[r]);
   }
@@ -292,33 +362,45 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   float acc[R][VTC_NR] = {};
   for (int64_t p = 0; p < kc; ++p)
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < VTC_NR; ++j) acc[r][j] += a[p * VTC_MR + r] * b[p * VTC_NR + j];
+      for (int j = 0; j < VTC_NR; ++j) acc[r][j] += a[p * VTC_MR + r] * b[p * ldb + j];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < VTC_NR; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + acc[r][j];
+    for (int j = 0; j < VTC_NR; ++j) dst[r * ld + j] = (full && add ? dst[r * ld + j] : 0.0f) + acc[r][j];
+#endif
+  if (!full)
+    for (int r = 0; r < R; ++r)
+      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + tmp[r * VTC_NR + j];
 #endif
 }
 
-// the micro-kernel for `rows` <= VTC_MR rows and `cols` <= VTC_NR columns (edge columns through a buffer)
-__attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
-                                float* c, int64_t ldc, bool add) {
-  alignas(64) float tmp[VTC_MR * VTC_NR];
-  const bool full = cols == VTC_NR;
-  float* dst = full ? c : tmp;
-  const int64_t ld = full ? ldc : VTC_NR;
-  const bool add_here = full && add;
-  switch (rows) {
-__CASES__
+// b[p * VTC_NR + j] = src[p * lds + j] for j < cols, 0 for cols <= j < VTC_NR: the last, narrower column panel
+// of a B read in place (the micro-kernel reads NR columns)
+static inline const float* vtc_pad_cols(const float* __restrict src, int64_t lds, int64_t kb, int64_t cols,
+                                        float* __restrict b) {
+  for (int64_t p = 0; p < kb; ++p) {
+    for (int64_t j = 0; j < cols; ++j) b[p * VTC_NR + j] = src[p * lds + j];
+    for (int64_t j = cols; j < VTC_NR; ++j) b[p * VTC_NR + j] = 0.0f;
   }
-  if (!full)
-    for (int r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cols; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + tmp[r * VTC_NR + j];
+  return b;
+}
+
+// the micro-kernel for `rows` <= VTC_MR rows and `cols` <= VTC_NR columns: fewer rows than MR as a sum of
+// 8, 4, 2 and 1-row kernels (the panel's row stride is MR in all), so only five sizes are instantiated
+__attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
+                                                   int64_t ldb, float* c, int64_t ldc, bool add) {
+  if (rows == VTC_MR) { vtc_ukr<VTC_MR>(kc, a, b, ldb, c, ldc, add, cols); return; }
+  int r0 = 0;
+#if VTC_MR > 8
+  if (rows - r0 >= 8) { vtc_ukr<8>(kc, a + r0, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 8; }
+#endif
+  if (rows - r0 >= 4) { vtc_ukr<4>(kc, a + r0, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 4; }
+  if (rows - r0 >= 2) { vtc_ukr<2>(kc, a + r0, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 2; }
+  if (rows - r0 >= 1) vtc_ukr<1>(kc, a + r0, b, ldb, c + r0 * ldc, ldc, add, cols);
 }
 
 #if defined(__AVX512F__)
-// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
-static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+// transposes the 16 x 16 block r[i][j] -> r[j][i] in registers
+static inline void vtc_transpose16_regs(__m512* r) {
+  __m512 t[16];
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -338,60 +420,78 @@ static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, in
     r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
     r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
   }
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 
-// c[i * ldc + j] = (add ? c : 0) + sum_p a[i * kc + p] * w[j * ldw + p] for i < m, j < J: skinny GEMMs
-// against a row-major weight (B = W^T) read in place, two rows of a at a time
+// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
+static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  vtc_transpose16_regs(r);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+// dst[p * VTC_MR + r] = src[r * lds + p] for r < rows <= VTC_MR, p < kb: an A panel from row-major rows,
+// 16 x 16 blocks transposed in registers
+static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int rows, int64_t kb, float* __restrict dst) {
+  int64_t p0 = 0;
+  const __mmask16 keep = (__mmask16)((1u << VTC_MR) - 1u);
+  for (; p0 + 16 <= kb; p0 += 16) {
+    __m512 r[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * lds + p0) : _mm512_setzero_ps();
+    vtc_transpose16_regs(r);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + (p0 + i) * VTC_MR, keep, r[i]);
+  }
+  for (; p0 < kb; ++p0)
+    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
+}
+
+// c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
+// against a row-major weight (B = W^T) read in place
+template <int R, int J>
+static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+                                float* __restrict c, int64_t ldc, bool add) {
+  const int64_t kf = kc / 16 * 16;
+  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
+  __m512 s[R][J];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) s[r][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kf; p += 16) {
+    __m512 x[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a + r * kc + p);
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
+    }
+  }
+  if (tail) {
+    __m512 x[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a + r * kc + kf);
+    #pragma GCC unroll 4
+    for (int j = 0; j < J; ++j) {
+      const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+}
+
+// rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
 template <int J>
 static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
                            float* __restrict c, int64_t ldc, bool add) {
-  const int64_t kf = kc / 16 * 16;
-  const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
   int64_t i = 0;
-  for (; i + 2 <= m; i += 2) {
-    __m512 s0[J], s1[J];
-    #pragma GCC unroll 8
-    for (int j = 0; j < J; ++j) { s0[j] = _mm512_setzero_ps(); s1[j] = _mm512_setzero_ps(); }
-    const float* a0 = a + i * kc; const float* a1 = a0 + kc;
-    for (int64_t p = 0; p < kf; p += 16) {
-      const __m512 x0 = _mm512_loadu_ps(a0 + p), x1 = _mm512_loadu_ps(a1 + p);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) {
-        const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
-        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
-      }
-    }
-    if (tail) {
-      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf), x1 = _mm512_maskz_loadu_ps(tail, a1 + kf);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) {
-        const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
-        s0[j] = _mm512_fmadd_ps(x0, wv, s0[j]); s1[j] = _mm512_fmadd_ps(x1, wv, s1[j]);
-      }
-    }
-    for (int j = 0; j < J; ++j) {
-      c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
-      c[(i + 1) * ldc + j] = (add ? c[(i + 1) * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s1[j]);
-    }
-  }
-  for (; i < m; ++i) {
-    __m512 s0[J];
-    #pragma GCC unroll 8
-    for (int j = 0; j < J; ++j) s0[j] = _mm512_setzero_ps();
-    const float* a0 = a + i * kc;
-    for (int64_t p = 0; p < kf; p += 16) {
-      const __m512 x0 = _mm512_loadu_ps(a0 + p);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_loadu_ps(w + j * ldw + p), s0[j]);
-    }
-    if (tail) {
-      const __m512 x0 = _mm512_maskz_loadu_ps(tail, a0 + kf);
-      #pragma GCC unroll 8
-      for (int j = 0; j < J; ++j) s0[j] = _mm512_fmadd_ps(x0, _mm512_maskz_loadu_ps(tail, w + j * ldw + kf), s0[j]);
-    }
-    for (int j = 0; j < J; ++j) c[i * ldc + j] = (add ? c[i * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s0[j]);
-  }
+  for (; i + 4 <= m; i += 4) vtc_dot_rows<4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
+  if (m - i >= 2) { vtc_dot_rows<2, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add); i += 2; }
+  if (m - i >= 1) vtc_dot_rows<1, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
 }
 
 // columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
@@ -420,11 +520,8 @@ static inline float* vtc_gemm_scratch(int which, int64_t n) {
 }
 #endif
 """
-_CASES = "\n".join(f"    case {r}: if ({r} <= VTC_MR) vtc_ukr<{r}>(kc, a, b, dst, ld, add_here); break;"
-                   for r in range(1, MAX_MR + 1))
-RUNTIME = RUNTIME.replace("__CASES__", _CASES)
 
-PARALLEL_MIN_FLOPS = 1 << 18
+PARALLEL_MIN_FLOPS = 1 << 22  # about 30 us on one thread: below it, forking costs more than it saves
 SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
 
 
@@ -454,7 +551,14 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
 
 
 def generate(k: Kernel) -> str:
-    """The C++ source of gemm kernel k (with both preludes)."""
+    """The C++ source of gemm kernel k (with both preludes).
+
+    Each thread takes a contiguous range of output blocks (batch x N chunk x M block, M innermost) and
+    runs the BLIS loops over it: per N chunk and KC slice of the reduction it packs the B block once and
+    reuses it for all its M blocks, packing each MC x KC block of A; the micro-kernel runs over the
+    MR x NR tiles of the block.  Blocks are made a multiple of the thread count by splitting the larger
+    of M and N, so both threads get the same work.
+    """
     from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_order, ctype
 
     g: GemmOperands = k.gemm
@@ -470,51 +574,85 @@ def generate(k: Kernel) -> str:
     M, N, KK, B = g.m, g.n, g.k, g.batch
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK
+    bt = bv or "bt"
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
+        f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
-        "  auto tiles = [&]() { return BATCH * ((M + mc - 1) / mc) * ((N + nc - 1) / nc); };",
-        "  while (tiles() < 2 * nthreads && nc > VTC_NR && nc >= N) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
-        "  while (tiles() < 2 * nthreads && nc > VTC_NR) nc = (nc / 2 + VTC_NR - 1) / VTC_NR * VTC_NR;",
-        "  while (tiles() < 2 * nthreads && mc > VTC_MR) mc = (mc / 2 + VTC_MR - 1) / VTC_MR * VTC_MR;",
-        "  const int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc, ntiles = BATCH * tm * tn;",
-        f"  #pragma omp parallel num_threads(nthreads) if(ntiles > 1 && {flops}LL >= {PARALLEL_MIN_FLOPS})",
+        "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
+        "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
+        "  if ((BATCH * tm * tn) % nt) {  // equal work per thread: split the larger of M and N into a multiple of nt",
+        "    if (M >= N && M >= 2 * nt * VTC_MR) {",
+        "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
+        "    } else {",
+        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;",
+        "    }",
+        "  }",
+        "  const int64_t units = BATCH * tn * tm;",
+        "  #pragma omp parallel num_threads(nt) if(nt > 1)",
         "  {",
+        "#if defined(_OPENMP)",
+        "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();",
+        "#else",
+        "    const int64_t tid = 0, nth = 1;",
+        "#endif",
         "    float* __restrict ap = vtc_gemm_scratch(0, mc * kc);",
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
-        "    #pragma omp for schedule(static)",
-        "    for (int64_t t = 0; t < ntiles; ++t) {",
-        f"      const int64_t {bv or 'bt'} = t / (tm * tn);",
-        "      const int64_t m0 = ((t / tn) % tm) * mc, n0 = (t % tn) * nc;",
-        "      const int64_t mb = std::min<int64_t>(mc, M - m0), nb = std::min<int64_t>(nc, N - n0);",
-        f"      float* __restrict ct = {c} + {bv or 'bt'} * M * N + m0 * N + n0;",
-    ]
-    if KK == 0:  # pragma: no cover - _unsupported sends empty operands to torch
-        lines.append("      for (int64_t ii = 0; ii < mb; ++ii) std::memset(ct + ii * N, 0, nb * sizeof(float));")
-    lines += [
+        "    const int64_t u1 = units * (tid + 1) / nth;",
+        "    for (int64_t u = units * tid / nth; u < u1;) {",
+        "      const int64_t grp = u / tm, mlo = u % tm, mhi = std::min<int64_t>(tm, mlo + (u1 - u));",
+        "      u += mhi - mlo;",
+        f"      const int64_t {bt} = grp / tn;",
+        "      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);",
+        f"      float* __restrict cg = {c} + {bt} * M * N + n0;",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
-    dot = _dot_path(em, g, "        ")
+    block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
+             "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
+             "  float* __restrict ct = cg + m0 * N;"]
+    ind = "        "
+    dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
         lines += dot
-    lines += _pack_a(em, g, "        ")
-    lines += (g.pack_b or _pack_b)(em, g, "        ")
+    direct = _direct_b(em, g) if g.pack_b is None else None
+    if direct:
+        src, ldb = direct
+        lines += [f"{ind}#if defined(__AVX512F__)",
+                  f"{ind}const float* __restrict bsrc = {src};",
+                  f"{ind}const int64_t ldb = {ldb}, bstep = 1;  // B read in place: its rows are the panel rows",
+                  f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
+                  f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
+                  f"{ind}#else"]
+    lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
+    lines += [f"{ind}const float* __restrict bsrc = bp;",
+              f"{ind}const float* __restrict btail = nullptr;",
+              f"{ind}const int64_t ldb = VTC_NR, bstep = kb;"]
+    if direct:
+        lines.append(f"{ind}#endif")
+    lines += [ind + x for x in block]
+    lines += _pack_a(em, g, ind + "  ")
     lines += [
-        "        for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
-        "          for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
-        "            vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), std::min<int64_t>(VTC_NR, nb - jr), kb,",
-        "                         ap + ir * kb, bp + jr * kb, ct + ir * N + jr, N, k0 > 0);",
+        f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
+        f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+        f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
+        f"{ind}      const bool tail = btail && cols < VTC_NR;",
+        f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
+        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * N + jr, N, k0 > 0);",
+        f"{ind}    }}",
+        f"{ind}}}",
         "      }",
     ]
-    lines += _epilogue(em, k, "      ")
+    epi = _epilogue(em, k, "        ")
+    if epi:
+        lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
     head = PRELUDE + RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
-def _dot_path(em, g: GemmOperands, ind: str) -> list[str]:
+def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     """For M <= SKINNY_M on AVX-512 and B = a row-major weight transposed (unit stride along k): A packed
     into rows, dot products against the weight read in place (no B panel); else nothing."""
     if g.m > SKINNY_M:
@@ -527,10 +665,27 @@ def _dot_path(em, g: GemmOperands, ind: str) -> list[str]:
     sn = co.get(nv, 0)
     src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0"
     return [f"{ind}#if defined(__AVX512F__)",
-            *_pack_a(em, g, ind, rows=True),
-            f"{ind}vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            *[ind + x for x in block],
+            *_pack_a(em, g, ind + "  ", rows=True),
+            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            f"{ind}}}",
             f"{ind}continue;",
             f"{ind}#endif"]
+
+
+def _direct_b(em, g: GemmOperands) -> tuple[str, str] | None:
+    """(pointer to B's block, its row stride) where the micro-kernel reads B in place: M <= SKINNY_M (each
+    B element is used by at most two A panels, so packing it would cost as much as the product) and B a
+    plain strided operand with unit stride along n; else None."""
+    if g.m > SKINNY_M:
+        return None
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    if st is None or not st[3].is_const or st[2].get(nv, 0) != 1:
+        return None
+    buf, off, co, _ = st
+    sk = co.get("r", 0)
+    return f"{em.ptr[buf]} + {off} + n0 + k0 * {sk}", str(sk)
 
 
 def _loop_var(name: str, start: str, ind: str) -> list[str]:
@@ -557,10 +712,27 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
         sm, sk = co.get(mv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + m0 * {sm} + k0 * {sk}"
         head = [f"{ind}{{ const float* __restrict src = {src};"]
-        if abs(sm) == 1 and abs(sk) != 1:
+        if not rows and sm == 1 and abs(sk) != 1:  # transposed A: MR contiguous elements per panel row
+            body = [f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{",
+                    f"{ind}    const int64_t rows = std::min<int64_t>(VTC_MR, mb - ir);",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp)",
+                    f"{ind}      for (int64_t i = 0; i < rows; ++i) ap[ir * kb + pp * VTC_MR + i] = src[ir + i + pp * {sk}];",
+                    f"{ind}  }}"]
+        elif abs(sm) == 1 and abs(sk) != 1:
             body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
                     f"{ind}    for (int64_t ii = 0; ii < mb; ++ii)",
                     f"{ind}      ap[{base} + pp * {step}] = src[ii * {sm} + pp * {sk}];"]
+        elif not rows and sk == 1:  # row-major A: 16 x 16 blocks transposed in registers
+            body = [f"{ind}#if defined(__AVX512F__)",
+                    f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
+                    f"{ind}    vtc_pack_a_rows(src + ir * {sm}, {sm}, (int)std::min<int64_t>(VTC_MR, mb - ir), kb, ap + ir * kb);",
+                    f"{ind}#else",
+                    f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
+                    f"{ind}    float* __restrict dst = ap + {base};",
+                    f"{ind}    const float* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp];",
+                    f"{ind}  }}",
+                    f"{ind}#endif"]
         else:
             body = [f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
                     f"{ind}    float* __restrict dst = ap + {base};",
