@@ -74,3 +74,27 @@ def test_machine_file_is_shared_and_figures_are_medians(tmp_path, monkeypatch):
         assert not list(tmp_path.glob("cache*/**/machine.json"))
     finally:
         cost.machine.cache_clear()
+
+
+@pytest.mark.parametrize("options", [dict(plan="greedy", objective="memory"),
+                                     dict(plan="measured", measure_budget_s=2.0)])
+def test_memory_and_measured_planners_schedule_with_the_compile_gemm_option(options, monkeypatch):
+    """The executors objective="memory" and plan="measured" build to price or time a plan use the same
+    `gemm` option as the compiled graph (a GEMM through torch needs its operand, a generated one does not)."""
+    import vtc
+    from vtc.runtime import executor
+
+    seen: list[str] = []
+    init = executor.Executor.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("gemm", "auto"))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(executor.Executor, "__init__", spy)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(6, 17, 8, generator=g), torch.randn(6, 8, 3, generator=g)
+    fn = lambda x, w: (torch.cat([x, x + 1], 1) * 2).softmax(-1).bmm(w)  # noqa: E731 - a cat: uncertain, timed
+    c = vtc.compile(fn, (x, w), gemm="torch", **options)
+    torch.testing.assert_close(c(x, w), fn(x, w), rtol=1e-4, atol=1e-4)
+    assert len(seen) > 1 and set(seen) == {"torch"}
