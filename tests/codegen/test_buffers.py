@@ -33,7 +33,7 @@ def test_dropped_output_storage_is_reused_and_held_ones_are_not():
     gc.collect()
     again = compiled(x, y)
     assert again.data_ptr() == ptr and again._base is None and again.is_contiguous()
-    pooled = [st.data_ptr() for sts in executor(compiled).pool._free.values() for st in sts]
+    pooled = [st.data_ptr() for st in executor(compiled).pool._kept]
     assert pooled == [ptr]  # the one storage, kept by the pool between the calls
     # held by the caller (as the tensor, a view, a numpy array): the next call writes elsewhere
     x2, y2 = _inputs(71)
@@ -55,9 +55,20 @@ def test_dropped_output_storage_is_reused_and_held_ones_are_not():
 def test_small_outputs_are_plain_allocations():
     pool = buffers.BufferPool()
     a = pool.empty(torch.Size([3, 17]), torch.float32)
-    assert a.shape == (3, 17) and pool._free == {}
+    assert a.shape == (3, 17) and pool._kept == []
     big = pool.empty(torch.Size([N, 1021]), torch.float32)
-    assert big.shape == (N, 1021) and big.stride() == (1021, 1) and len(pool._free) == 1
+    assert big.shape == (N, 1021) and big.stride() == (1021, 1) and len(pool._kept) == 1
+
+
+def test_pool_stays_bounded_over_many_sizes():
+    """A new size replaces the oldest free storage; held ones stay; never more than MAX_KEPT."""
+    pool = buffers.BufferPool()
+    held = pool.empty(torch.Size([N, 1021]), torch.float32)
+    for k in range(1, 3 * buffers.MAX_KEPT):
+        t = pool.empty(torch.Size([N + k, 1021]), torch.float32)
+        del t
+        assert len(pool._kept) <= buffers.MAX_KEPT
+    assert held.untyped_storage().data_ptr() in [st.data_ptr() for st in pool._kept]
 
 
 def test_pool_never_hands_one_storage_to_two_threads():

@@ -15,8 +15,8 @@ DLPack capsule made from it is alive (they all hold the storage, which
 call is reused by a later kernel of the same call, and a graph output the
 caller has dropped is reused by the next call; one the caller still holds is
 never touched.  Storages are matched by exact byte size; at most
-``PER_SIZE`` are kept per size, so the pool holds at most a few buffers
-beyond the graph's own peak.  A lock makes acquiring atomic, so several
+``MAX_KEPT`` are kept (a new size replaces the oldest free one), so the pool
+holds a bounded number of buffers however many sizes a graph sees.  A lock makes acquiring atomic, so several
 threads may share one pool.  Where the use count is not available (another
 torch), every buffer is a plain ``torch.empty``.
 """
@@ -27,7 +27,7 @@ import threading
 import torch
 
 MIN_BYTES = 4 << 20  # smaller buffers come from malloc's heap, already mapped after the first call
-PER_SIZE = 4  # storages kept per byte size (outputs held by the caller across calls, intermediates of one call)
+MAX_KEPT = 16  # storages kept in all (outputs held by the caller across calls, intermediates of one call)
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -36,23 +36,25 @@ class BufferPool:
     """Large contiguous buffers handed out again once nothing outside the pool refers to them."""
 
     def __init__(self) -> None:
-        self._free: dict[int, list[torch.UntypedStorage]] = {}
+        self._kept: list[torch.UntypedStorage] = []  # oldest first
         self._lock = threading.Lock()
 
     def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of `shape` and `dtype` with unspecified contents (like torch.empty)."""
-        numel = shape.numel()
-        nbytes = numel * dtype.itemsize
+        nbytes = shape.numel() * dtype.itemsize
         if nbytes < MIN_BYTES or _use_count is None:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
-            kept = self._free.setdefault(nbytes, [])
-            for st in kept:
-                if _use_count(st._cdata) == 1:  # only the pool holds it
+            for st in self._kept:
+                if st.nbytes() == nbytes and _use_count(st._cdata) == 1:  # only the pool holds it
                     return _on(st, shape, dtype)
             out = torch.empty(shape, dtype=dtype)
-            if len(kept) < PER_SIZE:
-                kept.append(out.untyped_storage())
+            if len(self._kept) >= MAX_KEPT:  # full: make room by dropping the oldest free storage, if any
+                old = next((st for st in self._kept if _use_count(st._cdata) == 1), None)
+                if old is None:
+                    return out
+                self._kept.remove(old)
+            self._kept.append(out.untyped_storage())
             return out
 
 
