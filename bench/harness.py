@@ -452,7 +452,15 @@ def run_suite(workloads: str | None = None, systems: str | None = None, quick: b
         "default_workloads": [w.name for w in W.select(None, quick)], "workloads": [],
     }
     prev_threads, prev_cache = torch.get_num_threads(), os.environ.get("VTC_CACHE_DIR")
+    prev_machine = os.environ.get("VTC_MACHINE_FILE")
     torch.set_num_threads(st.threads)
+    if data["vtc_variants"]:  # one set of machine figures for every workload's plans (and the probes)
+        from dataclasses import asdict
+
+        from vtc.plan.cost import machine, machine_file
+
+        os.environ["VTC_MACHINE_FILE"] = str(machine_file())  # the user's, before each workload's cache dir
+        data["vtc_machine"] = asdict(machine())
     workdir = Path(tempfile.mkdtemp(prefix="vtc-bench-"))
     t0 = time.perf_counter()
     log(f"vtc bench: {len(selected)} workloads x {len(names)} systems, {st.threads} threads, {st.runs} runs"
@@ -475,10 +483,11 @@ def run_suite(workloads: str | None = None, systems: str | None = None, quick: b
                 log(_progress_line(i, len(selected), entry))
     finally:
         torch.set_num_threads(prev_threads)
-        if prev_cache is None:
-            os.environ.pop("VTC_CACHE_DIR", None)
-        else:
-            os.environ["VTC_CACHE_DIR"] = prev_cache
+        for key, prev in (("VTC_CACHE_DIR", prev_cache), ("VTC_MACHINE_FILE", prev_machine)):
+            if prev is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = prev
         shutil.rmtree(workdir, ignore_errors=True)
     data["wall_s"] = time.perf_counter() - t0
     data["load_avg_end"] = list(os.getloadavg())

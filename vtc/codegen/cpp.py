@@ -33,6 +33,7 @@ from vtc.codegen import depthwise
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
 from vtc.codegen.ops import C_TYPES
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
+from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.index.expr import Expr
 from vtc.index.mapping import linear_offset
 
@@ -513,6 +514,7 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     order = _row_order(k, em)
     lines += _decompose([names[d] for d in order], tuple(k.domain[d] for d in order), "o", "    ")
     lines += em.hoist_index_loads(k, "r", "    ")
+    lines += gathered_row_prefetch(k, em, names, order, rows, "    ")  # rows picked by an index tensor
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
     for phase in k.phases:
         for red in phase:

@@ -3,8 +3,9 @@
 Three layers, from facts to policy:
 
 - ``Machine``: figures of this machine (copy bandwidth and GEMM rate measured
-  once by timing a large torch copy and a torch.mm, cache line, vector width
-  from torch's CPU capability, threads), cached in the vtc cache directory;
+  once, each the median of several timed torch copies / torch.mm, cache line,
+  vector width from torch's CPU capability, threads), cached in the vtc cache
+  directory or ``$VTC_MACHINE_FILE``;
   ``VTC_NO_MEASURE=1`` gives the fixed ``FALLBACK`` instead (tests set it).
 - ``access(mapping)``: how a reader walks a tensor through a mapping (the
   contiguity class, the contiguous chunk, cache lines touched per element, the
@@ -30,14 +31,16 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
 from vtc.index.expr import walk
-from vtc.index.mapping import Mapping, Strided, compose, contiguous_strides
+from vtc.index.mapping import Mapping, Piece, Strided, compose, contiguous_strides, out_vars
 from vtc.ir.graph import Node, Value
 from vtc.plan.virtualize import is_dense, needs_dense
 from vtc.plan.vtog import PUSH, VTOG, Choice, category
@@ -61,10 +64,11 @@ class Machine:
 
 FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False,
                    gemm_gflops=20.0)
-MACHINE_VERSION = 2  # bump when Machine gains a figure: older cached files are measured again
+MACHINE_VERSION = 3  # bump when Machine gains a figure: older cached files are measured again
 _VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
                  "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
 MEASURE_BYTES = 64 << 20
+MEASURE_RUNS = 7  # timed calls per figure; the figure is their median
 
 
 @lru_cache(maxsize=1)
@@ -77,9 +81,7 @@ def machine() -> Machine:
            "version": MACHINE_VERSION}
     path = None
     try:
-        from vtc.runtime.cbuild import cache_dir
-
-        path = cache_dir() / "machine.json"
+        path = machine_file()
         data = json.loads(path.read_text())
         if data.get("key") == key:
             return Machine(**data["machine"])
@@ -89,6 +91,7 @@ def machine() -> Machine:
                 threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm())
     if path is not None:
         try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps({"key": key, "machine": asdict(m)}))
             os.replace(tmp, path)
@@ -97,29 +100,41 @@ def machine() -> Machine:
     return m
 
 
+def machine_file() -> Path:
+    """Where the measured figures are kept: $VTC_MACHINE_FILE, else machine.json in the kernel cache dir.
+
+    Several cache dirs on one machine (the benchmark gives each workload its own) can share one file,
+    so every plan of a run is made with the same figures."""
+    if os.environ.get("VTC_MACHINE_FILE"):
+        return Path(os.environ["VTC_MACHINE_FILE"])
+    from vtc.runtime.cbuild import cache_dir
+
+    return cache_dir() / "machine.json"
+
+
+def _steady(fn, runs: int = MEASURE_RUNS) -> float:
+    """Median seconds of `runs` calls of fn after one warm-up call: one call slowed down (or sped up)
+    by whatever else the machine runs does not move the figure."""
+    fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def _measure_bandwidth() -> float:
-    """(read + written) GB/s of the best of a few copies of MEASURE_BYTES with torch."""
+    """(read + written) GB/s of a copy of MEASURE_BYTES with torch (median of MEASURE_RUNS)."""
     n = MEASURE_BYTES // 4
     src, dst = torch.ones(n), torch.empty(n)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n * 4 / best / 1e9
+    return 2 * n * 4 / _steady(lambda: dst.copy_(src)) / 1e9
 
 
 def _measure_gemm(n: int = 384) -> float:
-    """GFLOP/s of the best of a few float32 torch.mm of n x n by n x n."""
+    """GFLOP/s of a float32 torch.mm of n x n by n x n (median of MEASURE_RUNS)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n ** 3 / _steady(lambda: torch.mm(a, b)) / 1e9
 
 
 # ---------------------------------------------------------------------------
@@ -589,6 +604,34 @@ class Estimator:
             hit = self._acc[key] = access(m, size, self.model.machine.cache_line)
         return hit
 
+    def kernel_access(self, m: Mapping, value: str, reader: Node, reads: int = 1) -> Access:
+        """How generated kernel `reader` walks `value` through `m`: the row-major walk, or a cheaper order
+        the kernel really takes (vtc.codegen): a GEMM or attention kernel packs its operands in blocks
+        (each block is read along whichever of its last two dims is contiguous: a key row of the QKᵀ of
+        attention), a row kernel puts the row dim whose loads step least through memory innermost among
+        its rows (``vtc.codegen.cpp._row_order``: a permute in front of softmax), so rows that share cache
+        lines run together."""
+        acc = self.access(m, value)
+        if acc.kind in (CONTIGUOUS, BROADCAST) or len(m.shape) < 2:
+            return acc
+        orders = []
+        rank = len(m.shape)
+        if category(reader) == "matmul":
+            orders.append([*range(rank - 2), rank - 1, rank - 2])
+        elif _is_row(reader) and acc.strided is not None:
+            rows = [d for d in range(rank - 1) if m.shape[d] > 1]
+            steps = {d: abs(acc.strided.strides[d]) for d in rows if acc.strided.strides[d]}
+            if steps:
+                best = min(steps, key=lambda d: (steps[d], -d))
+                if best != rows[-1]:
+                    orders.append([d for d in range(rank - 1) if d != best] + [best, rank - 1])
+        size = _size(self.values[value])
+        for order in orders:
+            alt = self.access(_reordered(m, order), value)
+            if self.model.read(_numel(m.shape), size, alt, reads) < self.model.read(_numel(m.shape), size, acc, reads):
+                acc = alt
+        return acc
+
     def readers(self, value: str, state: frozenset) -> list[str]:
         """Who needs `value` itself under `state`: node names, "<output>", "<index>" (virtual ops read through)."""
         out = []
@@ -623,6 +666,7 @@ class Estimator:
             kind = self.vtog.kinds.get(r)
             if kind == "kernel":
                 n = self.reads_of(self.nodes[r])
+                acc = self.kernel_access(m, value, self.nodes[r], n)
                 t = self.model.read(v.numel, size, acc, n)
                 again = f" {n}x" if n > 1 else ""
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
@@ -800,6 +844,24 @@ class Estimator:
             bad = sorted(after, key=lambda t: -t.seconds)
             reason = bad[0].note if bad else "removing it saves nothing measurable"
         return Saving(sec, reason)
+
+
+def _reordered(m: Mapping, order: list[int]) -> Mapping:
+    """`m` with its output dims in `order` (dim k of the result is dim order[k] of m): the same elements
+    walked in another order."""
+    shape = tuple(m.shape[d] for d in order)
+    idx: list = [None] * len(order)
+    for k, d in enumerate(order):
+        idx[d] = out_vars(shape)[k]
+    walk_ = Mapping(shape, (Piece("_walk", tuple(idx)),), {"_walk": tuple(m.shape)})
+    return compose(walk_, {"_walk": m})
+
+
+def _is_row(node: Node) -> bool:
+    """True when the code generator runs `node` as a row kernel (a reduction over rows: softmax, norms, sum)."""
+    from vtc.codegen.ops import ROW, lookup
+
+    return lookup(ROW, node.target) is not None
 
 
 def _flops(node: Node) -> int:

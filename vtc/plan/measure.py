@@ -66,11 +66,11 @@ def uncertain(est: Estimator, d: Decision, state: frozenset, margin_s: float) ->
 
 
 def time_pair(graph: Graph, plans: tuple, backend: str, inputs: list[torch.Tensor],
-              deadline: float) -> tuple[float, float]:
+              deadline: float, gemm: str = "auto") -> tuple[float, float]:
     """Median seconds of the graph under each of two plans, run alternately on the same inputs."""
     from vtc.runtime.executor import Executor
 
-    exs = [Executor(graph, p, backend=backend) for p in plans]
+    exs = [Executor(graph, p, backend=backend, gemm=gemm) for p in plans]
     times: list[list[float]] = [[], []]
     with torch.no_grad():
         for _ in range(WARMUP):
@@ -87,7 +87,8 @@ def time_pair(graph: Graph, plans: tuple, backend: str, inputs: list[torch.Tenso
 
 
 def measure(graph: Graph, vtog: VTOG, est: Estimator, strategy: Strategy, backend: str = "cpu",
-            budget_s: float = 5.0, margin_s: float = 0.0, only_near_zero: bool = False) -> tuple[frozenset, str]:
+            budget_s: float = 5.0, margin_s: float = 0.0, only_near_zero: bool = False,
+            gemm: str = "auto") -> tuple[frozenset, str]:
     """Measures the uncertain pull choices of `strategy` (in place: decisions get `measured`, fates may flip).
 
     `only_near_zero`: measure only choices whose estimate is within `margin_s` of zero (plan="greedy" with a
@@ -113,7 +114,7 @@ def measure(graph: Graph, vtog: VTOG, est: Estimator, strategy: Strategy, backen
             share = (deadline - time.perf_counter()) / max(len(todo) - k, 1)  # this choice's part of what is left
             t_with, t_without = time_pair(graph, (state_plan(graph, vtog, with_op, "measured"),
                                                   state_plan(graph, vtog, without, "measured")), backend, inputs,
-                                          time.perf_counter() + share)
+                                          time.perf_counter() + share, gemm)
         except Exception as e:  # noqa: BLE001 - a variant that fails to build or run is not taken
             d.reason += f"; not measured ({type(e).__name__}: {str(e)[:80]})"
             continue

@@ -43,11 +43,12 @@ class Peak:
     live: tuple[str, ...]
 
 
-def peak_of(graph: Graph, plan: Plan, backend: str = "cpu") -> Peak:
-    """The executor's peak for `plan` on `backend` (kernels not compiled) and the buffers live at it."""
+def peak_of(graph: Graph, plan: Plan, backend: str = "cpu", gemm: str = "auto") -> Peak:
+    """The executor's peak for `plan` on `backend` under the compile option `gemm` (kernels not compiled) and
+    the buffers live at it."""
     from vtc.runtime.executor import Executor
 
-    ex = Executor(graph, plan, backend=backend, build=False)
+    ex = Executor(graph, plan, backend=backend, gemm=gemm, build=False)
     values = {v.name: v for v in graph.values()}
     live: dict[str, int] = {}
     best, at = 0, ()
@@ -71,8 +72,8 @@ def state_plan(graph: Graph, vtog: VTOG, state: frozenset, mode: str, why: str =
 class PeakSearch:
     """Peaks and latencies of strategies of one graph, memoised (see the module docstring)."""
 
-    def __init__(self, graph: Graph, vtog: VTOG, est: Estimator, backend: str) -> None:
-        self.graph, self.vtog, self.est, self.backend = graph, vtog, est, backend
+    def __init__(self, graph: Graph, vtog: VTOG, est: Estimator, backend: str, gemm: str = "auto") -> None:
+        self.graph, self.vtog, self.est, self.backend, self.gemm = graph, vtog, est, backend, gemm
         self._peaks: dict[frozenset, tuple[Peak, Plan]] = {}
         self._lat: dict[frozenset, float] = {}
         self.producer = vtog.producer
@@ -82,7 +83,7 @@ class PeakSearch:
         hit = self._peaks.get(state)
         if hit is None:
             plan = state_plan(self.graph, self.vtog, state, "memory")
-            hit = self._peaks[state] = (peak_of(self.graph, plan, self.backend), plan)
+            hit = self._peaks[state] = (peak_of(self.graph, plan, self.backend, self.gemm), plan)
         return hit
 
     def latency(self, state: frozenset) -> float:
@@ -117,14 +118,14 @@ class PeakSearch:
 
 
 def lower_peak(graph: Graph, vtog: VTOG, est: Estimator, start: Strategy, backend: str = "cpu",
-               max_slowdown: float = 0.05) -> tuple[frozenset, list[Decision], str]:
+               max_slowdown: float = 0.05, gemm: str = "auto") -> tuple[frozenset, list[Decision], str]:
     """The strategy of lowest peak within (1 + max_slowdown) x the latency of `start`'s strategy.
 
     Returns the state, a decision per op whose fate differs from `start`, and a one-line summary.
     """
     if max_slowdown < 0:
         raise ValueError(f"max_slowdown={max_slowdown!r} must be >= 0 (0.05 allows 5% over the latency plan)")
-    search = PeakSearch(graph, vtog, est, backend)
+    search = PeakSearch(graph, vtog, est, backend, gemm)
     state0 = frozenset(c.op for c in start.chosen if c.direction == PULL)
     lat0 = search.latency(state0)
     budget = lat0 * (1 + max_slowdown)

@@ -60,14 +60,15 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
 
         state0 = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
         margin = MARGIN * est.latency(state0)
-        state, note = measure(graph, vtog, est, strategy, backend, budget, margin, only_near_zero=mode == "greedy")
+        state, note = measure(graph, vtog, est, strategy, backend, budget, margin, only_near_zero=mode == "greedy",
+                              gemm=options.get("gemm", "auto"))
         strategy = _with_state(vtog, strategy, state)
         notes.append(note)
     if objective == "memory":
         from vtc.plan.memory import lower_peak
 
         slow = options.get("max_slowdown", 0.05)
-        state, changed, note = lower_peak(graph, vtog, est, strategy, backend, slow)
+        state, changed, note = lower_peak(graph, vtog, est, strategy, backend, slow, options.get("gemm", "auto"))
         ops = {d.op for d in changed}
         decisions = [d for d in strategy.decisions if not (d.direction == PULL and d.op in ops)] + changed
         strategy = _with_state(vtog, Strategy(strategy.chosen, decisions), state)

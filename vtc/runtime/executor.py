@@ -13,7 +13,8 @@ With ``oracle=True`` every realisation is a gather, so the result checks the
 composed mappings themselves (the tests run both).  Each step also lists the
 values whose last reader it is; they are dropped from the environment right
 after, and ``peak_bytes`` is the largest total of live intermediate buffers.
-Calls share no mutable state, so one executor may run in several threads.
+Calls share no mutable state but the pool of large kernel output buffers
+(``vtc.runtime.buffers``, locked), so one executor may run in several threads.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 from vtc.index.mapping import gather
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization
+from vtc.runtime.buffers import BufferPool
 from vtc.virtual.movement import derive_index_tensors
 
 
@@ -73,6 +75,7 @@ class Executor:
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         self.lowering = None
+        self.pool = BufferPool()  # large kernel outputs recycled across steps and calls (vtc.runtime.buffers)
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
         self.peak_bytes = self._liveness()
 
@@ -166,7 +169,7 @@ class Executor:
                 for v, t in zip(s.node.outputs, outs):
                     env[v.name] = t
             elif s.kind == "kernel":
-                for b, t in zip(s.kernel.outputs, s.kernel(env)):
+                for b, t in zip(s.kernel.outputs, s.kernel(env, self.pool)):
                     env[b.name] = t
             else:
                 env[s.realization.value] = self._realize(s, env)
@@ -219,7 +222,7 @@ class CompiledKernel:
             self._pointers = ctypes.c_void_p * (len(self.order) + 1)
         self._plain = not step.checks and not step.derived  # reads env as it is
 
-    def __call__(self, env: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, env: dict[str, torch.Tensor], pool: "BufferPool | None" = None) -> list[torch.Tensor]:
         k = self.step
         local = env
         if not self._plain:
@@ -235,7 +238,8 @@ class CompiledKernel:
                 raise RuntimeError(f"kernel {k.kernel.name}: buffer {name} is {t.dtype} {list(t.shape)}, "
                                    f"generated for {dtype} {list(shape)}")
             tensors.append(t if t.is_contiguous() else t.contiguous())
-        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._outputs]
+        empty = pool.empty if pool is not None else torch.empty
+        outs = [empty(shape, dtype=dtype) for shape, dtype in self._outputs]
         tensors += outs
         self.fn(self._pointers(*[t.data_ptr() for t in [*tensors, *self._sizes]]), torch.get_num_threads())
         return outs

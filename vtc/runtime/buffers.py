@@ -1,0 +1,67 @@
+"""Recycled kernel output buffers: large buffers come back without fresh page faults.
+
+A generated kernel writes its result into a new tensor.  For a large one
+(``torch.empty`` of tens of MB) glibc maps fresh pages on every call (above its
+mmap threshold, 32 MB at most, every allocation is a new mapping) and the
+kernel then takes one page fault per 4 KB it writes: for a 64 MB gelu that is
+more time than the arithmetic and the memory traffic together.  The framework's
+own ops pay the same; an arena allocator (ONNX Runtime's) does not.
+
+``BufferPool`` keeps the storages of large buffers (at least ``MIN_BYTES``)
+after the tensors made on them die, and hands a storage out again when nothing
+outside the pool refers to it any more: no tensor, view, numpy array or
+DLPack capsule made from it is alive (they all hold the storage, which
+``torch._C._storage_Use_Count`` counts).  So an intermediate freed during a
+call is reused by a later kernel of the same call, and a graph output the
+caller has dropped is reused by the next call; one the caller still holds is
+never touched.  Storages are matched by exact byte size; at most
+``MAX_KEPT`` are kept (a new size replaces the oldest free one), so the pool
+holds a bounded number of buffers however many sizes a graph sees.  A lock makes acquiring atomic, so several
+threads may share one pool.  Where the use count is not available (another
+torch), every buffer is a plain ``torch.empty``.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+MIN_BYTES = 4 << 20  # smaller buffers come from malloc's heap, already mapped after the first call
+MAX_KEPT = 16  # storages kept in all (outputs held by the caller across calls, intermediates of one call)
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class BufferPool:
+    """Large contiguous buffers handed out again once nothing outside the pool refers to them."""
+
+    def __init__(self) -> None:
+        self._kept: list[torch.UntypedStorage] = []  # oldest first
+        self._lock = threading.Lock()
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A contiguous tensor of `shape` and `dtype` with unspecified contents (like torch.empty)."""
+        nbytes = shape.numel() * dtype.itemsize
+        if nbytes < MIN_BYTES or _use_count is None:
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            for st in self._kept:
+                if st.nbytes() == nbytes and _use_count(st._cdata) == 1:  # only the pool holds it
+                    return _on(st, shape, dtype)
+            out = torch.empty(shape, dtype=dtype)
+            if len(self._kept) >= MAX_KEPT:  # full: make room by dropping the oldest free storage, if any
+                old = next((st for st in self._kept if _use_count(st._cdata) == 1), None)
+                if old is None:
+                    return out
+                self._kept.remove(old)
+            self._kept.append(out.untyped_storage())
+            return out
+
+
+def _on(st: torch.UntypedStorage, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor over all of storage `st` (not a view: no _base)."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return torch.empty(0, dtype=dtype).set_(st, 0, shape, tuple(reversed(strides)))
