@@ -18,7 +18,7 @@ from __future__ import annotations
 from vtc.ir.graph import Graph
 from vtc.plan.cost import CostModel, Estimator
 from vtc.plan.greedy import PULL, Strategy, plan_of, select
-from vtc.plan.virtualize import Plan, plan_all, plan_none
+from vtc.plan.virtualize import Plan, plan_all, plan_keeping, plan_none
 from vtc.plan.vtog import VTOG, node_kinds
 
 PLANS = ("all", "none", "greedy", "measured")
@@ -39,7 +39,9 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
         if objective != "latency":
             raise ValueError(f"objective={objective!r} needs a cost-driven plan (plan='greedy' or 'measured'), "
                              f"not plan={mode!r}")
-        return plan_all(graph) if mode == "all" else plan_none(graph)
+        if mode == "none":
+            return plan_none(graph)
+        return plan_all_pushing(graph, options.get("gemm", "auto")) if backend == "cpu" else plan_all(graph)
     vtog = VTOG(graph, node_kinds(graph, backend, options.get("gemm", "auto")))
     est = Estimator(vtog, model)
     strategy = select(vtog, est, (PULL,))
@@ -67,6 +69,14 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
     plan = plan_of(graph, mode, vtog, strategy)
     plan.objective, plan.notes = objective, notes
     return plan
+
+
+def plan_all_pushing(graph: Graph, gemm: str = "auto") -> Plan:
+    """plan="all" for generated kernels: every movement op virtual, and where its pull form would be copied
+    into memory anyway (a graph output, a library operand) the producers store into it instead (a push)."""
+    from vtc.codegen.push import all_pushes
+
+    return plan_keeping(graph, "all", {}, push=all_pushes(graph, gemm))
 
 
 def _with_state(vtog: VTOG, strategy: Strategy, state: frozenset) -> Strategy:
