@@ -32,7 +32,8 @@ from vtc.runtime.reference import check_inputs
 
 PLANS = ("greedy", "all", "none", "measured")  # vtc.plan.planners.make_plan makes each one
 OPTIONS = {"plan": "greedy", "backend": "cpu", "oracle": False, "max_specializations": 8,
-           "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto"}
+           "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto",
+           "push": True}
 BACKENDS = ("torch", "cpu")
 
 
@@ -67,6 +68,8 @@ def check_options(options: dict) -> dict:
         x = out[name]
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= 0):
             raise ValueError(f"{name}={x!r} must be a number >= 0")
+    if not isinstance(out["push"], bool):
+        raise ValueError(f"push={out['push']!r} must be True or False")
     if out["oracle"]:
         out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
@@ -195,7 +198,11 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     the others through torch on zero-copy views), "vtc" (every float32 GEMM
     generated) or "torch" (every GEMM through torch, and no fused attention
     kernel, whose matmuls are its own); the choice per GEMM node
-    and both estimated costs are in ``report.to_dict()["gemm"]``.
+    and both estimated costs are in ``report.to_dict()["gemm"]``; push=True
+    (default; backend="cpu") lets a cat or scatter be removed on the write
+    side, its inputs stored into its output by the kernels that compute them
+    (``vtc.codegen.push``), push=False reads every removed op through its pull
+    mapping.
 
     An ONNX model (a path ending in ``.onnx`` or an ``onnx.ModelProto``) goes to
     ``vtc.frontend.onnx.compile_onnx`` (``dims={name: size}`` resolves symbolic

@@ -146,6 +146,16 @@ def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
     return out
 
 
+def rule_out_unlowerable(vtog) -> None:
+    """Marks the VTOG's push choices that this lowering cannot do as invalid, with the reason."""
+    nodes = {n.name: n for n in vtog.graph.nodes}
+    for c in vtog.choices:
+        if c.direction == "push" and not c.invalid:
+            why = push_writes(nodes[c.op])
+            if isinstance(why, str):
+                c.invalid = f"push: {why}"
+
+
 class Pusher:
     """The lowering's part: who writes each input of each pushed op, and the kernels that do it."""
 
