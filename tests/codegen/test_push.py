@@ -82,6 +82,19 @@ def test_producer_read_elsewhere_is_stored_twice():
     assert_pushed(compiled, "cat")
 
 
+def test_gemm_epilogue_into_a_cat():
+    """relu(a @ w) is the generated GEMM's epilogue, which stores in GEMM order only: the GEMM stores it
+    and one copy kernel puts it into place; the sigmoid is stored into the cat by its own kernel."""
+    def fn(a, w, b):
+        return torch.cat((torch.relu(a @ w), torch.sigmoid(b)), dim=1)
+
+    g = gen(9)
+    a, w, b = rand((17, 33), g), rand((33, 3), g), rand((17, 5), g)
+    compiled = check(fn, (a, w, b), gemm="vtc", rtol=1e-4, atol=1e-4)
+    assert_pushed(compiled, "cat", moved=17 * 3 * 4)
+    assert [k.kind for k in kernels(compiled)] == ["gemm", "push", "pointwise"]
+
+
 def test_stack_of_producers():
     """torch.export turns stack into cat + view: the cat is pushed, the view is a zero-copy view of it."""
     def fn(a, b):

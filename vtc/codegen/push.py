@@ -125,25 +125,83 @@ def push_index_tensors(node: Node) -> list[str]:
     return list(dict.fromkeys(t for w in writes for t in w.mapping.index_tensors))
 
 
-def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
-    """plan="all"'s pushes: ops whose pull form the generated code would copy into memory (for a graph
-    output, a library operand), when every movement op is virtual."""
-    from vtc.codegen.lower import Lowering
-    from vtc.plan.virtualize import chain_of, plan_all
+def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
+    """Ops of `plan` whose pull form the generated code copies into memory, and that a push removes.
 
-    plan = plan_all(graph)
+    Every op the plan keeps physical is one (its output is a copy).
+    A value R that the lowering realises by a copy kernel (a graph output, a library operand) whose
+    chain holds a pushable op O is a candidate when pushing O leaves nothing to copy: R is O's output,
+    or R's mapping over O's output is a strided view (cat -> view -> output).  Pushing O where R stays
+    a copy (a cat in front of a channel shuffle) would only move the producers out of that copy kernel.
+    """
+    from vtc.codegen.lower import Lowering
+    from vtc.plan.virtualize import chain_of, plan_keeping
+
     low = Lowering(graph, plan, gemm)
-    copied: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for n in graph.nodes:  # a kept op copies its output: its producers can store there instead
+        if n.name in plan.kept and not isinstance(push_writes(n), str):
+            out[n.name] = f"pushed: its inputs are stored into %{n.outputs[0].name} instead of a copy"
     for name, how in low.realize.items():
-        if how == "copy":
-            for n in chain_of(graph, plan, name):
-                copied.setdefault(n.name, name)
-    out = {}
-    for n in graph.nodes:
-        if n.kind == "movement" and n.name in copied and not isinstance(push_writes(n), str):
-            out[n.name] = (f"pushed: its inputs are stored into %{n.outputs[0].name}, which the pull form "
-                           f"would copy for %{copied[n.name]}")
+        if how != "copy":
+            continue
+        for n in chain_of(graph, plan, name):
+            if n.name in out or isinstance(push_writes(n), str):
+                continue
+            y = n.outputs[0].name
+            if name != y:
+                r = plan_keeping(graph, plan.mode, dict(plan.kept), {**plan.pushed, n.name: ""}).realized.get(name)
+                if r is None or r.strided is None:
+                    continue
+            out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
+                           + ("" if name == y else f" for %{name}"))
     return out
+
+
+def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
+    """plan="all"'s pushes: where every movement op is virtual, the ops worth pushing (``worth_pushing``)."""
+    from vtc.plan.virtualize import plan_all
+
+    return worth_pushing(graph, plan_all(graph), gemm)
+
+
+def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
+    """The greedy's pull strategy with the pushes worth taking (``worth_pushing``) that save time.
+
+    Pushes come second: a pull read by kernels costs nothing, and a chain of pulls may pay only as a
+    whole; a push replaces a pull only where that pull's output would be copied into memory anyway.
+    """
+    from vtc.plan.greedy import Decision, Strategy, plan_of
+    from vtc.plan.vtog import PULL, PUSH
+
+    rule_out_unlowerable(vtog)
+    pushes = {c.op: c for c in vtog.choices if c.direction == PUSH and not c.invalid}
+    if not pushes:
+        return strategy
+    plan = plan_of(graph, "greedy", vtog, strategy)
+    state = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
+    chosen, decisions = list(strategy.chosen), list(strategy.decisions)
+    for op, why in worth_pushing(graph, plan, gemm).items():
+        c = pushes.get(op)
+        if c is None:
+            continue
+        s = estimator.saving(c, state)
+        old = next((k for k, d in enumerate(decisions) if d.op == op and d.direction == PUSH), None)
+        if s.seconds <= 0:
+            continue
+        chosen = [x for x in chosen if x.op != op] + [c]
+        d = Decision(c.values[0], op, True, s, f"{s.reason} ({why.removeprefix('pushed: ')})", PUSH)
+        decisions = [x for x in decisions if not (x.op == op and x.direction == PUSH)] + [d]
+        decisions = [x if not (x.op == op and x.direction == PULL) else
+                     Decision(x.value, op, False, x.saving, f"replaced by push {op}: {x.reason}", PULL, x.round)
+                     for x in decisions]
+        del old
+    taken = {c.op for c in chosen if c.direction == PUSH}
+    decisions = [Decision(d.value, d.op, False, d.saving, "push not needed: the pull form copies nothing, or pushing "
+                          f"leaves the copy ({d.reason.split(' (', 1)[-1]}", PUSH, d.round)
+                 if d.direction == PUSH and not d.chosen and d.op not in taken and not vtog.choice(d.op, PUSH).invalid
+                 else d for d in decisions]
+    return Strategy(chosen, decisions)
 
 
 def rule_out_unlowerable(vtog) -> None:
@@ -213,10 +271,9 @@ class Pusher:
         k = low.kind[p.name]
         if k not in ("pointwise", "row") or (k == "pointwise" and not p.inputs):
             return False
-        if any(low.kind.get(low.producer[v.name].name) == "gemm" for v in p.inputs if v.name in low.producer):
-            return False  # it may become a GEMM's epilogue, whose kernel stores in GEMM order only
-        here = self._order[p.name]
-        return all(self._position(t) < here for t in w.mapping.index_tensors if t not in low.folded)
+        here = self._order[p.name]  # index tensors must be in memory before it runs (realised at their producer)
+        return all(self._order[low.producer[t].name] < here for t in w.mapping.index_tensors
+                   if t not in low.folded and t in low.producer)
 
     def _assign(self, n: Node, writes: list[Write]) -> None:
         updates = [w for w in writes if not w.base]
@@ -292,11 +349,17 @@ class Pusher:
         if not self.writes:
             return steps
         low = self.low
-        for kind, step in steps:
+        for at, (kind, step) in reversed(list(enumerate(steps))):
             if kind != "kernel":
                 continue
             k = step.kernel
             if not any(st.buffer.name in self.direct for st in k.stores):
+                continue
+            if k.kind not in ("pointwise", "row"):  # a GEMM's epilogue: it stores in GEMM order only
+                names = [st.buffer.name for st in k.stores if st.buffer.name in self.direct]
+                copies = [("kernel", self._copy_step(n, w)) for x in names for n, w in self.direct[x]]
+                self.copies |= {(n.name, w.value) for x in names for n, w in self.direct[x]}
+                steps[at + 1:at + 1] = copies  # x stays in memory; copied into place right after
                 continue
             stores = []
             for st in k.stores:

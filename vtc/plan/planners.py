@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from vtc.ir.graph import Graph
 from vtc.plan.cost import CostModel, Estimator
-from vtc.plan.greedy import PULL, PUSH, Strategy, plan_of, select
+from vtc.plan.greedy import PULL, Strategy, plan_of, select
 from vtc.plan.virtualize import Plan, plan_all, plan_keeping, plan_none
 from vtc.plan.vtog import VTOG, node_kinds
 
@@ -45,13 +45,11 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
         return plan_all_pushing(graph, options.get("gemm", "auto")) if pushing else plan_all(graph)
     vtog = VTOG(graph, node_kinds(graph, backend, options.get("gemm", "auto")))
     est = Estimator(vtog, model)
-    directions = (PULL,)
+    strategy = select(vtog, est, (PULL,))
     if backend == "cpu" and options.get("push", True):  # generated kernels store through push mappings
-        from vtc.codegen.push import rule_out_unlowerable
+        from vtc.codegen.push import take_pushes
 
-        rule_out_unlowerable(vtog)
-        directions = (PULL, PUSH)
-    strategy = select(vtog, est, directions)
+        strategy = take_pushes(graph, vtog, est, strategy, options.get("gemm", "auto"))
     notes = []
     budget = options.get("measure_budget_s")
     if budget is None:

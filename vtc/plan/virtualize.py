@@ -189,7 +189,7 @@ def chain_of(graph: Graph, plan: Plan, value: str) -> list[Node]:
     while stack:
         name = stack.pop()
         n = producers.get(name)
-        if n is None or n.kind != "movement" or n.name in plan.kept or n.name in out:
+        if n is None or n.kind != "movement" or n.name in plan.kept or n.name in plan.pushed or n.name in out:
             continue
         out[n.name] = n
         stack.extend(v.name for v in n.inputs)
