@@ -186,7 +186,6 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
         if c is None:
             continue
         s = estimator.saving(c, state)
-        old = next((k for k, d in enumerate(decisions) if d.op == op and d.direction == PUSH), None)
         if s.seconds <= 0:
             continue
         chosen = [x for x in chosen if x.op != op] + [c]
@@ -195,7 +194,6 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
         decisions = [x if not (x.op == op and x.direction == PULL) else
                      Decision(x.value, op, False, x.saving, f"replaced by push {op}: {x.reason}", PULL, x.round)
                      for x in decisions]
-        del old
     taken = {c.op for c in chosen if c.direction == PUSH}
     decisions = [Decision(d.value, d.op, False, d.saving, "push not needed: the pull form copies nothing, or pushing "
                           f"leaves the copy ({d.reason.split(' (', 1)[-1]}", PUSH, d.round)
@@ -243,7 +241,7 @@ class Pusher:
         low = self.low
         for w in writes:
             for t, shape in w.mapping.index_tensors.items():
-                if t in low.folded:
+                if t in low.folded or t in low.index_names:  # folded already, or read by a gather too
                     continue
                 e = low.index_expr(t, out_vars(shape)) if t in low.values else None
                 if e is not None and all(c.lo <= e.lo and e.hi <= c.hi for c in w.mapping.checks if c.tensor == t):
