@@ -138,15 +138,30 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
     from vtc.plan.virtualize import chain_of, plan_keeping
 
     low = Lowering(graph, plan, gemm)
+
+    def gains(n: Node) -> bool:
+        """A kernel computes one of its inputs (stored in place), or a kernel reads its output (then plainly).
+        Else every input would be copied into place: the same bytes as the pull form's copy, more launches,
+        and a GEMM in front of which gemm="auto" may read through the cat would lose that choice."""
+        writes = push_writes(n)
+        if isinstance(writes, str):
+            return False
+        made = any(w.value in low.producer and low.kind.get(low.producer[w.value].name) in ("pointwise", "row")
+                   for w in writes)
+        y = n.outputs[0].name
+        read = any(low._is_kernel(r) and not r.startswith("realize:") for r in low.readers(y)) \
+            if low.plan.is_virtual(y) else False
+        return made or read
+
     out: dict[str, str] = {}
     for n in graph.nodes:  # a kept op copies its output: its producers can store there instead
-        if n.name in plan.kept and not isinstance(push_writes(n), str):
+        if n.name in plan.kept and gains(n):
             out[n.name] = f"pushed: its inputs are stored into %{n.outputs[0].name} instead of a copy"
     for name, how in low.realize.items():
         if how != "copy":
             continue
         for n in chain_of(graph, plan, name):
-            if n.name in out or isinstance(push_writes(n), str):
+            if n.name in out or not gains(n):
                 continue
             y = n.outputs[0].name
             if name != y:
