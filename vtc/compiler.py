@@ -35,7 +35,7 @@ from vtc.runtime.reference import check_inputs
 PLANS = ("greedy", "all", "none", "measured")  # vtc.plan.planners.make_plan makes each one
 OPTIONS = {"plan": "greedy", "backend": "cpu", "oracle": False, "max_specializations": 8,
            "objective": "latency", "max_slowdown": 0.05, "measure_budget_s": None, "gemm": "auto",
-           "dynamic": None}  # dynamic: None (symbolic from the first new size on), True (from the start), False
+           "push": True, "dynamic": None}  # dynamic: None (symbolic from the first new size on), True, False
 BACKENDS = ("torch", "cpu")
 
 
@@ -72,6 +72,8 @@ def check_options(options: dict) -> dict:
             raise ValueError(f"{name}={x!r} must be a number >= 0")
     if out["dynamic"] not in (None, True, False):
         raise ValueError(f"dynamic={out['dynamic']!r} is not one of None, True, False")
+    if not isinstance(out["push"], bool):
+        raise ValueError(f"push={out['push']!r} must be True or False")
     if out["oracle"]:
         out["backend"] = "torch"  # the oracle realises every virtual tensor by a gather, outside kernels
     return out
@@ -211,8 +213,11 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
     the others through torch on zero-copy views), "vtc" (every float32 GEMM
     generated) or "torch" (every GEMM through torch, and no fused attention
     kernel, whose matmuls are its own); the choice per GEMM node
-    and both estimated costs are in ``report.to_dict()["gemm"]``;
-    dynamic=None (default: static sizes until a call brings new ones, then a
+    and both estimated costs are in ``report.to_dict()["gemm"]``; push=True
+    (default; backend="cpu") lets a cat or scatter be removed on the write
+    side, its inputs stored into its output by the kernels that compute them
+    (``vtc.codegen.push``), push=False reads every removed op through its pull
+    mapping; dynamic=None (default: static sizes until a call brings new ones, then a
     symbolic capture whose kernels take the sizes as arguments, ``vtc.dynamic``),
     True (symbolic from the start) or False (capture and build again per size).
 

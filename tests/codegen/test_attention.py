@@ -211,17 +211,28 @@ def test_sdpa_decomposition_is_one_attention_kernel():
 
 def test_llama3_decode_layer_with_cache_update():
     """The bench Llama-3 layer (StaticCache-style index_copy, repeat_kv, causal mask from cache_position):
-    K and V are read from the old cache and the token just written; only the two updated caches are stored."""
+    the cache updates are pushed (vtc.codegen.push): each input cache is copied once into its fresh output,
+    the new K is stored there by the RoPE kernel and the new V by a copy of the projection; attention reads
+    the updated caches. The pull form reads the old caches and the token just written instead."""
     torch.manual_seed(0)
     m = llama3.Llama3Layer(hidden=256, heads=8, kv_heads=2, inter=512).eval()
     inputs = llama3.layer_inputs(2, 1, 67, 256, 2, 32, start=40)
-    compiled = compile_cpu(m, inputs)
-    with torch.no_grad():
-        torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
-    (k,) = attention_kernels(compiled)
-    assert {"k_cache", "v_cache"} <= {b.name for b in k.inputs}
     cache_bytes = inputs[1].numel() * 4
-    assert report(compiled)["materialized_movement_bytes"] == 2 * cache_bytes  # the updated caches (outputs)
+    token_bytes = cache_bytes // inputs[1].shape[2]
+    for push in (True, False):
+        compiled = compile_cpu(m, inputs, push=push)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
+        (k,) = attention_kernels(compiled)
+        read = {b.name for b in k.inputs}
+        fates = {e["op"]: e["fate"] for e in report(compiled)["movement"] if "index_put" in e["op"]}
+        if push:
+            assert "k_cache" not in read and "v_cache" not in read and set(fates.values()) == {"pushed"}
+            # the input caches are copied once (out of place), the new V is copied from the projection
+            assert report(compiled)["materialized_movement_bytes"] == 2 * cache_bytes + token_bytes
+        else:
+            assert {"k_cache", "v_cache"} <= read
+            assert report(compiled)["materialized_movement_bytes"] == 2 * cache_bytes  # the updated caches
 
 
 def test_gemma2_local_prefill_layer():

@@ -62,6 +62,7 @@ def test_warm_compile_hits_and_matches_eager(cache):
     assert warm.report.to_dict() == cold.report.to_dict()
     was, now = cold._first.plan, warm._first.plan
     assert now.decisions == was.decisions and now.kept == was.kept and now.notes == was.notes
+    assert now.pushed == was.pushed
     assert {k: r.kind for k, r in now.realized.items()} == {k: r.kind for k, r in was.realized.items()}
     for xs in (torch.randn(2, 17, 24), torch.randn(2, 17, 24) * 3 + 1):
         _check(warm, model, xs)
@@ -80,7 +81,7 @@ def test_new_weights_reuse_the_plan_but_compute_with_the_new_weights(cache):
     _check(cb, b, torch.randn(1, 3, 24))
 
 
-@pytest.mark.parametrize("change", ["code", "shape", "dtype", "objective", "gemm", "vtc code"])
+@pytest.mark.parametrize("change", ["code", "shape", "dtype", "objective", "gemm", "push", "vtc code"])
 def test_a_changed_model_or_option_misses(cache, change, monkeypatch):
     torch.manual_seed(0)
     model, x = Heads().eval(), torch.randn(2, 17, 24)
@@ -97,6 +98,8 @@ def test_a_changed_model_or_option_misses(cache, change, monkeypatch):
         options = {"objective": "memory"}
     elif change == "gemm":
         options = {"gemm": "vtc"}
+    elif change == "push":
+        options = {"push": False}
     else:
         monkeypatch.setattr(plan_cache, "code_digest", lambda: "an edited vtc")
     compiled = vtc.compile(model, (x,), **options)
@@ -124,3 +127,19 @@ def test_a_corrupt_or_foreign_entry_is_a_miss_and_is_replaced(cache):
         _check(vtc.compile(model, (x,)), model, torch.randn(2, 5, 24))
         assert json.loads(entry.read_text()) == good  # rewritten by the miss
     assert plan_cache.stats == {"miss": 4, "store": 4}
+
+
+def test_warm_plan_keeps_the_pushes(cache):
+    """softmax rows into a returned cat: greedy stores them in place (a push); the cached plan does too."""
+    def fn(a, b):
+        return torch.cat((torch.softmax(a, -1), torch.softmax(b, -1)), dim=1)
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 17, 127), torch.randn(16, 3, 127)
+    cold = vtc.compile(fn, (a, b))
+    warm = vtc.compile(fn, (a, b))
+    assert plan_cache.stats["hit"] == 1
+    assert cold._first.plan.pushed and warm._first.plan.pushed == cold._first.plan.pushed
+    assert warm.report.to_dict() == cold.report.to_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(warm(a, b), fn(a, b), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,10 @@ Its three stages:
   a ``Scalar("pick", (predicate, a, b))``; a padding fill is a constant.
 - **compute**: a DAG of scalar ops (``unary``/``binary``/``where``/``cast``/
   ``const``/``iota``), the same whether the inputs were physical or virtual.
-- **store**: each output buffer is written at the domain index (contiguous).
+- **store**: each output buffer is written at the domain index (contiguous); a
+  pushed op's input is instead stored through the op's push mapping into the
+  op's output (``vtc.codegen.push``; that buffer is then also among the
+  kernel's inputs when an earlier kernel allocated it: written in place).
 
 Scalars are hash-consed (``Scalar.make``), so common subexpressions are shared
 and the code generators can emit each once.

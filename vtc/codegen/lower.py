@@ -43,6 +43,7 @@ from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
 from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
+from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, out_vars
@@ -86,6 +87,7 @@ class Lowering:
         self.folded = self._foldable_index_tensors()
         self.index_names = {t for m in plan.mappings.values() for t in m.index_tensors} - self.folded
         self.inline: set[str] = set()
+        self.push = Pusher(self)  # ops removed on the write side: who stores each input into their output
         # bmm -> softmax -> bmm fused into one kernel (kind "attention"), keyed by the PV bmm; why not, per softmax
         self.attention, self.why_not_attention = find_attention(self) if gemm != "torch" else ({}, {})
         self._kv_reads = {rv for m in self.attention.values() for rv in m.kv_operands()}
@@ -99,7 +101,7 @@ class Lowering:
     # -- classification -------------------------------------------------------
     def _classify(self, n: Node) -> str:
         if n.kind == "movement":
-            return "kept" if n.name in self.plan.kept else "virtual"
+            return "kept" if n.name in self.plan.kept else "pushed" if n.name in self.plan.pushed else "virtual"
         if n.op in GEMM_OPS:
             choice = self.gemm_choices[n.name] = choose(self, n, self.gemm_mode)
             return "gemm" if choice.choice == "vtc" else "library"
@@ -185,12 +187,16 @@ class Lowering:
 
     def _reader_name(self, n: Node, value: str) -> str:
         """n's name as a reader of `value`; every node of an attention kernel reads as the kernel (its PV bmm)."""
+        if self.kind[n.name] == "pushed":
+            return self.push.reader_name(n, value)
         kernel = self._attention_member.get(n.name)
         if kernel is None:
             return n.name
         return kernel + KV if (n.name, value) in self._kv_reads else kernel
 
     def _is_kernel(self, reader: str) -> bool:
+        if reader.startswith(READER):
+            return self.push.reads_as_kernel(reader)
         if reader.startswith("realize:"):
             return self.realize.get(reader[len("realize:"):]) == "copy"
         return self.kind.get(reader.removesuffix(KV)) in ("pointwise", "row", "gemm", "attention")
@@ -604,6 +610,9 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             if n.name in low.attention:
                 steps.append(("kernel", _step(low, attention_kernel(low, low.attention[n.name]))))
             continue
+        if k == "pushed":  # its inputs are stored into its output (vtc.codegen.push)
+            low.push.emit(n, steps)
+            continue
         if k == "kept" and (moves := low.move_kernels(n)) is not None:  # a kept movement op: copy kernels
             steps.extend(("kernel", m) for m in moves)
             continue
@@ -615,7 +624,7 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
         steps.append(("run", n))
     for v in graph.outputs:
         realise(v.name)
-    return low, steps
+    return low, low.push.finish(steps)
 
 
 def _step(low: Lowering, k: Kernel) -> KernelStep:

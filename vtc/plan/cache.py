@@ -20,7 +20,7 @@ variants (``plan="measured"``, a ``measure_budget_s``) and plans made with a
 caller's own ``CostModel`` are not cached.
 
 An entry is ``<cache dir>/plans/<key>.json`` (written to a temporary file and
-renamed): the kept movement ops with their reasons, the decision log, the
+renamed): the kept and the pushed movement ops with their reasons, the decision log, the
 objective and the notes — JSON, never pickle, so reading an entry runs no
 code.  A hit rebuilds the ``Plan`` with ``plan_keeping`` on the current graph;
 an entry that does not fit it (unreadable, or naming a node the graph lacks)
@@ -44,7 +44,7 @@ from vtc.ir.graph import Graph
 from vtc.plan.virtualize import Plan, plan_keeping
 
 PLAN_CACHE_FORMAT = 1
-KEY_OPTIONS = ("plan", "backend", "objective", "max_slowdown", "gemm")
+KEY_OPTIONS = ("plan", "backend", "objective", "max_slowdown", "gemm", "push")
 stats: Counter = Counter()  # "hit", "miss", "store", "uncacheable" in this process
 
 
@@ -106,7 +106,8 @@ def load(graph: Graph, options: dict) -> tuple[Plan | None, str | None]:
 
 def store(key: str, plan: Plan) -> None:
     """Writes `plan` under `key` (atomically); a failure to write only costs the next compile a plan."""
-    entry = {"mode": plan.mode, "kept": plan.kept, "objective": plan.objective, "notes": list(plan.notes),
+    entry = {"mode": plan.mode, "kept": plan.kept, "pushed": plan.pushed, "objective": plan.objective,
+             "notes": list(plan.notes),
              "decisions": [asdict(d) for d in plan.decisions]}
     try:
         path = _path(key)
@@ -125,14 +126,17 @@ def _plan_from(graph: Graph, entry: dict) -> Plan:
     from vtc.plan.greedy import Decision
 
     movement = {n.name for n in graph.nodes if n.kind == "movement"}
-    kept = entry["kept"]
+    kept, pushed = entry["kept"], entry["pushed"]
     if not isinstance(kept, dict) or not set(kept) <= movement:
         raise ValueError("entry keeps ops the graph does not have")
+    if not isinstance(pushed, dict) or not set(pushed) <= movement:
+        raise ValueError("entry pushes ops the graph does not have")
     decisions = []
     for d in entry["decisions"]:
         if d["op"] not in movement:
             raise ValueError(f"entry decides on {d['op']!r}, which the graph does not have")
         decisions.append(Decision(**{**d, "saving": Saving(**d["saving"])}))
-    plan = plan_keeping(graph, entry["mode"], {k: str(v) for k, v in kept.items()})
+    plan = plan_keeping(graph, entry["mode"], {k: str(v) for k, v in kept.items()},
+                        push={k: str(v) for k, v in pushed.items()})
     plan.decisions, plan.objective, plan.notes = decisions, entry["objective"], list(entry["notes"])
     return plan

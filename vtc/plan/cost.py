@@ -820,6 +820,10 @@ class Estimator:
             acc = self.access(e.mapping, e.src)
             after.append(Term(("store", e.src), self.model.store(v.numel, size, acc),
                               f"the producer of %{e.src} writes through {acc.describe()}"))
+            p = self.producer.get(e.src)
+            if p is None or self.vtog.kinds.get(p.name) != "kernel":  # no kernel computes it: a copy kernel
+                after.append(Term(("pushcopy", e.src), self.model.copy(v.numel, size, DENSE),
+                                  f"no kernel computes %{e.src}: a copy kernel writes it into place"))
             for r in self.readers(e.src, state):
                 if r == op.name:
                     continue

@@ -4,8 +4,9 @@
 fate: virtual over which tensors and through which composed mapping (read
 through by kernels, a zero-copy view, or realised by one copy), or kept
 physical and why, with the planner's estimated saving (and the measured one
-in measured mode); the planner's notes (memory search, measurements); then the push
-alternatives the planner priced but cannot lower yet, the estimated movement
+in measured mode), or pushed (its inputs stored into its output by the kernels
+that compute them, ``vtc.codegen.push``); the planner's notes (memory search,
+measurements); then the push alternatives the planner priced, the estimated movement
 time of plan none / all / this plan, and the peak memory line
 "peak X MB -> Y MB" against ``plan="none"`` (``peak_line``).
 """
@@ -43,6 +44,9 @@ def explain(graph: Graph, plan: Plan, report=None, baseline=None, estimate: bool
             why = plan.kept[n.name]
             lines.append(f"  {n.name} ({op}): {why if why.startswith('kept') else 'kept physical: ' + why}")
             continue
+        if n.name in plan.pushed:
+            lines.append(f"  {n.name} ({op}): %{n.outputs[0].name} physical, {plan.pushed[n.name]}")
+            continue
         fate = fates.get(n.name, "virtual")
         for o in n.outputs:
             m = plan.mappings.get(o.name)
@@ -57,7 +61,7 @@ def explain(graph: Graph, plan: Plan, report=None, baseline=None, estimate: bool
             lines.append(f"      {when}, estimated {fmt_seconds(d.saving.seconds)}{measured}: {d.reason}")
     pushes = [d for d in plan.decisions if d.direction == "push"]
     if pushes:
-        lines += ["", "push alternatives (the producer writes into the op's output; priced, not lowered yet):"]
+        lines += ["", "push alternatives (the producer writes into the op's output):"]
         for d in pushes:
             lines.append(f"  {d.op}: %{d.value} written in place, estimated {fmt_seconds(d.saving.seconds)}: "
                          f"{d.reason}")

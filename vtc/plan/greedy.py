@@ -16,8 +16,9 @@ not lowerable) — so every kept op has a logged reason and an estimate.
 choices taken into the same ``Plan`` as ``plan_all`` (``plan_keeping``), with
 ``plan.kept`` reasons like "kept physical: composed mapping reads stride 128
 inside a GEMM operand (aten.bmm.default): the library copies it anyway;
-estimated +0.00 µs" and ``plan.decisions`` the log.  Push choices are priced
-and logged but not taken: no lowering stores through a mapping yet.
+estimated +0.00 µs" and ``plan.decisions`` the log.  Push choices are taken
+when the planner is given them (``vtc.plan.planners``: generated kernels store
+through push mappings, ``vtc.codegen.push``), else priced and logged.
 ``plan_of`` turns any strategy into that ``Plan``; ``vtc.plan.planners`` is the
 entry of the ``plan=`` / ``objective=`` options, which may measure choices
 (``vtc.plan.measure``) or trade latency for peak memory (``vtc.plan.memory``)
@@ -33,7 +34,7 @@ from vtc.plan.virtualize import Plan, plan_keeping
 from vtc.plan.vtog import PULL, PUSH, VTOG, Choice, node_kinds
 
 EPSILON_S = 1e-12  # a saving must beat this to be taken (ties of equal work are left physical)
-NOT_LOWERED = "push: the lowering cannot store through a mapping yet"
+NOT_LOWERED = "push: only generated kernels store through a mapping (not taken for this backend)"
 
 
 @dataclass
@@ -149,14 +150,16 @@ def plan_of(graph: Graph, mode: str, vtog: VTOG, strategy: Strategy) -> Plan:
     """The Plan that takes the pull choices of `strategy`: every other movement op kept, with its decision's
     reason and estimate; ``plan.decisions`` is the strategy's log."""
     taken = {c.op for c in strategy.chosen if c.direction == PULL}
+    pushed = {d.op: f"pushed: {d.reason}; estimated {fmt_seconds(d.saving.seconds)}"
+              for d in strategy.decisions if d.direction == PUSH and d.chosen}
     keep: dict[str, str] = {}
     for n in graph.nodes:
-        if n.kind != "movement" or n.name in taken or n.name in vtog.no_edges:
+        if n.kind != "movement" or n.name in taken or n.name in pushed or n.name in vtog.no_edges:
             continue  # an op without pull mapping: plan_keeping logs why
         d = strategy.decision(n.name, PULL)
         if d is not None:
             keep[n.name] = d.reason if d.reason.startswith("kept") else (
                 f"kept physical: {d.reason}; estimated {fmt_seconds(d.saving.seconds)}")
-    plan = plan_keeping(graph, mode, keep)
+    plan = plan_keeping(graph, mode, keep, pushed)
     plan.decisions = strategy.decisions
     return plan

@@ -21,7 +21,7 @@ from vtc.ir.graph import Graph
 from vtc.plan import cache as plan_cache
 from vtc.plan.cost import CostModel, Estimator
 from vtc.plan.greedy import PULL, Strategy, plan_of, select
-from vtc.plan.virtualize import Plan, plan_all, plan_none
+from vtc.plan.virtualize import Plan, plan_all, plan_keeping, plan_none
 from vtc.plan.vtog import VTOG, node_kinds
 
 PLANS = ("all", "none", "greedy", "measured")
@@ -42,7 +42,10 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
         if objective != "latency":
             raise ValueError(f"objective={objective!r} needs a cost-driven plan (plan='greedy' or 'measured'), "
                              f"not plan={mode!r}")
-        return plan_all(graph) if mode == "all" else plan_none(graph)
+        if mode == "none":
+            return plan_none(graph)
+        pushing = backend == "cpu" and options.get("push", True)
+        return plan_all_pushing(graph, options.get("gemm", "auto")) if pushing else plan_all(graph)
     key = None
     if model is None:
         cached, key = plan_cache.load(graph, options)
@@ -51,6 +54,10 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
     vtog = VTOG(graph, node_kinds(graph, backend, options.get("gemm", "auto")))
     est = Estimator(vtog, model)
     strategy = select(vtog, est, (PULL,))
+    if backend == "cpu" and options.get("push", True):  # generated kernels store through push mappings
+        from vtc.codegen.push import take_pushes
+
+        strategy = take_pushes(graph, vtog, est, strategy, options.get("gemm", "auto"))
     notes = []
     budget = options.get("measure_budget_s")
     if budget is None:
@@ -78,6 +85,14 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
     if key is not None:
         plan_cache.store(key, plan)
     return plan
+
+
+def plan_all_pushing(graph: Graph, gemm: str = "auto") -> Plan:
+    """plan="all" for generated kernels: every movement op virtual, and where its pull form would be copied
+    into memory anyway (a graph output, a library operand) the producers store into it instead (a push)."""
+    from vtc.codegen.push import all_pushes
+
+    return plan_keeping(graph, "all", {}, push=all_pushes(graph, gemm))
 
 
 def _with_state(vtog: VTOG, strategy: Strategy, state: frozenset) -> Strategy:

@@ -6,7 +6,9 @@ Counts are per call of the compiled graph:
 - ``eliminated_movement_ops``: movement nodes whose output is never written to
   memory (read through a mapping, or handed out as a zero-copy strided view);
 - ``materialized_movement_bytes``: bytes written by work whose only job is to
-  move data (gathers that realise virtual tensors, movement ops kept physical);
+  move data (gathers that realise virtual tensors, movement ops kept physical,
+  the copies of a pushed op's inputs that no kernel computes, e.g. the part of
+  a KV cache given as a graph input that an out-of-place update keeps);
 - ``kernels``: launches (compute/fallback nodes, kept movement ops, gathers);
 - ``fallback_ops``: ops vtc does not know, run by the framework;
 - ``peak_memory_bytes``: peak of live intermediate buffers (inputs and
@@ -31,7 +33,7 @@ class MovementEntry:
     node: str
     op: str
     bytes: int
-    fate: str  # "virtual" | "view" | "gather" | "kept"
+    fate: str  # "virtual" | "view" | "gather" | "kept" | "pushed" (inputs stored into its output, vtc.codegen.push)
     why: str = ""
 
 
@@ -117,6 +119,10 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         if n.name in plan.kept:
             movement.append(MovementEntry(n.name, n.op, nbytes, "kept", plan.kept[n.name]))
             continue
+        if n.name in plan.pushed:
+            eliminated += 1
+            movement.append(MovementEntry(n.name, n.op, nbytes, "pushed", _push_why(plan, n, executor)))
+            continue
         kinds = {realized_as.get(v.name, "virtual") for v in n.outputs}
         fate = "gather" if "gather" in kinds else "view" if "view" in kinds else "virtual"
         eliminated += fate != "gather"
@@ -132,6 +138,7 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
     moved = sum(s.out_bytes for s in executor.steps if s.kind == "gather") + sum(s.out_bytes for s in copies)
     moved += sum(s.out_bytes for s in runs if s.node.kind == "movement")
     moved += sum(s.out_bytes for s in executor.steps if s.kind == "kernel" and s.kernel.step.kernel.kind == "move")
+    moved += sum(_push_copy_bytes(s.kernel.step.kernel) for s in executor.steps if s.kind == "kernel")
     return Report(
         plan=plan.mode,
         movement_ops=len(movement),
@@ -144,3 +151,26 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         chains=chains,
         gemm=[c.to_dict() for c in getattr(executor.lowering, "gemm_choices", {}).values()],
     )
+
+
+def _push_copy_bytes(k) -> int:
+    """Bytes a copy kernel of a pushed op stores (kind "push": it computes nothing, it moves its input)."""
+    if k.kind != "push":
+        return 0
+    n = k.stores[0].buffer.nbytes // max(1, _numel(k.stores[0].buffer.shape))
+    return n * _numel(k.domain)
+
+
+def _numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _push_why(plan: Plan, node, executor) -> str:
+    """Why node was pushed, and which of its inputs are copied rather than stored by their producers."""
+    low = getattr(executor, "lowering", None)
+    copied = sorted(v for n, v in getattr(getattr(low, "push", None), "copies", ()) if n == node.name)
+    tail = f"; copied into place: {', '.join('%' + v for v in copied)}" if copied else ""
+    return plan.pushed[node.name] + tail

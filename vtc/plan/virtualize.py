@@ -49,6 +49,8 @@ class Plan:
     mappings: dict[str, Mapping] = field(default_factory=dict)  # virtual value -> mapping over physical ones
     realized: dict[str, Realization] = field(default_factory=dict)  # virtual values that something reads
     kept: dict[str, str] = field(default_factory=dict)  # movement node name -> why it stays physical
+    pushed: dict[str, str] = field(default_factory=dict)  # movement node -> why its inputs are stored into its
+    #                                                       output (a physical buffer; vtc.codegen.push)
     needs: dict[str, list[str]] = field(default_factory=dict)  # node name -> virtual inputs to realise first
     decisions: list = field(default_factory=list)  # a planner's log (vtc.plan.greedy.Decision), in decision order
     objective: str = "latency"  # what the planner minimised: "latency" or "memory" (peak within a slowdown)
@@ -72,14 +74,21 @@ def plan_all(graph: Graph) -> Plan:
     return plan_keeping(graph, "all", {})
 
 
-def plan_keeping(graph: Graph, mode: str, keep: dict[str, str]) -> Plan:
-    """Every movement op virtual (composed over its virtual inputs) except those named in `keep`.
+def plan_keeping(graph: Graph, mode: str, keep: dict[str, str], push: dict[str, str] | None = None) -> Plan:
+    """Every movement op virtual (composed over its virtual inputs) except those named in `keep` or `push`.
 
     `keep` maps a movement node's name to why it stays physical; such a node
-    runs through the framework on physical (or realised) inputs.
+    runs through the framework on physical (or realised) inputs.  `push` maps
+    a movement node to why it is removed on the write side: its output is a
+    physical buffer that its inputs are stored into (``vtc.codegen.push``;
+    generated kernels only), its index tensors must be physical.
     """
     plan = Plan(mode)
     for n in graph.nodes:
+        if n.kind == "movement" and push and n.name in push:
+            plan.pushed[n.name] = push[n.name]
+            _note_push_needs(plan, n)
+            continue
         if n.kind == "movement":
             reason = keep.get(n.name) or _virtualize(plan, n)
             if reason:
@@ -127,6 +136,17 @@ def _note_needs(plan: Plan, node: Node, data_only: bool) -> None:
         plan.needs[node.name] = need
 
 
+def _note_push_needs(plan: Plan, node: Node) -> None:
+    """A pushed node reads its data inputs through their mappings; its index tensors must be realised."""
+    from vtc.codegen.push import push_index_tensors
+
+    need = [t for t in push_index_tensors(node) if plan.is_virtual(t)]
+    for name in need:
+        _realize(plan, name)
+    if need:
+        plan.needs[node.name] = need
+
+
 def _index_of(plan: Plan, node: Node, v: Value) -> bool:
     return any(v.name in plan.mappings[o.name].index_tensors for o in node.outputs)
 
@@ -169,7 +189,7 @@ def chain_of(graph: Graph, plan: Plan, value: str) -> list[Node]:
     while stack:
         name = stack.pop()
         n = producers.get(name)
-        if n is None or n.kind != "movement" or n.name in plan.kept or n.name in out:
+        if n is None or n.kind != "movement" or n.name in plan.kept or n.name in plan.pushed or n.name in out:
             continue
         out[n.name] = n
         stack.extend(v.name for v in n.inputs)

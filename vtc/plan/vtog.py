@@ -213,11 +213,14 @@ class VTOG:
         by_op: dict[tuple[str, str], list[Edge]] = {}
         for c in self.choices:
             by_op[(c.op, c.direction)] = c.edges
-        # a tensor cannot be virtual over two tensors (edges of one choice are compatible)
+        # a tensor cannot be virtual over two tensors (edges of one choice are compatible); a pull out of it
+        # and a push of it into another op can coexist: the push's writer reads it through the pull
         for node in self.nodes.values():
             es = node.edges
             for i, a in enumerate(es):
                 for b in es[i + 1:]:
+                    if a.direction != b.direction and a.op != b.op:
+                        continue
                     if (a.op, a.direction) != (b.op, b.direction):
                         self._add(node, a, b, f"%{node.value.name} cannot be virtual over both %{a.dst} and %{b.dst}")
         # the push and the pull of one op exclude each other

@@ -207,9 +207,8 @@ class CompiledKernel:
         self.step, self.fn = step, fn
         k = step.kernel
         self.order = buffer_order(k)
-        stored = {st.buffer.name for st in k.stores}
-        self.outputs = [b for b in self.order if b.name in stored]
-        self.inputs = [b for b in self.order if b.name not in stored]
+        given = len(k.inputs)  # the kernel's inputs, incl. a buffer it writes into in place (vtc.codegen.push)
+        self.outputs, self.inputs = self.order[given:], self.order[:given]
         derived_from = [n for m in step.derived for n in m.index_tensors] + [c.tensor for c in step.checks]
         self.reads = list(dict.fromkeys([b.name for b in self.inputs] + derived_from))
         # what a call needs, computed once: per call only lookups, one check per input, the ctypes call
