@@ -12,7 +12,7 @@ Per workload, in this process:
 4. memory (unless off): for each system that ran, a fresh process
    (``python -m bench.harness probe ...``) with ``MALLOC_MMAP_THRESHOLD_=65536`` in
    its environment builds the workload, prepares the system (ONNX Runtime with its
-   CPU arena off), runs two warm-up calls, resets the peak-RSS mark by writing "5"
+   CPU arena off, vtc with its buffer pool off: ``VTC_BUFFER_POOL=0``), runs two warm-up calls, resets the peak-RSS mark by writing "5"
    to ``/proc/self/clear_refs``, runs one inference and reports VmHWM minus the RSS
    before that inference.
 
@@ -324,7 +324,7 @@ def _read_status(key: str) -> int:
 def probe_env(threads: int) -> dict:
     """The environment of a memory probe: the mmap threshold, threads, the repo on PYTHONPATH."""
     env = dict(os.environ)
-    env.update(MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(threads),
+    env.update(MALLOC_MMAP_THRESHOLD_="65536", VTC_BUFFER_POOL="0", OMP_NUM_THREADS=str(threads),
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])]))
     return env
 

@@ -98,3 +98,13 @@ def test_pool_never_hands_one_storage_to_two_threads():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_pool_off_keeps_nothing(monkeypatch):
+    """VTC_BUFFER_POOL=0 (the benchmark's memory probes): every large buffer is a fresh torch.empty."""
+    monkeypatch.setattr(buffers, "ENABLED", False)
+    x, y = _inputs(75)
+    compiled = compile_cpu(_f, (x, y))
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x, y), _f(x, y), **POINTWISE_TOL)
+    assert executor(compiled).pool._kept == []

@@ -18,10 +18,14 @@ never touched.  Storages are matched by exact byte size; at most
 ``MAX_KEPT`` are kept (a new size replaces the oldest free one), so the pool
 holds a bounded number of buffers however many sizes a graph sees.  A lock makes acquiring atomic, so several
 threads may share one pool.  Where the use count is not available (another
-torch), every buffer is a plain ``torch.empty``.
+torch), or with ``VTC_BUFFER_POOL=0`` in the environment, every buffer is a
+plain ``torch.empty`` (the benchmark's memory probes set it: buffers the pool
+keeps between calls would sit in the RSS before the measured call, as ONNX
+Runtime's arena would, which the probes turn off too).
 """
 from __future__ import annotations
 
+import os
 import threading
 
 import torch
@@ -30,6 +34,7 @@ MIN_BYTES = 4 << 20  # smaller buffers come from malloc's heap, already mapped a
 MAX_KEPT = 16  # storages kept in all (outputs held by the caller across calls, intermediates of one call)
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+ENABLED = os.environ.get("VTC_BUFFER_POOL", "1") != "0"
 
 
 class BufferPool:
@@ -42,7 +47,7 @@ class BufferPool:
     def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of `shape` and `dtype` with unspecified contents (like torch.empty)."""
         nbytes = shape.numel() * dtype.itemsize
-        if nbytes < MIN_BYTES or _use_count is None:
+        if nbytes < MIN_BYTES or _use_count is None or not ENABLED:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
             for st in self._kept:
