@@ -18,17 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 import torch
 from torch import nn
 
 from bench import workloads as W
+from bench.gemm_side_by_side import time_side_by_side
 from bench.workloads.llama3 import apply_rope
-
-MIN_ROUND_S = 0.05
-
 
 class CatOut(nn.Module):
     """cat(relu(a), sigmoid(b), a * b) along `dim`: three pointwise producers into a returned cat."""
@@ -89,23 +85,6 @@ def systems(model, inputs) -> dict:
 
 def _flat(x):
     return [x] if isinstance(x, torch.Tensor) else [t for y in x for t in _flat(y)]
-
-
-def time_side_by_side(fns: dict, rounds: int) -> dict:
-    reps = {}
-    for name, fn in fns.items():
-        fn(); fn()
-        t0 = time.perf_counter()
-        fn()
-        reps[name] = max(1, int(MIN_ROUND_S / max(time.perf_counter() - t0, 1e-7)))
-    samples = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(reps[name]):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / reps[name] * 1e3)
-    return {n: {"min_ms": min(s), "median_ms": statistics.median(s)} for n, s in samples.items()}
 
 
 def main(argv=None) -> None:
