@@ -193,15 +193,18 @@ through their composed mappings, with single-use producers inlined;
 bmm -> softmax -> bmm attention is one generated kernel reading Q, K and V
 through their mappings (GQA heads and the KV cache without expanded copies:
 the decode units and attn_gqa_* are where vtc leads); a GEMM whose operand
-torch would have to copy, and small 1x1 convolutions, are generated GEMMs
-that pack through the mapping, with bias / norm / activation in their
-epilogue; depthwise convolutions are pointwise kernels.  The other GEMMs and
-convolutions run through torch on zero-copy views or after a copy kernel, and
-that is where vtc loses: torch's 3x3 convolutions and large GEMMs are slower
-here than ONNX Runtime's / OpenVINO's tuned kernels and fusions, the generated
-implicit-GEMM convolution packs its im2col element by element (slower than
-torch's, so it is used only where it measured faster), and each kernel is
-launched from Python through ctypes (a fixed cost that small workloads feel).
+torch would have to copy (and a skinny decode GEMM estimated faster), and every
+convolution but wide ones, are generated GEMMs that pack through the mapping
+(a convolution's im2col packed by runs with vector loads), with bias / norm /
+activation in their epilogue; depthwise convolutions are vector kernels plane
+by plane; a producer of a cat or KV-cache update stores into its output.  The
+other GEMMs and convolutions run through torch on zero-copy views or after a
+copy kernel.  Where vtc loses: in the prefill units most of the time is large
+GEMMs, which vtc leaves to MKL (its own GEMM is 4-14% behind MKL there);
+the generated GEMM micro-kernel is a little below ONNX Runtime's MLAS on the
+C3k2 3x3 convolutions; each kernel is launched from Python through ctypes (a
+fixed cost that small workloads such as efficientvit_b1 feel; that unit was
+not profiled after this session's changes).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
