@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from vtc.frontend.torch_export import CaptureError, _as_module, graph_from_fx
+from vtc.frontend.torch_export import CaptureError, _as_module, graph_from_fx, program_constants
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -202,7 +202,6 @@ def dynamic_dims(first: list[Any], new: list[Any]) -> list[set[int]]:
 def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[int]] | None) -> SymbolicGraph:
     """torch.export of the model with ``Dim.AUTO`` on `dims` (per flat input leaf; None: every dim of every tensor)."""
     from torch.export import Dim
-    from torch.export.graph_signature import InputKind, OutputKind
 
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
@@ -224,13 +223,5 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
     except Exception as e:
         raise CaptureError(f"torch.export with dynamic sizes failed: {type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
-    consts: dict[str, torch.Tensor] = {}
-    for s in ep.graph_signature.input_specs:
-        if s.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
-            t = ep.state_dict[s.target] if s.target in ep.state_dict else ep.constants[s.target]
-            consts[s.arg.name] = t.detach()
-        elif s.kind != InputKind.USER_INPUT:
-            raise CaptureError(f"graph input {s.arg.name} of kind {s.kind.name} is not supported")
-    if any(s.kind != OutputKind.USER_OUTPUT for s in ep.graph_signature.output_specs):
-        raise CaptureError("the model mutates state")
+    consts = program_constants(ep, "the model")
     return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints)

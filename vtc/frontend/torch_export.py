@@ -57,20 +57,12 @@ def _as_module(fn: Callable) -> torch.nn.Module:
     return FnModule()
 
 
-def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
-    """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
-    model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
-    args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-    name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
-        model_or_fn, "__name__", repr(model_or_fn))
-    try:
-        with torch.no_grad():
-            ep, how = export_core_aten(model, args, example_kwargs)
-    except Exception as e:
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
-        cause = f"{type(e).__name__}: " + "\n    ".join(lines)
-        raise CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}") from e
+def program_constants(ep: Any, name: str) -> dict[str, torch.Tensor]:
+    """The parameters, buffers and constant tensors of ExportedProgram `ep` by graph input name.
 
+    Raises CaptureError (naming `name`) for an input of another kind than those
+    and the user inputs, or an output that mutates state.
+    """
     from torch.export.graph_signature import InputKind, OutputKind
 
     consts: dict[str, torch.Tensor] = {}
@@ -86,6 +78,24 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     if bad:
         raise CaptureError(f"{name} mutates state, which vtc does not support: {', '.join(bad)}. "
                            "Call model.eval() and build transformers models with use_cache=False.")
+    return consts
+
+
+def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
+    """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
+    model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
+    args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
+        model_or_fn, "__name__", repr(model_or_fn))
+    try:
+        with torch.no_grad():
+            ep, how = export_core_aten(model, args, example_kwargs)
+    except Exception as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
+        cause = f"{type(e).__name__}: " + "\n    ".join(lines)
+        raise CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}") from e
+
+    consts = program_constants(ep, name)
     try:
         graph = graph_from_fx(ep.graph_module, consts, in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec)
     except CaptureError as e:
