@@ -30,7 +30,7 @@ from typing import Iterable
 import torch
 
 from vtc.codegen import depthwise
-from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under
 from vtc.codegen.ops import C_TYPES
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.codegen.prefetch import gathered_row_prefetch
@@ -299,7 +299,6 @@ class _Emitter:
         from vtc.index.expr import free_vars
 
         lines: list[str] = []
-        seen: set[int] = set()
 
         def visit_index(e: Expr) -> None:
             if e.op == "select" or e in self.index_temps:
@@ -318,18 +317,11 @@ class _Emitter:
                         if isinstance(y, Expr):
                             visit_index(y)
 
-        stack = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
-        while stack:
-            sc = stack.pop()
-            if id(sc) in seen:
-                continue
-            seen.add(id(sc))
+        roots = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
+        for sc in scalars_under(roots, stop=lambda x: x.op == "pick"):
             if sc.op == "load":
                 for e in sc.args[1]:
                     visit_index(e)
-            elif sc.op == "pick":
-                continue
-            stack.extend(a for a in sc.args if isinstance(a, Scalar))
         return lines
 
 

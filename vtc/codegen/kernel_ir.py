@@ -181,8 +181,9 @@ class Kernel:
         return out + [self.gemm.a, self.gemm.b] if self.gemm is not None else out
 
 
-def scalars_under(roots):
-    """Every scalar node reachable from `roots`, each once."""
+def scalars_under(roots, stop=None):
+    """Every scalar node reachable from `roots`, each once; a node for which `stop(node)` is true is
+    neither yielded nor walked below (e.g. a pick, whose loads only some elements make)."""
     seen: set[int] = set()
     stack = list(roots)
     while stack:
@@ -190,5 +191,7 @@ def scalars_under(roots):
         if id(s) in seen:
             continue
         seen.add(id(s))
+        if stop is not None and stop(s):
+            continue
         yield s
         stack.extend(a for a in s.args if isinstance(a, Scalar))

@@ -14,7 +14,7 @@ of range) are considered, as in ``_Emitter.hoist_index_loads``.
 """
 from __future__ import annotations
 
-from vtc.codegen.kernel_ir import Kernel, Scalar
+from vtc.codegen.kernel_ir import Kernel, scalars_under
 from vtc.index.expr import free_vars, subs, var, walk
 from vtc.index.mapping import linear_offset
 
@@ -52,15 +52,8 @@ def _gathered_row_loads(k: Kernel) -> list[tuple[str, object]]:
     """(buffer, linear offset) of each load that every element makes, reads a row picked by an index load,
     and steps one element per r."""
     out = []
-    stack = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
-    seen: set[int] = set()
-    while stack:
-        sc = stack.pop()
-        if id(sc) in seen:
-            continue
-        seen.add(id(sc))
-        if sc.op == "pick":
-            continue
+    roots = [r.value for phase in k.phases for r in phase] + [st.value for st in k.stores]
+    for sc in scalars_under(roots, stop=lambda x: x.op == "pick"):
         if sc.op == "load":
             buf, idx = sc.args[0], sc.args[1]
             shape = next((b.shape for b in k.inputs if b.name == buf), None)
@@ -69,7 +62,6 @@ def _gathered_row_loads(k: Kernel) -> list[tuple[str, object]]:
                 if _row_contiguous(lin) and any(x.op == "load" for x in walk(lin)) and \
                         not any(x.op == "select" for x in walk(lin)):
                     out.append((buf, lin))
-        stack.extend(a for a in sc.args if isinstance(a, Scalar))
     return out
 
 
