@@ -22,6 +22,7 @@ capture, with the reason in ``DynamicSizes.why_not``.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -157,13 +158,17 @@ def backend_runner(gm: torch.fx.GraphModule, example_inputs: list[Any], options:
         dyn = DynamicSizes(SymbolicGraph(gm, ranges=ranges), options)
     except CaptureError:
         return None
-    specs: dict[tuple, Any] = {}
+    specs: OrderedDict[tuple, Any] = OrderedDict()  # the most recently used max_specializations sizes
 
     def run(args: list) -> list:
         key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
         spec = specs.get(key)
         if spec is None:
             spec = specs[key] = dyn.specialization(list(args))
+            while len(specs) > options["max_specializations"]:
+                specs.popitem(last=False)
+        else:
+            specs.move_to_end(key)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         flat = spec.executor(tensors)
         consts = spec.graph.meta["output_consts"]
@@ -171,4 +176,5 @@ def backend_runner(gm: torch.fx.GraphModule, example_inputs: list[Any], options:
         return [consts[i] if i in consts else next(it) for i in range(len(flat) + len(consts))]
 
     run.dynamic = dyn  # type: ignore[attr-defined]
+    run.specializations = specs  # type: ignore[attr-defined]
     return run

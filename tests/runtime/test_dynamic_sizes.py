@@ -146,6 +146,64 @@ def test_torch_compile_backend_specializes_symbolic_graph_without_compiling():
     torch._dynamo.reset()
 
 
+
+def test_torch_compile_backend_keeps_at_most_max_specializations(monkeypatch):
+    """The backend's specializations of one symbolic graph are an LRU bounded like vtc.compile's."""
+    import vtc.compiler
+    import vtc.dynamic
+
+    runners = []
+
+    def recording(*a, **k):
+        run = real(*a, **k)
+        runners.append(run)
+        return run
+
+    real = vtc.dynamic.backend_runner
+    monkeypatch.setattr(vtc.dynamic, "backend_runner", recording)
+    monkeypatch.setitem(vtc.compiler.OPTIONS, "max_specializations", 2)
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.relu(x.transpose(0, 1)) + 1.0
+
+    fn = torch.compile(f, backend="vtc")
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for s in (20, 24, 33, 40, 50, 24, 33):
+            x = torch.randn(s, 16, generator=g)
+            torch.testing.assert_close(fn(x), f(x), **TOL)
+    torch._dynamo.reset()
+    assert len(runners) == 1 and runners[0] is not None
+    assert [key[-1] for key in runners[0].specializations] == [(24, 16), (33, 16)]  # the 2 most recent sizes
+
+
+def test_keyword_inputs_take_the_dynamic_path():
+    """New sizes given as keyword arguments instantiate the symbolic graph (no compiler run) and stay exact."""
+
+    class M(torch.nn.Module):
+        def forward(self, x, *, bias, scale=2.0):
+            return torch.softmax(x.transpose(1, 2) * scale, dim=-1) + bias.transpose(1, 2)
+
+    m = M()
+    g = torch.Generator().manual_seed(11)
+
+    def inputs(s: int):
+        return torch.randn(2, s, 16, generator=g), torch.randn(2, s, 16, generator=g)
+
+    x, b = inputs(20)
+    compiled = vtc.compile(m, (x,), {"bias": b})
+    torch.testing.assert_close(compiled(x, bias=b), m(x, bias=b), **TOL)
+    x, b = inputs(24)  # first new size: symbolic capture, templates fitted
+    torch.testing.assert_close(compiled(x, bias=b), m(x, bias=b), **TOL)
+    assert compiled._dynamic not in (None, False)
+    built = cbuild.compile_count
+    for s in (33, 61, 127):
+        x, b = inputs(s)
+        torch.testing.assert_close(compiled(x, bias=b), m(x, bias=b), **TOL)
+    assert cbuild.compile_count == built
+
+
 # ----------------------------------------------------------------------------- the template machinery
 
 def test_interpolate_recovers_integer_polynomials():
