@@ -71,6 +71,8 @@ class GemmOperands:
     vars: tuple[str, str, str]  # C names of the batch, row and column index ("" for no batch)
     pack_b: Callable | None = None  # (emitter, self, indent) -> C lines packing B instead of _pack_b (conv im2col)
     runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
+    out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
+    #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
 
 
 @dataclass
@@ -575,8 +577,10 @@ def generate(k: Kernel) -> str:
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK
     bt = bv or "bt"
+    # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
+    cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
-        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
+        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
@@ -605,13 +609,13 @@ def generate(k: Kernel) -> str:
         "      u += mhi - mlo;",
         f"      const int64_t {bt} = grp / tn;",
         "      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);",
-        f"      float* __restrict cg = {c} + {bt} * M * N + n0;",
+        f"      float* __restrict cg = {c} + {cbase} + n0;",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
     block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-             "  float* __restrict ct = cg + m0 * N;"]
+             "  float* __restrict ct = cg + m0 * LDC;"]
     ind = "        "
     dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
@@ -639,7 +643,7 @@ def generate(k: Kernel) -> str:
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
         f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
-        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * N + jr, N, k0 > 0);",
+        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
         f"{ind}    }}",
         f"{ind}}}",
         "      }",
@@ -667,7 +671,7 @@ def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     return [f"{ind}#if defined(__AVX512F__)",
             *[ind + x for x in block],
             *_pack_a(em, g, ind + "  ", rows=True),
-            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, LDC, k0 > 0);",
             f"{ind}}}",
             f"{ind}continue;",
             f"{ind}#endif"]
@@ -810,22 +814,28 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
 
 
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
-    """out = the store's scalar of acc (alpha, bias, beta) over the finished tile; nothing when it is acc."""
+    """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
+    consumer), then the other stores (through push mappings, each where its predicate holds); nothing when
+    the first store is acc and there are no others."""
     g: GemmOperands = k.gemm
-    value = k.stores[0].value
-    if value.op == "acc":
+    value, pushes = k.stores[0].value, k.stores[1:]
+    if value.op == "acc" and not pushes:
         return []
     bv, mv, nv = g.vars
     em.forget()
     inner = ind + "    "
-    temps = em.hoist([value], inner)
+    temps = em.hoist([value, *(st.value for st in pushes)], inner)
+    body = [] if value.op == "acc" else [f"{inner}ct[ii * LDC + jj] = {em.scalar(value)};"]
+    for st in pushes:
+        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
+        body.append(f"{inner}{store}" if st.when is None else f"{inner}if ({em.index(st.when)}) {store}")
     return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
             *_loop_var(mv, "m0 + ii", ind + "  "),
-            f"{ind}  #pragma omp simd",
+            *([] if pushes else [f"{ind}  #pragma omp simd"]),  # a scatter may not vectorise safely
             f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
             *_loop_var(nv, "n0 + jj", inner),
-            f"{inner}const float acc_{ACC} = ct[ii * N + jj];",
+            f"{inner}const float acc_{ACC} = ct[ii * LDC + jj];",
             *temps,
-            f"{inner}ct[ii * N + jj] = {em.scalar(value)};",
+            *body,
             f"{ind}  }}",
             f"{ind}}}"]

@@ -152,6 +152,7 @@ class Store:
     index: tuple[Expr, ...]
     value: Scalar
     per_r: bool = False
+    when: Expr | None = None  # only where this predicate holds (a GEMM's store through a push, vtc.codegen.gemm_push)
 
 
 @dataclass
