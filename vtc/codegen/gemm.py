@@ -40,7 +40,7 @@ every decision with both estimates for the report.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
@@ -87,6 +87,8 @@ class GemmChoice:
     vtc_us: float
     torch_us: float
     copy_bytes: int  # bytes torch's path materialises first (operands that are not strided views)
+    stores_into: list[str] = field(default_factory=list)  # pushed ops whose output the kernel stores into
+    #                                                       (vtc.codegen.gemm_push)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -408,6 +408,9 @@ class Pusher:
             readers.add(self.reader_name(n, w.value))
             self._add_checks(step, w)
             self.by_gemm[(n.name, w.value)] = k.source_nodes[0]
+            choice = low.gemm_choices.get(k.source_nodes[0])
+            if choice is not None and n.name not in choice.stores_into:
+                choice.stores_into.append(n.name)
             if not direct:
                 self.copies.discard((n.name, w.value))
                 done.add(id(self._copy_steps[(n.name, w.value)]))
