@@ -48,6 +48,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, var
+from vtc.codegen.gemm_push import pushed_bytes
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -165,8 +166,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per thread
     mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
                  if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
-    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped,
-                                   b_unit_stride=_unit_stride(low, b))
+    # a cat / scatter taking the result: the generated kernel stores it there, torch's is copied (gemm_push)
+    pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
+                                   mapped_elems=mapped, b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
@@ -178,6 +181,9 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         return pick("vtc", "gemm='vtc' forces the generated kernel")
     if mode == "torch":
         return pick("torch", "gemm='torch' forces torch on zero-copy views")
+    if pushed and not copies and vtc_us <= torch_us:
+        return pick("vtc", f"the result goes into a cat / scatter ({sum(pushed)} bytes): the generated kernel "
+                           f"stores it there, torch's would be copied (estimated cheaper)")
     if copies:
         names = ", ".join(f"%{v.name}" for v in copies)
         if vtc_us <= torch_us:

@@ -40,6 +40,10 @@ from vtc.virtual import movement
 from vtc.virtual.ops import base_name, packet_name
 
 
+ENABLED = True  # False: a GEMM stores only its own result and push copies put it into place (the code before
+#                this module; an ablation for bench/push_side_by_side.py, set before vtc.compile)
+
+
 # -- forward (push) mappings along a chain of movement ops ----------------------------------------
 def _dim(d: int, rank: int) -> int:
     return d % max(rank, 1)
@@ -103,7 +107,7 @@ def forward(low, value: str) -> tuple[str, Mapping] | str:
     cur = value
     while cur != root:
         n = low.producer[cur]
-        if n.kind != "movement" or low.kind[n.name] != "virtual":
+        if n.kind != "movement" or n.name in low.plan.kept or n.name in low.plan.pushed:
             return f"%{cur} is not a virtual movement op's output"
         on = [x.name for x in n.inputs if x.name == root or root in low.plan.mappings.get(x.name, _NONE).sources]
         if len(set(on)) != 1:
@@ -132,6 +136,29 @@ def forward(low, value: str) -> tuple[str, Mapping] | str:
 
 
 _NONE = Mapping((), (Piece(None, (), TRUE),), {})
+
+
+def pushed_bytes(low, n: Node) -> list[int]:
+    """Per write of a cat / scatter whose output must be in memory (pushed by the plan, or a graph output) that
+    takes GEMM node n's result, directly or through a chain with a push form: its bytes.  A generated GEMM
+    stores them in place; after torch's GEMM a copy kernel puts them there (``vtc.codegen.gemm.choose``)."""
+    from vtc.codegen.push import push_writes
+
+    if not ENABLED:
+        return []
+    out = n.outputs[0].name
+    sizes = []
+    for node in low.graph.nodes:
+        if node.kind != "movement" or not (node.name in low.plan.pushed or node.outputs[0].name in low.outputs):
+            continue
+        writes = push_writes(node)
+        if isinstance(writes, str):
+            continue
+        for w in writes:
+            found = None if w.base else forward(low, w.value)
+            if found is not None and not isinstance(found, str) and found[0] == out:
+                sizes.append(low.values[w.value].nbytes)
+    return sizes
 
 
 def _landing(m: Mapping, source: str) -> tuple[tuple[Expr, ...], Expr] | None:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vtc.codegen import gemm_push
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
@@ -176,9 +177,9 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
 def gemm_computes(low, value: str) -> bool:
     """True when a generated GEMM kernel computes `value`, or a virtual tensor `value` is over such a result by
     movement ops with a push form: that kernel can store it into a pushed op's output (vtc.codegen.gemm_push)."""
-    from vtc.codegen.gemm_push import forward
-
-    found = forward(low, value)
+    if not gemm_push.ENABLED:
+        return False
+    found = gemm_push.forward(low, value)
     if isinstance(found, str):
         return False
     p = low.producer.get(found[0])
@@ -297,7 +298,8 @@ class Pusher:
             return False
         p = low.producer[w.value]
         k = low.kind[p.name]
-        if k not in ("pointwise", "row", "gemm") or (k == "pointwise" and not p.inputs):
+        writers = ("pointwise", "row", "gemm") if gemm_push.ENABLED else ("pointwise", "row")  # GEMM: gemm_push
+        if k not in writers or (k == "pointwise" and not p.inputs):
             return False
         here = self._order[p.name]  # index tensors must be in memory before it runs (realised at their producer)
         return all(self._order[low.producer[t].name] < here for t in w.mapping.index_tensors
@@ -378,8 +380,6 @@ class Pusher:
         epilogue's, is a pushed op's input) and those of virtual tensors over its result that a copy kernel
         would write (``vtc.codegen.gemm_push``).  Returns the copy steps for the direct writes it cannot
         store (run right after it) and the ids of the copy steps it replaces; the reasons in why_copied."""
-        from vtc.codegen.gemm_push import forward, gemm_store, in_place_layout
-
         low, k = self.low, step.kernel
         p = k.stores[0].buffer.name
         anchor = self._order[k.source_nodes[-1]]  # the graph position the kernel runs at
@@ -391,12 +391,12 @@ class Pusher:
         stores, done, copies, readers = [], set(), [], set()
         for n, w, direct in todo:
             y = n.outputs[0]
-            fwd = forward(low, w.value)
+            fwd = gemm_push.forward(low, w.value)
             why = fwd if isinstance(fwd, str) else None
             if why is None and not direct:
                 why = self._after(n, w, anchor)
             if why is None:
-                st = gemm_store(low, k, Buffer(y.name, y.shape, y.dtype), fwd[1], w.value, w.mapping)
+                st = gemm_push.gemm_store(low, k, Buffer(y.name, y.shape, y.dtype), fwd[1], w.value, w.mapping)
                 why = st if isinstance(st, str) else None
             if why is not None:
                 self.why_copied[(n.name, w.value)] = why
@@ -416,7 +416,7 @@ class Pusher:
                 done.add(id(self._copy_steps[(n.name, w.value)]))
         if not stores:
             return copies, done
-        layout = in_place_layout(k, stores[0]) if len(stores) == 1 and not copies else None
+        layout = gemm_push.in_place_layout(k, stores[0]) if len(stores) == 1 and not copies else None
         alone = p not in low.outputs and not (low.readers(p) - readers)
         if layout is not None and alone and stores[0].buffer.dtype == k.stores[0].buffer.dtype:
             k.stores, k.gemm.out_layout = stores, layout  # accumulated straight into the pushed op's output
@@ -449,7 +449,7 @@ class Pusher:
             if kind != "kernel":
                 continue
             k = step.kernel
-            if k.kind == "gemm":  # it stores its tiles through the push mappings too (vtc.codegen.gemm_push)
+            if k.kind == "gemm" and gemm_push.ENABLED:  # it stores through the push mappings too (gemm_push)
                 copies, done = self._gemm_stores(step)
                 steps[at + 1:at + 1] = copies
                 replaced |= done
