@@ -57,7 +57,7 @@ def qkv_case(batch: int, t: int, pos: list[int], cache: int = 17, seed: int = 0)
     return model, inputs
 
 
-@pytest.mark.parametrize("batch,t,pos", [(1, 1, [16]), (16, 1, [0]), (1, 3, [3, 11, 7]), (16, 3, [1, 2, 0])])
+@pytest.mark.parametrize("batch,t,pos", [(1, 1, [16]), (16, 3, [1, 2, 0])])
 def test_fused_qkv_writes_k_and_v_into_the_caches(batch, t, pos):
     """The GEMM stores the K and V columns of each token straight into the caches (through split, view,
     transpose and index_copy's positions); the only bytes moved are the input caches, copied once (torch's
@@ -93,7 +93,7 @@ def test_fused_qkv_out_of_range_position_raises():
             torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("batch", [3])
 def test_split_into_one_stacked_kv_buffer(batch):
     """K and V, two parts of one GEMM result, stacked into one [2, B, H, T, D] buffer: both stored by the
     GEMM, nothing moved at all."""
@@ -126,7 +126,7 @@ def test_cat_with_the_past_cache():
 
 
 # -- GEMM -> cat / slice_scatter, accumulated in place ----------------------------------------------
-@pytest.mark.parametrize("dim,m", [(0, 1), (1, 17), (1, 127), (0, 16)])
+@pytest.mark.parametrize("dim,m", [(0, 1), (1, 127)])
 def test_gemms_accumulate_into_a_returned_cat(dim, m):
     """cat(a @ w1, a @ w2): each GEMM accumulates straight into its block of the cat (row stride the cat's
     width); neither product exists on its own."""
@@ -141,20 +141,23 @@ def test_gemms_accumulate_into_a_returned_cat(dim, m):
     assert executor(compiled).peak_bytes == compiled.graph.outputs[0].nbytes  # nothing but the cat is allocated
 
 
-@pytest.mark.parametrize("dim", [0, 1])
-def test_gemm_into_a_slice_scatter(dim):
-    """slice_scatter(x, a @ w): the base (an input) is copied once, the product accumulated in its block."""
-    g = gen(20 + dim)
-    a, w = rand((17, 33), g), rand((33, 7), g)
-    x = rand((30, 7) if dim == 0 else (17, 20), g)
-    compiled = check(lambda x, a, w: torch.slice_scatter(x, a @ w, dim=dim, start=3, end=20 if dim == 0 else 10),
-                     (x, a, w), gemm="vtc", **TOL)
-    assert fates(compiled) == {"slice_scatter": "pushed"}
-    assert report(compiled)["materialized_movement_bytes"] == x.numel() * 4  # the base, nothing else
-    assert kinds(compiled) == ["push", "gemm"] and kernels(compiled)[1].gemm.out_layout is not None
+def test_gemms_into_slice_scatters():
+    """slice_scatter(x, a @ w) along rows and along columns: each base (an input) is copied once, each
+    product accumulated in its block."""
+    def fn(x0, x1, a, w):
+        return (torch.slice_scatter(x0, a @ w, dim=0, start=3, end=20),
+                torch.slice_scatter(x1, torch.relu(a @ w.flip(1)), dim=1, start=3, end=10))
+
+    g = gen(20)
+    a, w, x0, x1 = rand((17, 33), g), rand((33, 7), g), rand((30, 7), g), rand((17, 20), g)
+    compiled = check(fn, (x0, x1, a, w), gemm="vtc", **TOL)
+    assert fates(compiled) == {"slice_scatter": "pushed", "slice_scatter_1": "pushed"}
+    assert report(compiled)["materialized_movement_bytes"] == (x0.numel() + x1.numel()) * 4  # the bases
+    gemms = [k for k in kernels(compiled) if k.kind == "gemm"]
+    assert len(kernels(compiled)) == 4 and all(k.gemm.out_layout is not None for k in gemms)
 
 
-@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("batch", [16])
 def test_bmm_and_conv_into_cats(batch):
     """A batched GEMM and a convolution (an implicit GEMM) write their blocks of a cat per batch."""
     def fn(a, b, c, x, w, y):

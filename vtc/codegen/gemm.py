@@ -47,7 +47,7 @@ import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
-from vtc.index.expr import Expr, _terms, free_vars, lift, var
+from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
 from vtc.codegen.gemm_push import pushed_bytes
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
@@ -823,27 +823,58 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
 
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
-    consumer), then the other stores (through push mappings, each where its predicate holds); nothing when
-    the first store is acc and there are no others."""
+    consumer); then each other store (through a push mapping, vtc.codegen.gemm_push) copies the finished
+    value where its predicate holds, over the columns it can hold on (``_column_run``).  Nothing when the
+    first store is acc and there are no others."""
+    from vtc.codegen.cpp import ctype
+
     g: GemmOperands = k.gemm
     value, pushes = k.stores[0].value, k.stores[1:]
     if value.op == "acc" and not pushes:
         return []
     bv, mv, nv = g.vars
-    em.forget()
     inner = ind + "    "
-    temps = em.hoist([value, *(st.value for st in pushes)], inner)
-    body = [] if value.op == "acc" else [f"{inner}ct[ii * LDC + jj] = {em.scalar(value)};"]
+    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
+    if value.op != "acc":
+        em.forget()
+        temps = em.hoist([value], inner)
+        lines += [f"{ind}  #pragma omp simd",
+                  f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+                  *_loop_var(nv, "n0 + jj", inner),
+                  f"{inner}const float acc_{ACC} = ct[ii * LDC + jj];",
+                  *temps,
+                  f"{inner}ct[ii * LDC + jj] = {em.scalar(value)};",
+                  f"{ind}  }}"]
     for st in pushes:
-        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
-        body.append(f"{inner}{store}" if st.when is None else f"{inner}if ({em.index(st.when)}) {store}")
-    return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
-            *_loop_var(mv, "m0 + ii", ind + "  "),
-            *([] if pushes else [f"{ind}  #pragma omp simd"]),  # a scatter may not vectorise safely
-            f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
-            *_loop_var(nv, "n0 + jj", inner),
-            f"{inner}const float acc_{ACC} = ct[ii * LDC + jj];",
-            *temps,
-            *body,
-            f"{ind}  }}",
-            f"{ind}}}"]
+        run = _column_run(st.when, nv, g.n)
+        idx, when, cols, col = st.index, st.when, "jj = 0; jj < nb", [*_loop_var(nv, "n0 + jj", inner)]
+        if run is not None:  # only columns [lo, hi) land there: loop over them, index from a column var >= 0
+            lo, hi = run
+            jc = var("jc", hi - lo)
+            idx, when = tuple(subs(e, {nv: jc + lo}) for e in idx), None
+            cols = f"jj = std::max<int64_t>(0, {lo} - n0); jj < std::min<int64_t>(nb, {hi} - n0)"
+            col = [f"{inner}const int64_t jc = n0 + jj - {lo};"] if hi - lo > 1 else []
+        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = "
+                 f"({ctype(st.buffer.dtype)})ct[ii * LDC + jj];")
+        lines += [f"{ind}  for (int64_t {cols}; ++jj) {{",
+                  *col,
+                  f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
+                  f"{ind}  }}"]
+    return lines + [f"{ind}}}"]
+
+
+def _column_run(when: Expr | None, nv: str, n: int) -> tuple[int, int] | None:
+    """[lo, hi): the columns where predicate `when` of the column index `nv` alone holds, when they are one run
+    (a split's part); None when it depends on another index or holds on several runs."""
+    from vtc.index.expr import evaluate
+
+    if when is None:
+        return (0, n) if n > 1 else None
+    if not nv or free_vars(when) != {nv}:
+        return None
+    hold = evaluate(when, {nv: torch.arange(n)}, {}).bool().expand(n)
+    at = torch.nonzero(hold).flatten()
+    if at.numel() == 0:
+        return None
+    lo, hi = int(at[0]), int(at[-1]) + 1
+    return (lo, hi) if int(hold.sum()) == hi - lo else None

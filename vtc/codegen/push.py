@@ -15,7 +15,10 @@ select_scatter, index_copy, index_put and scatter.  Who writes each input:
 - **direct**: ``x``'s producer is a generated pointwise or row kernel; only
   its store stage changes: it stores through the push mapping into ``y``
   (the compute stage is the same).  When something else reads ``x`` too, the
-  kernel stores ``x`` as well.
+  kernel stores ``x`` as well.  A generated GEMM or convolution stores ``x``
+  too when ``x`` is its result (or its epilogue's) or a virtual tensor over
+  its result by views, splits, slices and permutes (a fused QKV projection
+  writing V into the KV cache; ``vtc.codegen.gemm_push``, in ``finish``).
 - **copy**: anything else (a graph input, a library result, a virtual tensor
   read through its own mapping, a value that loads nothing): one kernel of
   kind ``"push"`` at the op's place reads ``x`` (inlining its single-use
