@@ -79,9 +79,13 @@ def attention_inputs(layer: nn.Module, h: torch.Tensor, k_cache: torch.Tensor, v
     """q, repeated keys and values, and the updated caches: projections, RoPE, StaticCache index_copy, repeat_kv."""
     b, s, _ = h.shape
     d = layer.head_dim
-    q = layer.q_proj(h).view(b, s, layer.heads, d).transpose(1, 2)
-    k = layer.k_proj(h).view(b, s, layer.kv_heads, d).transpose(1, 2)
-    v = layer.v_proj(h).view(b, s, layer.kv_heads, d).transpose(1, 2)
+    if hasattr(layer, "qkv_proj"):  # one fused projection, split
+        q, k, v = layer.qkv_proj(h).split([layer.heads * d, layer.kv_heads * d, layer.kv_heads * d], dim=-1)
+    else:
+        q, k, v = layer.q_proj(h), layer.k_proj(h), layer.v_proj(h)
+    q = q.view(b, s, layer.heads, d).transpose(1, 2)
+    k = k.view(b, s, layer.kv_heads, d).transpose(1, 2)
+    v = v.view(b, s, layer.kv_heads, d).transpose(1, 2)
     cos, sin = layer.rotary(cache_position)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache = k_cache.index_copy(2, cache_position, k)
@@ -125,6 +129,15 @@ class Llama3Layer(nn.Module):
         return x, k_cache, v_cache
 
 
+class Llama3FusedQKVLayer(Llama3Layer):
+    """Llama3Layer with one fused q/k/v projection (Phi-3's qkv_proj, GPT-2's c_attn): x @ W_qkv^T, split."""
+
+    def __init__(self, hidden: int = 1024, heads: int = 16, kv_heads: int = 4, **kw):
+        super().__init__(hidden, heads, kv_heads, **kw)
+        self.qkv_proj = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias=False)
+        del self.q_proj, self.k_proj, self.v_proj
+
+
 def layer_inputs(batch: int, seq: int, cache_len: int, hidden: int, kv_heads: int, head_dim: int, start: int):
     """(hidden, k_cache, v_cache, cache_position) for `seq` new tokens at positions start..start+seq-1."""
     return (randn(batch, seq, hidden, seed=1), randn(batch, kv_heads, cache_len, head_dim, seed=2),
@@ -136,6 +149,13 @@ def _decode(batch: int):
         cache = 256 if quick else 1024
         m = Llama3Layer()
         return m, layer_inputs(batch, 1, cache, 1024, 4, 64, start=cache - 24)
+    return build
+
+
+def _fused_decode(batch: int):
+    def build(quick: bool):
+        cache = 256 if quick else 1024
+        return Llama3FusedQKVLayer(), layer_inputs(batch, 1, cache, 1024, 4, 64, start=cache - 24)
     return build
 
 
@@ -156,4 +176,10 @@ WORKLOADS = [
     Workload("llama3_prefill_b1", "unit", f"Llama-3 layer, prefill 256 tokens, batch 1 ({_CFG})",
              _prefill(1), params=dict(batch=1, seq=256, cache=256),
              notes="batch 16 prefill (4096 tokens) is left out: about 1 s a call on 2 cores, too slow for 20 runs x 8 systems"),
+    Workload("llama3_fused_qkv_decode_b1", "unit", f"Llama-3 layer with a fused QKV projection, decode 1 token, "
+             f"KV cache 1024, batch 1 ({_CFG})", _fused_decode(1), default=False,
+             params=dict(batch=1, seq=1, cache=1024)),
+    Workload("llama3_fused_qkv_decode_b16", "unit", f"Llama-3 layer with a fused QKV projection, decode 1 token, "
+             f"KV cache 1024, batch 16 ({_CFG})", _fused_decode(16), default=False,
+             params=dict(batch=16, seq=1, cache=1024)),
 ]

@@ -40,14 +40,15 @@ every decision with both estimates for the report.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
-from vtc.index.expr import Expr, _terms, free_vars, lift, var
+from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
+from vtc.codegen.gemm_push import pushed_bytes
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -71,6 +72,8 @@ class GemmOperands:
     vars: tuple[str, str, str]  # C names of the batch, row and column index ("" for no batch)
     pack_b: Callable | None = None  # (emitter, self, indent) -> C lines packing B instead of _pack_b (conv im2col)
     runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
+    out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
+    #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
 
 
 @dataclass
@@ -85,6 +88,8 @@ class GemmChoice:
     vtc_us: float
     torch_us: float
     copy_bytes: int  # bytes torch's path materialises first (operands that are not strided views)
+    stores_into: list[str] = field(default_factory=list)  # pushed ops whose output the kernel stores into
+    #                                                       (vtc.codegen.gemm_push)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,8 +166,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per thread
     mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
                  if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
-    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies), mapped_elems=mapped,
-                                   b_unit_stride=_unit_stride(low, b))
+    # a cat / scatter taking the result: the generated kernel stores it there, torch's is copied (gemm_push)
+    pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
+    vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
+                                   mapped_elems=mapped, b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
@@ -174,6 +181,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         return pick("vtc", "gemm='vtc' forces the generated kernel")
     if mode == "torch":
         return pick("torch", "gemm='torch' forces torch on zero-copy views")
+    # a copy kernel's launch saved is sure: only the relative error of the estimates is asked for
+    if pushed and not copies and torch_us - vtc_us >= MIN_SAVING[1] * torch_us:
+        return pick("vtc", f"the result goes into a cat / scatter ({sum(pushed)} bytes): the generated kernel "
+                           f"stores it there, torch's would be copied (estimated cheaper by a clear margin)")
     if copies:
         names = ", ".join(f"%{v.name}" for v in copies)
         if vtc_us <= torch_us:
@@ -575,8 +586,10 @@ def generate(k: Kernel) -> str:
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK
     bt = bv or "bt"
+    # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
+    cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
-        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
+        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
@@ -605,13 +618,13 @@ def generate(k: Kernel) -> str:
         "      u += mhi - mlo;",
         f"      const int64_t {bt} = grp / tn;",
         "      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);",
-        f"      float* __restrict cg = {c} + {bt} * M * N + n0;",
+        f"      float* __restrict cg = {c} + {cbase} + n0;",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
     block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-             "  float* __restrict ct = cg + m0 * N;"]
+             "  float* __restrict ct = cg + m0 * LDC;"]
     ind = "        "
     dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
@@ -639,7 +652,7 @@ def generate(k: Kernel) -> str:
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
         f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
-        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * N + jr, N, k0 > 0);",
+        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
         f"{ind}    }}",
         f"{ind}}}",
         "      }",
@@ -667,7 +680,7 @@ def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     return [f"{ind}#if defined(__AVX512F__)",
             *[ind + x for x in block],
             *_pack_a(em, g, ind + "  ", rows=True),
-            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, N, k0 > 0);",
+            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, LDC, k0 > 0);",
             f"{ind}}}",
             f"{ind}continue;",
             f"{ind}#endif"]
@@ -810,22 +823,59 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
 
 
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
-    """out = the store's scalar of acc (alpha, bias, beta) over the finished tile; nothing when it is acc."""
+    """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
+    consumer); then each other store (through a push mapping, vtc.codegen.gemm_push) copies the finished
+    value where its predicate holds, over the columns it can hold on (``_column_run``).  Nothing when the
+    first store is acc and there are no others."""
+    from vtc.codegen.cpp import ctype
+
     g: GemmOperands = k.gemm
-    value = k.stores[0].value
-    if value.op == "acc":
+    value, pushes = k.stores[0].value, k.stores[1:]
+    if value.op == "acc" and not pushes:
         return []
     bv, mv, nv = g.vars
-    em.forget()
     inner = ind + "    "
-    temps = em.hoist([value], inner)
-    return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
-            *_loop_var(mv, "m0 + ii", ind + "  "),
-            f"{ind}  #pragma omp simd",
-            f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
-            *_loop_var(nv, "n0 + jj", inner),
-            f"{inner}const float acc_{ACC} = ct[ii * N + jj];",
-            *temps,
-            f"{inner}ct[ii * N + jj] = {em.scalar(value)};",
-            f"{ind}  }}",
-            f"{ind}}}"]
+    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
+    if value.op != "acc":
+        em.forget()
+        temps = em.hoist([value], inner)
+        lines += [f"{ind}  #pragma omp simd",
+                  f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+                  *_loop_var(nv, "n0 + jj", inner),
+                  f"{inner}const float acc_{ACC} = ct[ii * LDC + jj];",
+                  *temps,
+                  f"{inner}ct[ii * LDC + jj] = {em.scalar(value)};",
+                  f"{ind}  }}"]
+    for st in pushes:
+        run = _column_run(st.when, nv, g.n)
+        idx, when, cols, col = st.index, st.when, "jj = 0; jj < nb", [*_loop_var(nv, "n0 + jj", inner)]
+        if run is not None:  # only columns [lo, hi) land there: loop over them, index from a column var >= 0
+            lo, hi = run
+            jc = var("jc", hi - lo)
+            idx, when = tuple(subs(e, {nv: jc + lo}) for e in idx), None
+            cols = f"jj = std::max<int64_t>(0, {lo} - n0); jj < std::min<int64_t>(nb, {hi} - n0)"
+            col = [f"{inner}const int64_t jc = n0 + jj - {lo};"] if hi - lo > 1 else []
+        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = "
+                 f"({ctype(st.buffer.dtype)})ct[ii * LDC + jj];")
+        lines += [f"{ind}  for (int64_t {cols}; ++jj) {{",
+                  *col,
+                  f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
+                  f"{ind}  }}"]
+    return lines + [f"{ind}}}"]
+
+
+def _column_run(when: Expr | None, nv: str, n: int) -> tuple[int, int] | None:
+    """[lo, hi): the columns where predicate `when` of the column index `nv` alone holds, when they are one run
+    (a split's part); None when it depends on another index or holds on several runs."""
+    from vtc.index.expr import evaluate
+
+    if when is None:
+        return (0, n) if n > 1 else None
+    if not nv or free_vars(when) != {nv}:
+        return None
+    hold = evaluate(when, {nv: torch.arange(n)}, {}).bool().expand(n)
+    at = torch.nonzero(hold).flatten()
+    if at.numel() == 0:
+        return None
+    lo, hi = int(at[0]), int(at[-1]) + 1
+    return (lo, hi) if int(hold.sum()) == hi - lo else None

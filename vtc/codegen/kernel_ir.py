@@ -13,7 +13,9 @@ Its three stages:
 - **store**: each output buffer is written at the domain index (contiguous); a
   pushed op's input is instead stored through the op's push mapping into the
   op's output (``vtc.codegen.push``; that buffer is then also among the
-  kernel's inputs when an earlier kernel allocated it: written in place).
+  kernel's inputs when an earlier kernel allocated it: written in place); a
+  GEMM's store through a chain of movement ops holds only where its ``when``
+  does (``vtc.codegen.gemm_push``).
 
 Scalars are hash-consed (``Scalar.make``), so common subexpressions are shared
 and the code generators can emit each once.
@@ -152,6 +154,7 @@ class Store:
     index: tuple[Expr, ...]
     value: Scalar
     per_r: bool = False
+    when: Expr | None = None  # only where this predicate holds (a GEMM's store through a push, vtc.codegen.gemm_push)
 
 
 @dataclass

@@ -15,7 +15,10 @@ select_scatter, index_copy, index_put and scatter.  Who writes each input:
 - **direct**: ``x``'s producer is a generated pointwise or row kernel; only
   its store stage changes: it stores through the push mapping into ``y``
   (the compute stage is the same).  When something else reads ``x`` too, the
-  kernel stores ``x`` as well.
+  kernel stores ``x`` as well.  A generated GEMM or convolution stores ``x``
+  too when ``x`` is its result (or its epilogue's) or a virtual tensor over
+  its result by views, splits, slices and permutes (a fused QKV projection
+  writing V into the KV cache; ``vtc.codegen.gemm_push``, in ``finish``).
 - **copy**: anything else (a graph input, a library result, a virtual tensor
   read through its own mapping, a value that loads nothing): one kernel of
   kind ``"push"`` at the op's place reads ``x`` (inlining its single-use
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vtc.codegen import gemm_push
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
@@ -147,7 +151,7 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
         if isinstance(writes, str):
             return False
         made = any(w.value in low.producer and low.kind.get(low.producer[w.value].name) in ("pointwise", "row")
-                   for w in writes)
+                   or gemm_computes(low, w.value) for w in writes)
         y = n.outputs[0].name
         read = any(low._is_kernel(r) and not r.startswith("realize:") for r in low.readers(y)) \
             if low.plan.is_virtual(y) else False
@@ -171,6 +175,18 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
     return out
+
+
+def gemm_computes(low, value: str) -> bool:
+    """True when a generated GEMM kernel computes `value`, or a virtual tensor `value` is over such a result by
+    movement ops with a push form: that kernel can store it into a pushed op's output (vtc.codegen.gemm_push)."""
+    if not gemm_push.ENABLED:
+        return False
+    found = gemm_push.forward(low, value)
+    if isinstance(found, str):
+        return False
+    p = low.producer.get(found[0])
+    return p is not None and (low.kind.get(p.name) == "gemm" or p.name in low.epilogue)
 
 
 def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
@@ -238,6 +254,9 @@ class Pusher:
         self._base_first: dict[str, str] = {}  # pushed node -> its base, copied before any write lands
         self._base_steps: dict[str, object] = {}  # pushed node -> the KernelStep copying its base
         self._names: dict[str, Node] = {n.name: n for n in low.graph.nodes}
+        self._copy_steps: dict[tuple[str, str], object] = {}  # (pushed node, value) -> its copy kernel's step
+        self.by_gemm: dict[tuple[str, str], str] = {}  # (pushed node, value) -> the GEMM node whose kernel stores it
+        self.why_copied: dict[tuple[str, str], str] = {}  # (pushed node, value) a GEMM computes -> why it is copied
         order = {n.name: k for k, n in enumerate(low.graph.nodes)}
         self._order = order
         for n in low.graph.nodes:
@@ -282,7 +301,8 @@ class Pusher:
             return False
         p = low.producer[w.value]
         k = low.kind[p.name]
-        if k not in ("pointwise", "row") or (k == "pointwise" and not p.inputs):
+        writers = ("pointwise", "row", "gemm") if gemm_push.ENABLED else ("pointwise", "row")  # GEMM: gemm_push
+        if k not in writers or (k == "pointwise" and not p.inputs):
             return False
         here = self._order[p.name]  # index tensors must be in memory before it runs (realised at their producer)
         return all(self._order[low.producer[t].name] < here for t in w.mapping.index_tensors
@@ -327,6 +347,7 @@ class Pusher:
         for w in self.writes[n.name]:
             if (n.name, w.value) in self.copies:
                 step = self._copy_step(n, w)
+                self._copy_steps[(n.name, w.value)] = step
                 if w.base:
                     self._base_steps[n.name] = step
                 steps.append(("kernel", step))
@@ -357,18 +378,88 @@ class Pusher:
             if c.tensor not in self.low.folded and c not in step.checks:
                 step.checks.append(c)
 
+    def _gemm_stores(self, step) -> tuple[list, set[int]]:
+        """GEMM kernel `step` stores the pushed writes of its result: the direct ones (its result, or its
+        epilogue's, is a pushed op's input) and those of virtual tensors over its result that a copy kernel
+        would write (``vtc.codegen.gemm_push``).  Returns the copy steps for the direct writes it cannot
+        store (run right after it) and the ids of the copy steps it replaces; the reasons in why_copied."""
+        low, k = self.low, step.kernel
+        p = k.stores[0].buffer.name
+        anchor = self._order[k.source_nodes[-1]]  # the graph position the kernel runs at
+        todo = [(n, w, True) for n, w in self.direct.get(p, [])]
+        for node, value in sorted(self.copies):
+            w = next(w for w in self.writes[node] if w.value == value)
+            if not w.base and low.plan.is_virtual(value) and p in low.plan.mappings[value].sources:
+                todo.append((self._names[node], w, False))
+        stores, done, copies, readers = [], set(), [], set()
+        for n, w, direct in todo:
+            y = n.outputs[0]
+            fwd = gemm_push.forward(low, w.value)
+            why = fwd if isinstance(fwd, str) else None
+            if why is None and not direct:
+                why = self._after(n, w, anchor)
+            if why is None:
+                st = gemm_push.gemm_store(low, k, Buffer(y.name, y.shape, y.dtype), fwd[1], w.value, w.mapping)
+                why = st if isinstance(st, str) else None
+            if why is not None:
+                self.why_copied[(n.name, w.value)] = why
+                if direct:  # its result stays in memory and is copied into place right after
+                    self.copies.add((n.name, w.value))
+                    copies.append(("kernel", self._copy_step(n, w)))
+                continue
+            stores.append(st)
+            readers.add(self.reader_name(n, w.value))
+            self._add_checks(step, w)
+            self.by_gemm[(n.name, w.value)] = k.source_nodes[0]
+            choice = low.gemm_choices.get(k.source_nodes[0])
+            if choice is not None and n.name not in choice.stores_into:
+                choice.stores_into.append(n.name)
+            if not direct:
+                self.copies.discard((n.name, w.value))
+                done.add(id(self._copy_steps[(n.name, w.value)]))
+        if not stores:
+            return copies, done
+        layout = gemm_push.in_place_layout(k, stores[0]) if len(stores) == 1 and not copies else None
+        alone = p not in low.outputs and not (low.readers(p) - readers)
+        if layout is not None and alone and stores[0].buffer.dtype == k.stores[0].buffer.dtype:
+            k.stores, k.gemm.out_layout = stores, layout  # accumulated straight into the pushed op's output
+        else:
+            k.stores = [k.stores[0], *stores]
+        low._finish(k)
+        return copies, done
+
+    def _after(self, n: Node, w: Write, anchor: int) -> str | None:
+        """Why a GEMM kernel at graph position `anchor` cannot store write w of pushed node n: an index tensor
+        of w computed after it, or a scatter base written after it (None when it can)."""
+        low = self.low
+        for t in w.mapping.index_tensors:
+            if t not in low.folded and t in low.producer and self._order[low.producer[t].name] >= anchor:
+                return f"index tensor %{t} is computed after the GEMM"
+        base = next((b for b in self.writes[n.name] if b.base), None)
+        if base is None or n.name in self._base_first:
+            return None
+        if base.value in self.direct and self._order[low.producer[base.value].name] < anchor:
+            return None
+        return f"the base %{base.value} of {n.name} is written after the GEMM"
+
     def finish(self, steps: list) -> list:
         """Redirects the direct writers' stores, puts early base copies first, marks in-place writes."""
         if not self.writes:
             return steps
         low = self.low
+        replaced: set[int] = set()  # copy steps whose writes a GEMM kernel stores instead
         for at, (kind, step) in reversed(list(enumerate(steps))):
             if kind != "kernel":
                 continue
             k = step.kernel
+            if k.kind == "gemm" and gemm_push.ENABLED:  # it stores through the push mappings too (gemm_push)
+                copies, done = self._gemm_stores(step)
+                steps[at + 1:at + 1] = copies
+                replaced |= done
+                continue
             if not any(st.buffer.name in self.direct for st in k.stores):
                 continue
-            if k.kind not in ("pointwise", "row"):  # a GEMM's epilogue: it stores in GEMM order only
+            if k.kind not in ("pointwise", "row"):  # e.g. an attention kernel: it stores in its own order only
                 names = [st.buffer.name for st in k.stores if st.buffer.name in self.direct]
                 copies = [("kernel", self._copy_step(n, w)) for x in names for n, w in self.direct[x]]
                 self.copies |= {(n.name, w.value) for x in names for n, w in self.direct[x]}
@@ -388,6 +479,7 @@ class Pusher:
                     self._add_checks(step, w)
             k.stores = stores
             low._finish(k)
+        steps = [x for x in steps if id(x[1]) not in replaced]
         for node in self._base_first:  # an early base copy runs before the first write into y
             y = self._names[node].outputs[0].name
             first = next(i for i, (kind, s) in enumerate(steps) if kind == "kernel" and _stores(s.kernel, y))

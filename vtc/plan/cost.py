@@ -820,8 +820,7 @@ class Estimator:
             acc = self.access(e.mapping, e.src)
             after.append(Term(("store", e.src), self.model.store(v.numel, size, acc),
                               f"the producer of %{e.src} writes through {acc.describe()}"))
-            p = self.producer.get(e.src)
-            if p is None or self.vtog.kinds.get(p.name) != "kernel":  # no kernel computes it: a copy kernel
+            if not self._stored_by_kernel(e.src, state):  # no kernel computes it: a copy kernel
                 after.append(Term(("pushcopy", e.src), self.model.copy(v.numel, size, DENSE),
                                   f"no kernel computes %{e.src}: a copy kernel writes it into place"))
             for r in self.readers(e.src, state):
@@ -848,6 +847,17 @@ class Estimator:
             bad = sorted(after, key=lambda t: -t.seconds)
             reason = bad[0].note if bad else "removing it saves nothing measurable"
         return Saving(sec, reason)
+
+
+    def _stored_by_kernel(self, value: str, state: frozenset) -> bool:
+        """True when a generated kernel computes `value`, or `value` is virtual over one source that a generated
+        GEMM or convolution computes (it stores through the chain's push form, vtc.codegen.gemm_push)."""
+        p = self.producer.get(value)
+        m = self.mapping(value, state) if p is not None and p.kind == "movement" else None
+        if m is not None and len(m.pieces) == 1 and m.pieces[0].source is not None:
+            p = self.producer.get(m.pieces[0].source)
+            return p is not None and self.vtog.kinds.get(p.name) == "kernel" and category(p) in ("matmul", "conv")
+        return p is not None and self.vtog.kinds.get(p.name) == "kernel"
 
 
 def _reordered(m: Mapping, order: list[int]) -> Mapping:

@@ -101,7 +101,8 @@ class Report:
             for g in self.gemm:
                 b, m, n, k = g["shape"]
                 out.append(f"  {g['node']:<20} {b}x{m}x{n}x{k}  {g['choice']:<5} {g['vtc_us']:.1f} / {g['torch_us']:.1f}"
-                           f"  ({g['why']})")
+                           f"  ({g['why']})" + (f"; stores into {', '.join(g['stores_into'])}"
+                                                if g.get("stores_into") else ""))
         return "\n".join(out)
 
 
@@ -173,4 +174,10 @@ def _push_why(plan: Plan, node, executor) -> str:
     low = getattr(executor, "lowering", None)
     copied = sorted(v for n, v in getattr(getattr(low, "push", None), "copies", ()) if n == node.name)
     tail = f"; copied into place: {', '.join('%' + v for v in copied)}" if copied else ""
+    why = getattr(getattr(low, "push", None), "why_copied", {})  # a GEMM computes it but cannot store it there
+    whys = [f"%{v}: {why[(node.name, v)]}" for v in copied if (node.name, v) in why]
+    tail += f" (not stored by the GEMM computing it: {'; '.join(whys)})" if whys else ""
+    by_gemm = getattr(getattr(low, "push", None), "by_gemm", {})  # vtc.codegen.gemm_push
+    stored = sorted(f"%{v} by {g}'s GEMM kernel" for (n, v), g in by_gemm.items() if n == node.name)
+    tail += f"; stored: {', '.join(stored)}" if stored else ""
     return plan.pushed[node.name] + tail
