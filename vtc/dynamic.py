@@ -58,7 +58,8 @@ class DynamicSizes:
 
     def _replay(self, graph: Graph) -> Plan:
         first = self.first_plan
-        plan = plan_none(graph) if first.mode == "none" else plan_keeping(graph, first.mode, dict(first.kept))
+        plan = plan_none(graph) if first.mode == "none" else plan_keeping(graph, first.mode, dict(first.kept),
+                                                                           dict(first.pushed))
         plan.decisions, plan.objective = first.decisions, first.objective
         plan.notes = [*first.notes, "plan decisions reused from the first size of this symbolic graph"]
         return plan

@@ -45,7 +45,7 @@ def reshape_read_by_kernel(x):
     return y.sin(), y @ torch.ones(32, 4)
 
 
-S, H, D, T = 4, 2, 8, 16
+S, H, D, T = 4, 2, 8, 1024  # a 64 KB cache: reading through the update pays for deriving its inverse
 
 
 def kv_cache_update(x, w, k_cache, v_cache, pos):
@@ -113,3 +113,21 @@ def repeat_kv_inputs():
     g = torch.Generator().manual_seed(0)
     return (torch.randn(B * KV * R, 1, D2, generator=g), torch.randn(B, KV, T2, D2, generator=g),
             torch.randn(B, KV, T2, D2, generator=g))
+
+
+VB, VH, VT, VD = 8, 4, 2048, 128  # a 32 MiB cache: torch allocates its copy in fresh pages
+
+
+def v_cache_update(x, w, k, v_cache, pos):
+    """Decode's value path: a GEMM's result -> view -> transpose -> index_copy into a returned V cache, read
+    by attention.  No kernel computes the new values (a GEMM does, in front of two movement ops)."""
+    v = (x @ w).view(VB, 1, VH, VD).transpose(1, 2)
+    vc = v_cache.index_copy(2, pos, v)
+    p = torch.softmax(k @ vc.transpose(2, 3), -1)
+    return p @ vc, vc
+
+
+def v_cache_inputs():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(VB, 1, 64, generator=g), torch.randn(64, VH * VD, generator=g),
+            torch.randn(VB, VH, 1, VD, generator=g), torch.randn(VB, VH, VT, VD, generator=g), torch.tensor([100]))

@@ -152,9 +152,8 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
             return False
         made = any(w.value in low.producer and low.kind.get(low.producer[w.value].name) in ("pointwise", "row")
                    or gemm_computes(low, w.value) for w in writes)
-        y = n.outputs[0].name
-        read = any(low._is_kernel(r) and not r.startswith("realize:") for r in low.readers(y)) \
-            if low.plan.is_virtual(y) else False
+        y = n.outputs[0].name  # virtual (pull form) or kept physical (torch's copy into a fresh buffer)
+        read = any(low._is_kernel(r) and not r.startswith("realize:") for r in low.readers(y))
         return made or read
 
     out: dict[str, str] = {}

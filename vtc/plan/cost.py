@@ -386,6 +386,9 @@ class CostModel:
     call_us = 1.0  # one torch call / kernel launch
     uncertain = 1.25  # pessimism on the traffic of accesses of unknown locality (scattered, indirect)
     chunk_penalty = 0.05  # extra traffic of "chunked" accesses (partly used lines at the run ends)
+    derive_us = 30.0  # deriving a scatter's inverse index before a kernel reads through it (a few torch calls)
+    page_fault_us = 1.0  # one fresh 4 KiB page of a buffer the framework allocates (measured 1-6 µs on a 2-core VM)
+    fresh_bytes = 32 << 20  # glibc's largest mmap threshold: from here on every allocation is fresh pages
 
     def __init__(self, machine_: Machine | None = None) -> None:
         self.machine = machine_ or machine()
@@ -434,11 +437,34 @@ class CostModel:
 
     def copy(self, numel: int, itemsize: int, acc: Access, generated: bool = True) -> float:
         """One copy into a new buffer reading through acc: a generated copy kernel computes the index per
-        element; the framework's copy (a kept op, a library making an operand contiguous) walks it
-        incrementally and pays only for scalar loads."""
-        read = self.read(numel, itemsize, acc) if generated else (
-            self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0), itemsize))
+        element; the framework's copy (a kept op, a library making an operand contiguous) walks a strided
+        view incrementally and pays only for scalar loads, but its indexing kernels (index_put, index_select,
+        gather) compute every element's offset from the index in a scalar loop."""
+        if generated:
+            read = self.read(numel, itemsize, acc)
+        elif acc.kind == INDIRECT:
+            ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
+            read = self.transfer(self.traffic(numel, itemsize, acc)) + numel * ns * 1e-9 / max(self.machine.threads, 1)
+        else:
+            read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0),
+                                                                                     itemsize)
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
+
+    def derive(self, m: Mapping) -> float:
+        """Seconds to compute the derived index tensors (a scatter's inverse) that a kernel reading through
+        `m` needs on every call (``vtc.virtual.movement.derive_index_tensors``, a few torch calls each)."""
+        from vtc.virtual.movement import _parse_derived
+
+        return sum(_parse_derived(n) is not None for n in m.index_tensors) * self.derive_us * 1e-6
+
+    def fresh(self, nbytes: int) -> float:
+        """Page faults of a new buffer of nbytes that the framework allocates on every call (a kept op's
+        output, a library's contiguous copy of its operand): above glibc's mmap threshold each allocation is a
+        new mapping whose pages fault on first write.  Generated kernels write such buffers into recycled
+        storage (``vtc.runtime.buffers``) and pay nothing."""
+        if nbytes < self.fresh_bytes:
+            return 0.0
+        return -(-nbytes // 4096) * self.page_fault_us * 1e-6
 
     def store(self, numel: int, itemsize: int, acc: Access) -> float:
         """Extra seconds of writing through acc instead of in order (a push)."""
@@ -510,7 +536,10 @@ class Estimator:
 
     A state is the frozenset of movement ops whose pull choice is taken (their
     outputs are virtual).  Push choices are priced against a pull state but do
-    not enter it (no lowering stores through a mapping yet).
+    not enter it; ``pushed`` names the ops whose pushes are taken (the planner
+    sets it before it prices the remaining pulls again): such an op copies
+    nothing, its writers read their inputs through its push mapping as a kernel
+    reads an operand.
     """
 
     def __init__(self, vtog: VTOG, model: CostModel | None = None) -> None:
@@ -537,6 +566,7 @@ class Estimator:
                         up |= self.anc.get(v.name, frozenset())
                 self.anc[o.name] = frozenset(up)
         self.component = self._components()
+        self.pushed: frozenset[str] = frozenset()
 
     # -- mechanism facts ------------------------------------------------------
     def _components(self) -> dict[str, int]:
@@ -633,7 +663,8 @@ class Estimator:
         return acc
 
     def readers(self, value: str, state: frozenset) -> list[str]:
-        """Who needs `value` itself under `state`: node names, "<output>", "<index>" (virtual ops read through)."""
+        """Who needs `value` itself under `state`: node names, "<output>", "<index>" (virtual ops read through;
+        a pushed op is its writers, which read it as a kernel does)."""
         out = []
         for u in self.users.get(value, []):
             if u.kind == "movement" and u.name in state:
@@ -655,7 +686,7 @@ class Estimator:
         terms = []
         if m is None:
             for r in self.readers(value, state):
-                if self.vtog.kinds.get(r) == "kernel":
+                if self.vtog.kinds.get(r) == "kernel" or r in self.pushed:
                     t = self.model.read(v.numel, size, DENSE, self.reads_of(self.nodes[r]))
                     terms.append(Term(("read", value, r), t, f"{r} reads it from memory", cost=False))
             return terms
@@ -663,11 +694,11 @@ class Estimator:
         st = self.strided(m)
         copied = False
         for r in self.readers(value, state):
-            kind = self.vtog.kinds.get(r)
+            kind = "kernel" if r in self.pushed else self.vtog.kinds.get(r)
             if kind == "kernel":
                 n = self.reads_of(self.nodes[r])
                 acc = self.kernel_access(m, value, self.nodes[r], n)
-                t = self.model.read(v.numel, size, acc, n)
+                t = self.model.read(v.numel, size, acc, n) + self.model.derive(m)
                 again = f" {n}x" if n > 1 else ""
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
@@ -676,7 +707,7 @@ class Estimator:
                 if not copied:
                     copied = True
                     who = "the graph output" if r == "<output>" else "an index" if r == "<index>" else r
-                    terms.append(Term(("realise", value), self.model.copy(v.numel, size, acc),
+                    terms.append(Term(("realise", value), self.model.copy(v.numel, size, acc) + self.model.derive(m),
                                       f"not a strided view: a copy kernel realises it for {who} "
                                       f"({acc.describe()})"))
                 continue
@@ -690,15 +721,22 @@ class Estimator:
                 continue
             why = self.model.library_takes(self.nodes[r], v, st, v.shape)
             if why:
-                terms.append(Term(("libcopy", value, r), self.model.copy(v.numel, size, acc, generated=False), why))
+                t = self.model.copy(v.numel, size, acc, generated=False) + self.model.fresh(v.nbytes)
+                terms.append(Term(("libcopy", value, r), t, why))
         return terms
 
     def op_terms(self, op: str, state: frozenset) -> list[Term]:
-        """The copy a kept movement op makes (it reads strided views of virtual inputs in place)."""
+        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): with
+        every input physical, a generated copy kernel through its pull mapping (into recycled storage);
+        else torch on the inputs (reading strided views of virtual ones in place) into a fresh buffer."""
+        from vtc.codegen.ops import C_TYPES
+
         n = self.nodes[op]
-        if op in state:
+        if op in state or op in self.pushed:
             return []
         maps = self.vtog.pulls.get(op)
+        generated = maps is not None and all(self.mapping(v.name, state) is None for v in n.inputs) and all(
+            v.dtype in C_TYPES for v in [*n.inputs, *n.outputs])
         out = []
         for k, o in enumerate(n.outputs):
             size = _size(o)
@@ -712,8 +750,14 @@ class Estimator:
                 if m is None:
                     m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
                 acc = self.access(m, o.name)
-            out.append(Term(("run", op, o.name), self.model.copy(o.numel, size, acc, generated=False),
-                            f"{op} runs and copies {_bytes(o.nbytes)} ({acc.describe()})"))
+            if generated:
+                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k]), "a copy kernel"
+            else:
+                fresh = self.model.fresh(o.nbytes)
+                t = self.model.copy(o.numel, size, acc, generated=False) + fresh
+                how = "torch" + (", into fresh pages" if fresh else "")
+            out.append(Term(("run", op, o.name), t, f"{op} runs and copies {_bytes(o.nbytes)} ({how}, "
+                                                    f"{acc.describe()})"))
         return out
 
     def terms(self, values: list[str], ops: list[str], state: frozenset) -> list[Term]:
@@ -805,7 +849,7 @@ class Estimator:
     def _push_saving(self, choice: Choice, state: frozenset) -> Saving:
         """A push: the op's copy disappears; the producers write through, readers read through the target."""
         op = self.nodes[choice.op]
-        before = self.op_terms(op.name, frozenset())
+        before = self.op_terms(op.name, state - {op.name})  # the op kept, run as the lowering would
         pushed = {e.src for e in choice.edges}
         after: list[Term] = []
         for x in op.inputs:
@@ -833,8 +877,8 @@ class Estimator:
                 elif r not in ("<output>", "<index>") and acc.strided is not None:
                     why = self.model.library_takes(self.nodes[r], v, acc.strided, v.shape)
                     if why:
-                        after.append(Term(("libcopy", e.src, r), self.model.copy(v.numel, size, acc, generated=False),
-                                          why))
+                        t = self.model.copy(v.numel, size, acc, generated=False) + self.model.fresh(v.nbytes)
+                        after.append(Term(("libcopy", e.src, r), t, why))
                 else:
                     after.append(Term(("realise", e.src), self.model.copy(v.numel, size, acc),
                                       f"%{e.src} is not a strided view of %{e.dst}: a copy realises it for {r}"))

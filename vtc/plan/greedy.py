@@ -34,7 +34,7 @@ from vtc.plan.virtualize import Plan, plan_keeping
 from vtc.plan.vtog import PULL, PUSH, VTOG, Choice, node_kinds
 
 EPSILON_S = 1e-12  # a saving must beat this to be taken (ties of equal work are left physical)
-NOT_LOWERED = "push: only generated kernels store through a mapping (not taken for this backend)"
+NOT_LOWERED = "push: priced, not taken here: generated kernels take pushes after the pulls, other backends never"
 
 
 @dataclass
@@ -69,7 +69,6 @@ class Strategy:
 def select(vtog: VTOG, estimator: Estimator, directions: tuple[str, ...] = (PULL,)) -> Strategy:
     """The greedy strategy over the choices in `directions` (the others are priced and logged, never taken)."""
     out = Strategy()
-    order = {c.name: k for k, c in enumerate(vtog.choices)}
     state: frozenset[str] = frozenset()
     alive: list[Choice] = []
     for c in vtog.choices:
@@ -79,8 +78,24 @@ def select(vtog: VTOG, estimator: Estimator, directions: tuple[str, ...] = (PULL
             continue  # logged at the end, priced against the final state
         else:
             alive.append(c)
+    state, saving = _rounds(vtog, estimator, alive, state, out, 0)
+    for c in alive:
+        s = saving[c.name]
+        out.decisions.append(Decision(c.values[0], c.op, False, s, s.reason, c.direction))
+    for c in vtog.choices:
+        if not c.invalid and c.direction not in directions:
+            s = estimator.saving(c, state)
+            why = NOT_LOWERED if c.direction == PUSH else f"{c.direction} choices are not taken"
+            out.decisions.append(Decision(c.values[0], c.op, False, s, f"{why} ({s.reason})", c.direction))
+    return out
+
+
+def _rounds(vtog: VTOG, estimator: Estimator, alive: list[Choice], state: frozenset, out: Strategy,
+            rnd: int) -> tuple[frozenset, dict]:
+    """The greedy's rounds from `state` over the choices in `alive` (taken ones and conflicting ones leave
+    it, with their decisions in `out`); returns the final state and the last saving of each choice."""
+    order = {c.name: k for k, c in enumerate(vtog.choices)}
     saving = {c.name: estimator.saving(c, state) for c in alive}
-    rnd = 0
     while alive:
         best = max(alive, key=lambda c: (saving[c.name].seconds, -order[c.name]))
         taken = [best] if saving[best.name].seconds > EPSILON_S else _escape(alive, estimator, state)
@@ -108,15 +123,33 @@ def select(vtog: VTOG, estimator: Estimator, directions: tuple[str, ...] = (PULL
         for c in alive:
             if c.direction == PULL and estimator.component.get(c.op) in groups:
                 saving[c.name] = estimator.saving(c, state)
+    return state, saving
+
+
+def resume(vtog: VTOG, estimator: Estimator, strategy: Strategy) -> Strategy:
+    """`strategy` with the pulls it left priced again once its pushes are taken, and taken while they pay.
+
+    Pulls come first and pushes second (``vtc.codegen.push.take_pushes``), so a
+    pull was priced while the op it feeds was still kept: the V projection's
+    transpose in front of a KV-cache update was kept physical because, virtual,
+    torch's index_put would read it through a view.  Once the update is pushed,
+    its writer reads the transpose through its mapping as a kernel does.
+    """
+    pushed = frozenset(c.op for c in strategy.chosen if c.direction == PUSH)
+    if not pushed:
+        return strategy
+    estimator.pushed = pushed
+    state = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
+    alive = [c for c in vtog.choices if c.direction == PULL and not c.invalid and c.op not in state
+             and c.op not in pushed and not any(vtog.conflict(t, c) for t in strategy.chosen)]
+    out = Strategy(list(strategy.chosen), [])
+    rnd = max((d.round or 0 for d in strategy.decisions), default=0)
+    _, saving = _rounds(vtog, estimator, alive, state, out, rnd)
     for c in alive:
         s = saving[c.name]
         out.decisions.append(Decision(c.values[0], c.op, False, s, s.reason, c.direction))
-    for c in vtog.choices:
-        if not c.invalid and c.direction not in directions:
-            s = estimator.saving(c, state)
-            why = NOT_LOWERED if c.direction == PUSH else f"{c.direction} choices are not taken"
-            out.decisions.append(Decision(c.values[0], c.op, False, s, f"{why} ({s.reason})", c.direction))
-    return out
+    new = {(d.op, d.direction) for d in out.decisions}
+    return Strategy(out.chosen, [d for d in strategy.decisions if (d.op, d.direction) not in new] + out.decisions)
 
 
 def _escape(alive: list[Choice], estimator: Estimator, state: frozenset) -> list[Choice]:

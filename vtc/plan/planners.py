@@ -20,7 +20,7 @@ from __future__ import annotations
 from vtc.ir.graph import Graph
 from vtc.plan import cache as plan_cache
 from vtc.plan.cost import CostModel, Estimator
-from vtc.plan.greedy import PULL, Strategy, plan_of, select
+from vtc.plan.greedy import PULL, Strategy, plan_of, resume, select
 from vtc.plan.virtualize import Plan, plan_all, plan_keeping, plan_none
 from vtc.plan.vtog import VTOG, node_kinds
 
@@ -57,7 +57,7 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
     if backend == "cpu" and options.get("push", True):  # generated kernels store through push mappings
         from vtc.codegen.push import take_pushes
 
-        strategy = take_pushes(graph, vtog, est, strategy, options.get("gemm", "auto"))
+        strategy = resume(vtog, est, take_pushes(graph, vtog, est, strategy, options.get("gemm", "auto")))
     notes = []
     budget = options.get("measure_budget_s")
     if budget is None:
