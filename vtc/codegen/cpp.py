@@ -35,6 +35,7 @@ from vtc.codegen.ops import C_TYPES
 from vtc.codegen.vecmath import PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.codegen.prefetch import gathered_row_prefetch
+from vtc.codegen.reuse import stored_term
 from vtc.index.expr import Expr
 from vtc.index.mapping import linear_offset
 
@@ -380,12 +381,18 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     return lines + close
 
 
-def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:
-    """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise."""
+def _reduction_loop(red, em: _Emitter, rloop: str, store_term: str | None = None) -> list[str]:
+    """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise.
+
+    `store_term`: an element of an output that the term is also written to (``vtc.codegen.reuse``)."""
     acc, t = f"acc_{red.name}", ctype(red.dtype)
     em.forget()
     body = em.hoist([red.value], "      ")
     v = em.scalar(red.value)
+    if store_term is not None:
+        body.append(f"      const {ctype(red.value.dtype)} term_ = {v};")
+        body.append(f"      {store_term} = term_;")
+        v = "term_"
     if red.combine in _ASSOC:
         op = _ASSOC[red.combine]
         return [f"    #pragma omp simd reduction({op}:{acc})", f"    {rloop}", *body,
@@ -444,6 +451,9 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     lines += em.hoist_index_loads(k, "r", "    ")
     lines += gathered_row_prefetch(k, em, names, order, rows, "    ")  # rows picked by an index tensor
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
+    stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
+    if stored:
+        stored_at = f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
     for phase in k.phases:
         for red in phase:
             t = ctype(red.dtype)
@@ -453,11 +463,14 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
                 init = f"std::numeric_limits<{t}>::{'lowest' if lim == 'min' else 'max'}()"
             lines.append(f"    {t} acc_{red.name} = ({t}){init};")
         for red in phase:
-            lines += _reduction_loop(red, em, rloop)
+            lines += _reduction_loop(red, em, rloop, stored_at if stored and red is stored.reduction else None)
     per_r = [s for s in k.stores if s.per_r]
     if per_r:
         lines += ["    #pragma omp simd", f"    {rloop}"]
         em.forget()
+        if stored:  # the term the sum pass stored, read back instead of computed again
+            lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
+            em.temps[id(stored.reduction.value)] = "term_"
         lines += em.hoist([s.value for s in per_r], "      ")
         lines += [_store(em, s, "      ") for s in per_r]
         lines.append("    }")
