@@ -110,6 +110,7 @@ class Compiled:
         self.model = model
         self.options = check_options(options)
         self._plain: tuple[int, bool] | None = None  # (number of inputs, captured as plain positional tensors)
+        self._exact_sig: tuple | None = None  # ((dtype, shape) per input or None, one plain output): _exact
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
         self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
@@ -158,6 +159,9 @@ class Compiled:
         return spec
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and self._exact(args):  # the captured dtypes and shapes: nothing to check or flatten
+            outs = self._first.executor(list(args))
+            return outs[0] if self._exact_sig[1] else unflatten_outputs(self._first.graph, outs)
         graph = self._first.graph
         if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
@@ -168,6 +172,21 @@ class Compiled:
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
         return unflatten_outputs(spec.graph, spec.executor(tensors))
+
+    def _exact(self, args: tuple) -> bool:
+        """Whether args are plain positional tensors of exactly the captured dtypes and shapes.
+
+        The common call, checked in one pass (the per-call Python cost of a small graph is
+        microseconds, next to a kernel of tens of them); anything else takes the full path."""
+        if self._exact_sig is None:
+            graph = self._first.graph
+            inputs = tuple((v.dtype, torch.Size(v.shape)) for v in graph.inputs)
+            single = (len(graph.outputs) == 1 and not graph.meta.get("output_consts")
+                      and (graph.out_spec is None or isinstance(graph.out_spec, pytree.TreeSpec) and graph.out_spec.is_leaf()))
+            self._exact_sig = (inputs if self._plain_inputs(len(graph.inputs)) else None, single)
+        sig = self._exact_sig[0]
+        return sig is not None and len(args) == len(sig) and all(
+            type(t) is torch.Tensor and t.dtype == dt and t.shape == shape for t, (dt, shape) in zip(args, sig))
 
     def _plain_inputs(self, n: int) -> bool:
         """Whether the captured inputs are exactly n positional tensors (no kwargs, no constants)."""

@@ -4,10 +4,10 @@ Each size names the bytes of the tensor that the chain moves (float32).
 Chains: transpose -> add, permute -> softmax, cat -> relu, rotate_half
 (slice + neg + cat) -> mul (the RoPE expression), roll -> add (Swin's shifted
 window), index_select -> sum, window partition (view + permute + reshape) ->
-layer_norm; and pure gelu / softmax over rows of 4096 with no movement (the
-floor: what a compute op costs alone).  A plain ``vtc bench`` runs every chain at
-64 MB and three of them at 1 MB (the others at 1 MB run with ``--workloads
-all``).  ``smoke_transpose_add`` is a 16 KB case for the tests.
+layer_norm; and pure gelu / softmax (and, when named, layer_norm / RMSNorm)
+over rows of 4096 with no movement (the floor: what a compute op costs
+alone).  A plain ``vtc bench`` runs every chain at 64 MB and three of them at
+1 MB (the others at 1 MB, and the norms, run with ``--workloads all``).  ``smoke_transpose_add`` is a 16 KB case for the tests.
 """
 from __future__ import annotations
 
@@ -95,6 +95,18 @@ def _softmax(n: int):
     return Fn(lambda m, x: torch.softmax(x, dim=-1), "softmax"), (randn(n // 4096, 4096),)
 
 
+def _layer_norm(n: int):
+    return Fn(lambda m, x: F.layer_norm(x, (4096,), m.weight, m.bias), "layer_norm",
+              weight=1 + 0.1 * randn(4096, seed=3), bias=0.1 * randn(4096, seed=4)), (randn(n // 4096, 4096),)
+
+
+def _rms_norm(n: int):
+    def f(m, x):  # as Llama's RMSNorm writes it
+        return m.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    return Fn(f, "rms_norm", weight=1 + 0.1 * randn(4096, seed=3)), (randn(n // 4096, 4096),)
+
+
 _CHAINS = {
     "transpose_add": (_transpose_add, "transpose -> add"),
     "permute_softmax": (_permute_softmax, "permute -> softmax"),
@@ -105,7 +117,10 @@ _CHAINS = {
     "window_partition_ln": (_window_ln, "window partition (view/permute/reshape, window 7) -> layer_norm"),
     "gelu": (_gelu, "gelu over rows of 4096 (no movement)"),
     "softmax": (_softmax, "softmax over rows of 4096 (no movement)"),
+    "layer_norm": (_layer_norm, "layer_norm over rows of 4096 (no movement)"),
+    "rms_norm": (_rms_norm, "RMSNorm (Llama's) over rows of 4096 (no movement)"),
 }
+_ASKED = {"layer_norm", "rms_norm"}  # run only when named (or with --workloads all)
 _QUICK = {"transpose_add", "rope_mul", "window_partition_ln"}  # 1 MB ones in a plain run
 _QUICKER = {"transpose_add", "rope_mul"}  # 1 MB ones in --quick
 
@@ -116,6 +131,7 @@ def _make(fn: Callable, n: int):
 
 WORKLOADS = [
     Workload(f"micro_{name}_{mb}mb", "micro", f"{desc}, {mb} MB", _make(fn, mb * MB // 4),
-             in_quick=mb == 1 and name in _QUICKER, default=mb == 64 or name in _QUICK, params=dict(mbytes=mb))
+             in_quick=mb == 1 and name in _QUICKER, default=(mb == 64 or name in _QUICK) and name not in _ASKED,
+             params=dict(mbytes=mb))
     for mb in (1, 64) for name, (fn, desc) in _CHAINS.items()
 ] + [Workload("smoke_transpose_add", "smoke", "transpose -> add, 64x64 (for the tests)", _make(_transpose_add, 64 * 64))]

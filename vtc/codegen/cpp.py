@@ -32,8 +32,10 @@ import torch
 from vtc.codegen import depthwise
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under
 from vtc.codegen.ops import C_TYPES
+from vtc.codegen.vecmath import PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.codegen.prefetch import gathered_row_prefetch
+from vtc.codegen.reuse import stored_term
 from vtc.index.expr import Expr
 from vtc.index.mapping import linear_offset
 
@@ -48,73 +50,8 @@ static inline int64_t vtc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; re
 static inline int64_t vtc_mod(int64_t a, int64_t b) { int64_t r = a % b; return r + ((r != 0) & ((r < 0) != (b < 0))) * b; }
 template <class T> static inline T vtc_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> static inline T vtc_min(T a, T b) { return (a < b || a != a) ? a : b; }
-// float exp/erf/tanh as branch-free arithmetic, so that loops calling them vectorise
-// (Cephes expf polynomial, ~1 ulp; erf by Abramowitz-Stegun 7.1.26, |error| < 1.5e-7).
-// Their polynomials use fused multiply-adds where the target has them (explicit, since the
-// build turns off contraction of the kernels' own a * b + c so that those match torch).
-#if defined(__FMA__)
-#define VTC_FMA(a, b, c) __builtin_fmaf(a, b, c)
-#else
-#define VTC_FMA(a, b, c) ((a) * (b) + (c))
-#endif
-static inline float vtc_exp(float x) {
-  const float hi = 88.72283935f, lo = -86.0f;  // ln(FLT_MAX); below lo the result is < 5e-38, returned as 0
-  float xc = x > lo ? x : lo;  // NaN -> lo, restored at the end
-  xc = xc < hi ? xc : hi;
-  float m = VTC_FMA(xc, 1.44269504088896341f, 12582912.0f);  // round(x / ln 2) in the low mantissa bits
-  float fl = m - 12582912.0f;
-  int32_t n = __builtin_bit_cast(int32_t, m) - 0x4B400000;
-  float z = VTC_FMA(fl, 2.12194440e-4f, VTC_FMA(fl, -0.693359375f, xc));
-  float y = 1.9875691500e-4f;
-  y = VTC_FMA(y, z, 1.3981999507e-3f); y = VTC_FMA(y, z, 8.3334519073e-3f); y = VTC_FMA(y, z, 4.1665795894e-2f);
-  y = VTC_FMA(y, z, 1.6666665459e-1f); y = VTC_FMA(y, z, 5.0000001201e-1f);
-  y = VTC_FMA(y, z * z, z) + 1.0f;
-  float r = y * __builtin_bit_cast(float, (n + 126) << 23) * 2.0f;
-  r = x < lo ? 0.0f : r;
-  r = x > hi ? INFINITY : r;
-  return x != x ? x : r;
-}
-static inline double vtc_exp(double x) { return std::exp(x); }
-// 1 - erf(|x|) for |x| >= 0 by Abramowitz-Stegun 7.1.26 (absolute error < 1.5e-7)
-static inline float vtc_erfc_as(float a) {
-  float t = 1.0f / VTC_FMA(0.3275911f, a, 1.0f);
-  float y = VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(1.061405429f, t, -1.453152027f), t, 1.421413741f), t, -0.284496736f),
-                    t, 0.254829592f) * t;
-  return y * vtc_exp(-a * a);
-}
-static inline float vtc_erf(float x) {
-  float z = x * x;  // |x| < 1: Cephes erff polynomial (relative error ~1e-7)
-  float small = x * VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(7.853861353153693e-5f, z, -8.010193625184903e-4f),
-                    z, 5.188327685732524e-3f), z, -2.685381193529856e-2f), z, 1.128358514861418e-1f),
-                    z, -3.761262582423300e-1f), z, 1.128379165726710e+0f);
-  float big = 1.0f - vtc_erfc_as(std::fabs(x));  // |x| >= 1
-  big = x < 0 ? -big : big;
-  return std::fabs(x) < 1.0f ? small : big;
-}
-static inline double vtc_erf(double x) { return std::erf(x); }
-static inline float vtc_tanh(float x) {
-  float z = x * x;  // |x| < 0.625: Cephes tanhf polynomial, else from exp
-  float small = VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(VTC_FMA(-5.70498872745e-3f, z, 2.06390887954e-2f), z, -5.37397155531e-2f),
-                                        z, 1.33314422036e-1f), z, -3.33332819422e-1f) * z, x, x);
-  float e = vtc_exp(-2.0f * std::fabs(x)), big = (1.0f - e) / (1.0f + e);
-  big = x < 0 ? -big : big;
-  return std::fabs(x) < 0.625f ? small : big;
-}
-static inline double vtc_tanh(double x) { return std::tanh(x); }
-template <class T> static inline T vtc_sigmoid(T x) { return T(1) / (T(1) + vtc_exp(-x)); }
-static inline float vtc_gelu(float x) {  // erf of x / sqrt(2) by Abramowitz-Stegun over the whole range:
-  float e = 1.0f - vtc_erfc_as(std::fabs(x) * 0.70710678118654752440f);  // its error is below float's
-  e = x < 0 ? -e : e;                                                   // resolution of 1 + erf
-  float r = 0.5f * x * (1.0f + e);
-  float d = x - x;  // NaN for +-inf and NaN, as torch returns there
-  return d != d ? d : (x < -20.0f ? -0.0f : r);
-}
-template <class T> static inline T vtc_gelu(T x) {
-  T r = T(0.5) * x * (T(1) + vtc_erf(x * T(0.70710678118654752440)));
-  T d = x - x;  // NaN for +-inf and NaN, as torch returns there
-  return d != d ? d : (x < T(-20) ? T(-0.0) : r); }  // below -20 the true value underflows
-template <class T> static inline T vtc_gelu_tanh(T x) {
-  return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
+// exp, erf, tanh, sigmoid, gelu: vtc/codegen/vecmath.py
+""" + VECMATH_PRELUDE + r"""
 template <class T> static inline T vtc_fmod_floor(T a, T b) { T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0)); }
 """ + TILES_PRELUDE
@@ -444,12 +381,18 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     return lines + close
 
 
-def _reduction_loop(red, em: _Emitter, rloop: str) -> list[str]:
-    """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise."""
+def _reduction_loop(red, em: _Emitter, rloop: str, store_term: str | None = None) -> list[str]:
+    """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise.
+
+    `store_term`: an element of an output that the term is also written to (``vtc.codegen.reuse``)."""
     acc, t = f"acc_{red.name}", ctype(red.dtype)
     em.forget()
     body = em.hoist([red.value], "      ")
     v = em.scalar(red.value)
+    if store_term is not None:
+        body.append(f"      const {ctype(red.value.dtype)} term_ = {v};")
+        body.append(f"      {store_term} = term_;")
+        v = "term_"
     if red.combine in _ASSOC:
         op = _ASSOC[red.combine]
         return [f"    #pragma omp simd reduction({op}:{acc})", f"    {rloop}", *body,
@@ -508,6 +451,9 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     lines += em.hoist_index_loads(k, "r", "    ")
     lines += gathered_row_prefetch(k, em, names, order, rows, "    ")  # rows picked by an index tensor
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
+    stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
+    if stored:
+        stored_at = f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
     for phase in k.phases:
         for red in phase:
             t = ctype(red.dtype)
@@ -517,11 +463,14 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
                 init = f"std::numeric_limits<{t}>::{'lowest' if lim == 'min' else 'max'}()"
             lines.append(f"    {t} acc_{red.name} = ({t}){init};")
         for red in phase:
-            lines += _reduction_loop(red, em, rloop)
+            lines += _reduction_loop(red, em, rloop, stored_at if stored and red is stored.reduction else None)
     per_r = [s for s in k.stores if s.per_r]
     if per_r:
         lines += ["    #pragma omp simd", f"    {rloop}"]
         em.forget()
+        if stored:  # the term the sum pass stored, read back instead of computed again
+            lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
+            em.temps[id(stored.reduction.value)] = "term_"
         lines += em.hoist([s.value for s in per_r], "      ")
         lines += [_store(em, s, "      ") for s in per_r]
         lines.append("    }")

@@ -48,7 +48,8 @@ class BufferPool:
         """A contiguous tensor of `shape` and `dtype` with unspecified contents (like torch.empty)."""
         nbytes = shape.numel() * dtype.itemsize
         if nbytes < MIN_BYTES or _use_count is None or not ENABLED:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(*shape, dtype=dtype) if shape else torch.empty(shape, dtype=dtype)  # sizes unpacked:
+            # torch's argument parser takes them in half the time of a torch.Size (~2 us less per output)
         with self._lock:
             for st in self._kept:
                 if st.nbytes() == nbytes and _use_count(st._cdata) == 1:  # only the pool holds it
