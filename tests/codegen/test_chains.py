@@ -68,3 +68,28 @@ def test_lanes_on_a_non_contiguous_input_and_a_pointwise_prologue():
     compiled = check(fn, (x,), **ROW_TOL)
     assert_no_movement(compiled)
     assert _lane_kernels(compiled)
+
+
+def test_index_check_in_c_raises_like_torch():
+    """The C range check (vtc.runtime.checks) passes good indices and leaves every failure to IndexCheck.run."""
+    from vtc.index.mapping import IndexCheck
+    from vtc.runtime.checks import check_range
+
+    c = IndexCheck("i", 0, 126, "index_select")
+    check_range(c, torch.arange(127))
+    for bad, value in ((torch.tensor([0, 127, 3]), 127), (torch.tensor([-1]), -1),
+                       (torch.tensor([[1, 2], [3, 200]]).t(), 200)):  # the last one non-contiguous
+        with pytest.raises(IndexError, match=f"index_select: index {value} is out of range"):
+            check_range(c, bad)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 127])
+def test_index_select_sum_checks_its_indices(rows):
+    g = gen(6)
+    table = rand((rows, 33), g)
+    idx = torch.randint(0, rows, (rows + 2,), generator=g)
+    fn = lambda t, i: t.index_select(0, i).sum(-1)  # noqa: E731
+    compiled = check(fn, (table, idx), **ROW_TOL)
+    assert_no_movement(compiled)
+    with pytest.raises(IndexError, match=f"index {rows} is out of range"):
+        compiled(table, torch.full_like(idx, rows))
