@@ -3,7 +3,7 @@
 Like ``bench.gemm_side_by_side`` (whose interleaved timer it uses): every system runs once per round,
 round after round, so each sees the same load on a shared machine; the line per workload gives the
 median and the minimum per system and the ratios to vtc (of medians, then of minimums), with the load
-average.  Each vtc result is checked against eager first; Dynamo is reset before each workload (the
+average; at the end, torch's read and copy bandwidth on 64 MB (the floor of a memory-bound chain).  Each vtc result is checked against eager first; Dynamo is reset before each workload (the
 micro modules share one ``forward``, so without a reset the 9th workload would hit Dynamo's recompile
 limit and "torch.compile" would silently run eagerly)::
 
@@ -48,6 +48,16 @@ def side_by_side(name: str, systems: list[str], rounds: int = 15, clock=CLOCKS["
         return time_side_by_side(fns, rounds, clock)
 
 
+def bandwidth(mbytes: int = 64, rounds: int = 15) -> dict[str, float]:
+    """GB/s of torch reading (sum) and copying (copy_ into a warm buffer) a contiguous float32 tensor of
+    `mbytes` MB, medians of interleaved rounds: the memory speed a 64 MB chain runs against."""
+    x = torch.randn(mbytes << 18)
+    out = torch.empty_like(x)
+    times = time_side_by_side({"read": lambda: x.sum(), "copy": lambda: out.copy_(x)}, rounds)
+    return {"read_gb_s": x.nbytes / times["read"]["median_ms"] / 1e6,
+            "copy_gb_s": 2 * x.nbytes / times["copy"]["median_ms"] / 1e6}  # copy: bytes read + written
+
+
 def _line(name: str, times: dict[str, dict]) -> str:
     cols = " ".join(f"{k} {t['median_ms']:.3f}/{t['min_ms']:.3f}" for k, t in times.items())
     v = times.get("vtc")
@@ -76,13 +86,16 @@ def main(argv: list[str] | None = None) -> int:
         times = side_by_side(name, args.systems.split(","), args.rounds, CLOCKS[args.clock])
         results.append({"workload": name, "times": times})
         print(_line(name, times), flush=True)
+    bw = bandwidth()
+    print(f"memory: read {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s (64 MB, torch, "
+          f"{args.threads} threads)  load {os.getloadavg()[0]:.2f}")
     if args.out:
         commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent).stdout.strip()
         data = {"command": "python -m bench.micro_side_by_side " + " ".join(sys.argv[1:] if argv is None else argv),
                 "commit": commit, "threads": args.threads, "clock": args.clock, "rounds": args.rounds,
                 "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "cpu_count": os.cpu_count(),
-                "results": results}
+                "bandwidth": bw, "results": results}
         Path(args.out).write_text(json.dumps(data, indent=1))
         print(f"wrote {args.out}; load average before {load_before}, after {os.getloadavg()}")
     return 0
