@@ -1,4 +1,4 @@
-"""Recycled kernel output buffers: large buffers come back without fresh page faults, and warm.
+"""Recycled kernel output buffers: large buffers come back without fresh page faults.
 
 A generated kernel writes its result into a new tensor.  For a large one
 (``torch.empty`` of tens of MB) glibc maps fresh pages on every call (above its
@@ -30,11 +30,7 @@ import threading
 
 import torch
 
-# Smaller buffers come from malloc's heap, already mapped after the first call, but not always at the
-# address just freed: a 1 MB result written to a cold address costs more than the kernel computing it
-# (cat -> relu, 1 MB: 57 us into the same buffer, 80 us into malloc's alternating ones), so from 256 KB
-# on the pool hands back the storage the previous call freed, still in cache.
-MIN_BYTES = 256 << 10
+MIN_BYTES = 4 << 20  # smaller buffers come from malloc's heap, already mapped after the first call
 MAX_KEPT = 16  # storages kept in all (outputs held by the caller across calls, intermediates of one call)
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
