@@ -9,6 +9,7 @@ limit and "torch.compile" would silently run eagerly)::
 
     python -m bench.micro_side_by_side micro_gelu_64mb micro_permute_softmax_64mb [--systems eager,vtc]
     python -m bench.micro_side_by_side micro --out bench/results/chains.json   # a group, results to a file
+    python -m bench.micro_side_by_side --compare before.json after.json        # markdown table of the ratios
 """
 from __future__ import annotations
 
@@ -66,6 +67,27 @@ def _line(name: str, times: dict[str, dict]) -> str:
     return f"{name}: {cols} ms (median/min) | {ratios}  load {os.getloadavg()[0]:.2f}"
 
 
+def compare_table(paths: list[str]) -> str:
+    """A markdown table of eager/vtc and inductor/vtc (ratios of medians; > 1: vtc faster) per workload,
+    one column pair per results file written with --out (e.g. before and after a change)."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    names = list(dict.fromkeys(r["workload"] for run in runs for r in run["results"]))
+    head = "| workload | " + " | ".join(f"eager/vtc, inductor/vtc ({Path(p).stem}, {run['commit']})"
+                                        for p, run in zip(paths, runs)) + " |"
+    lines = [head, "|---|" + "---|" * len(runs)]
+    for name in names:
+        cells = []
+        for run in runs:
+            t = next((r["times"] for r in run["results"] if r["workload"] == name), None)
+            if t is None or "vtc" not in t:
+                cells.append("-")
+                continue
+            v = t["vtc"]["median_ms"]
+            cells.append(", ".join(f"{t[s]['median_ms'] / v:.2f}x" if s in t else "-" for s in ("eager", "inductor")))
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("workloads", nargs="+", help="workload names, or a pattern / group for bench.workloads.select")
@@ -75,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time, or the calling thread's CPU time (with --threads 1 only)")
     p.add_argument("--out", help="also write the results (with command, commit and load) to this JSON file")
+    p.add_argument("--compare", action="store_true",
+                   help="the positional arguments are --out files: print their ratios side by side, run nothing")
     args = p.parse_args(argv)
+    if args.compare:
+        print(compare_table(args.workloads))
+        return 0
     if args.clock == "cpu" and args.threads != 1:
         p.error(f"--clock cpu measures the calling thread only: it needs --threads 1, not {args.threads}")
     warnings.simplefilter("ignore")
