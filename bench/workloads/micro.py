@@ -1,4 +1,4 @@
-"""Movement-chain micro-benchmarks: one movement chain feeding one compute op, at 1 MB and 64 MB.
+"""Movement-chain micro-benchmarks: one movement chain feeding one compute op, at 1 MB, 8 MB and 64 MB.
 
 Each size names the bytes of the tensor that the chain moves (float32).
 Chains: transpose -> add, permute -> softmax, cat -> relu, rotate_half
@@ -7,7 +7,9 @@ window), index_select -> sum, window partition (view + permute + reshape) ->
 layer_norm; and pure gelu / softmax (and, when named, layer_norm / RMSNorm)
 over rows of 4096 with no movement (the floor: what a compute op costs
 alone).  A plain ``vtc bench`` runs every chain at 64 MB and three of them at
-1 MB (the others at 1 MB, and the norms, run with ``--workloads all``).  ``smoke_transpose_add`` is a 16 KB case for the tests.
+1 MB (the others at 1 MB, and the norms, run with ``--workloads all``; the 8 MB
+ones, between 1 MB (in cache) and 64 MB (memory bound), run by name, with the
+group or ``all``).  ``smoke_transpose_add`` is a 16 KB case for the tests.
 """
 from __future__ import annotations
 
@@ -55,16 +57,16 @@ def _cat_relu(n: int):
 
 
 def _rope_mul(n: int):
-    h, s = (8, 256) if n <= MB // 4 else (32, 4096)
-    d = n // (h * s)
+    h, s = (8, 256) if n <= MB // 4 else (32, 1024) if n <= 8 * MB // 4 else (32, 4096)
+    d = n // (h * s)  # 64, 64, 128
     pos = torch.arange(s, dtype=torch.float32)[:, None] / (10000.0 ** (torch.arange(0, d, 2) / d))
     emb = torch.cat((pos, pos), dim=-1)
     return Fn(lambda m, x, cos, sin: x * cos + rotate_half(x) * sin, "rope_mul"), (randn(1, h, s, d), emb.cos(), emb.sin())
 
 
 def _roll_add(n: int):
-    b, hw = (1, 64) if n <= MB // 4 else (16, 128)
-    c = n // (b * hw * hw)
+    b, hw = (1, 64) if n <= MB // 4 else (2, 128) if n <= 8 * MB // 4 else (16, 128)
+    c = n // (b * hw * hw)  # 64 channels
     return Fn(lambda m, x, y: torch.roll(x, shifts=(-3, -3), dims=(1, 2)) + y, "roll_add"), (
         randn(b, hw, hw, c, seed=1), randn(b, hw, hw, c, seed=2))
 
@@ -77,7 +79,8 @@ def _index_select_sum(n: int):
 
 
 def _window_ln(n: int):
-    b, hw, c, w = (1, 56, 96, 7) if n <= MB // 4 else (14, 112, 96, 7)
+    c, w = 96, 7
+    b, hw = (1, 56) if n <= MB // 4 else (max(1, round(n / (112 * 112 * c))), 112)  # 64 MB: 14 images
 
     def f(m, x):
         bb, h, ww, cc = x.shape
@@ -134,4 +137,6 @@ WORKLOADS = [
              in_quick=mb == 1 and name in _QUICKER, default=(mb == 64 or name in _QUICK) and name not in _ASKED,
              params=dict(mbytes=mb))
     for mb in (1, 64) for name, (fn, desc) in _CHAINS.items()
+] + [Workload(f"micro_{name}_8mb", "micro", f"{desc}, 8 MB", _make(fn, 8 * MB // 4), default=False,
+              params=dict(mbytes=8)) for name, (fn, desc) in _CHAINS.items()
 ] + [Workload("smoke_transpose_add", "smoke", "transpose -> add, 64x64 (for the tests)", _make(_transpose_add, 64 * 64))]

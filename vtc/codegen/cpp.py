@@ -11,7 +11,8 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   dims; per reduction pass an inner loop over r (``simd reduction`` where the
   combine is associative), then the per-element and per-row stores.  Rows
   whose loads share cache lines (a permute in front) run one after another
-  (``_row_order``);
+  (``_row_order``); a reduction read with a stride whose neighbouring rows are adjacent in memory
+  (softmax over a permuted dim) takes blocks of rows as vector lanes (``vtc.codegen.lanes``);
 - a pointwise kernel reading an operand across its rows (a transpose) walks
   16 x 16 tiles and transposes that operand in registers (``vtc.codegen.tiles``);
 - index-tensor loads that do not change along the inner loop (a gather's row
@@ -36,6 +37,7 @@ from vtc.codegen.vecmath import PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
+from vtc.codegen.lanes import lane_row_kernel
 from vtc.index.expr import Expr
 from vtc.index.mapping import linear_offset
 
@@ -442,6 +444,9 @@ def _row_order(k: Kernel, em: _Emitter) -> list[int]:
 
 
 def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
+    lanes = lane_row_kernel(k, em, PARALLEL_MIN_WORK, _decompose, _store)
+    if lanes is not None:  # rows read with a stride, neighbouring rows adjacent: rows as vector lanes
+        return lanes
     rows = math.prod(k.domain)
     names = [f"i{d}" for d in range(len(k.domain))]
     lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",

@@ -27,7 +27,8 @@ from vtc.index.mapping import gather
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization
 from vtc.runtime.buffers import BufferPool
-from vtc.virtual.movement import derive_index_tensors
+from vtc.runtime.checks import check_range
+from vtc.virtual.movement import derive_index_tensors, has_derived_index_tensors
 
 
 @dataclass
@@ -219,16 +220,19 @@ class CompiledKernel:
         self._sizes = () if sizes is None else (torch.tensor(sizes, dtype=torch.int64),)
         if sizes is not None:
             self._pointers = ctypes.c_void_p * (len(self.order) + 1)
-        self._plain = not step.checks and not step.derived  # reads env as it is
+        # mappings whose derived index tensors a call computes (the others' derive_index_tensors is empty)
+        self._derived = [m for m in step.derived if has_derived_index_tensors(m)]
+        self._plain = not step.checks and not self._derived  # reads env as it is
 
     def __call__(self, env: dict[str, torch.Tensor], pool: "BufferPool | None" = None) -> list[torch.Tensor]:
         k = self.step
         local = env
         if not self._plain:
             for c in k.checks:
-                c.run(env[c.tensor])
-            local = {b.name: env[b.name] for b in self.inputs if b.name in env}
-            for m in k.derived:
+                check_range(c, env[c.tensor])
+            if self._derived:
+                local = {b.name: env[b.name] for b in self.inputs if b.name in env}
+            for m in self._derived:
                 local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local}))
         tensors = []
         for name, shape, dtype in self._inputs:

@@ -371,6 +371,11 @@ def _parse_derived(name: str) -> tuple[str, int | None, list[str]] | None:
     return match.group(1), int(match.group(2)) if match.group(2) else None, match.group(3).split(",")
 
 
+def has_derived_index_tensors(m: Mapping) -> bool:
+    """True when `m` loads an index tensor derived from real ones (else derive_index_tensors returns {})."""
+    return any(_parse_derived(n) is not None for n in m.index_tensors)
+
+
 def derive_index_tensors(m: Mapping, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The derived index tensors that `m` loads and `tensors` lacks, computed from the real ones.
 

@@ -1,0 +1,95 @@
+"""Movement chain -> pointwise / reduction consumer: the micro-benchmark patterns of issue 3 and the read
+paths made for them, against torch eager on random inputs of odd sizes (1, 3, 17, 127), non-contiguous.
+
+- every micro-benchmark chain of ``bench/workloads/micro.py`` itself (shrunk), with plan="all": the
+  result matches eager and no byte of movement is materialised;
+- reductions over a permuted dim read with rows as vector lanes (``vtc.codegen.lanes``): softmax,
+  log_softmax, sum, amax, amin, NaN and infinities, lane dims with and without a partial block.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.workloads import micro
+from vtc.codegen.cpp import generate
+
+from .util import ROW_TOL, assert_all_generated, assert_no_movement, check, compile_cpu, gen, kernels, rand
+
+MB = micro.MB
+
+
+@pytest.mark.parametrize("chain", ["transpose_add", "permute_softmax", "cat_relu", "rope_mul", "roll_add",
+                                   "index_select_sum", "window_partition_ln"])
+def test_micro_chain_moves_nothing(chain):
+    """The benchmark chain as benchmarked (its smallest size, a quarter of 1 MB or less) with plan="all"."""
+    fn, _ = micro._CHAINS[chain]
+    model, inputs = fn(MB // 16)
+    compiled = compile_cpu(model, inputs)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs), **ROW_TOL)
+    assert compiled.report.to_dict()["materialized_movement_bytes"] == 0, compiled.report
+    assert_no_movement(compiled)
+    assert_all_generated(compiled)
+
+
+def _lane_kernels(compiled) -> list[str]:
+    return [k.name for k in kernels(compiled) if "accv_" in generate(k)]
+
+
+@pytest.mark.parametrize("shape", [(3, 17, 8), (127, 5, 17), (2, 33, 16), (1, 3, 4), (17, 1, 127)])
+def test_softmax_over_permuted_dim_reads_rows_as_lanes(shape):
+    g = gen(3)
+    x = rand(shape, g)
+    fn = lambda x: torch.softmax(x.permute(2, 0, 1), dim=-1)  # noqa: E731
+    compiled = check(fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    lane = shape[2] >= 4 and shape[1] > 1  # rows of the softmax step shape[2] apart, neighbours adjacent
+    assert bool(_lane_kernels(compiled)) == lane, [generate(k) for k in kernels(compiled)]
+
+
+@pytest.mark.parametrize("op", ["sum", "amax", "amin", "log_softmax", "mean"])
+def test_reductions_over_permuted_dim(op):
+    g = gen(4)
+    x = rand((5, 127, 17), g)
+    x[1, 3, 2], x[2, 7, 16], x[4, 0, 0] = float("nan"), float("inf"), float("-inf")
+    f = {"sum": lambda t: t.sum(-1), "amax": lambda t: t.amax(-1), "amin": lambda t: t.amin(-1),
+         "log_softmax": lambda t: torch.log_softmax(t, -1), "mean": lambda t: t.mean(-1)}[op]
+    fn = lambda x: f(x.permute(0, 2, 1))  # noqa: E731
+    compiled = check(fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert _lane_kernels(compiled), [generate(k) for k in kernels(compiled)]
+
+
+def test_lanes_on_a_non_contiguous_input_and_a_pointwise_prologue():
+    g = gen(5)
+    base = rand((17, 40, 19), g)
+    x = base[:, 3:36, 1:18]  # non-contiguous input
+    fn = lambda x: torch.softmax((x * 2.0 + 1.0).transpose(1, 2), dim=-1)  # noqa: E731
+    compiled = check(fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert _lane_kernels(compiled)
+
+
+def test_index_check_in_c_raises_like_torch():
+    """The C range check (vtc.runtime.checks) passes good indices and leaves every failure to IndexCheck.run."""
+    from vtc.index.mapping import IndexCheck
+    from vtc.runtime.checks import check_range
+
+    c = IndexCheck("i", 0, 126, "index_select")
+    check_range(c, torch.arange(127))
+    for bad, value in ((torch.tensor([0, 127, 3]), 127), (torch.tensor([-1]), -1),
+                       (torch.tensor([[1, 2], [3, 200]]).t(), 200)):  # the last one non-contiguous
+        with pytest.raises(IndexError, match=f"index_select: index {value} is out of range"):
+            check_range(c, bad)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 127])
+def test_index_select_sum_checks_its_indices(rows):
+    g = gen(6)
+    table = rand((rows, 33), g)
+    idx = torch.randint(0, rows, (rows + 2,), generator=g)
+    fn = lambda t, i: t.index_select(0, i).sum(-1)  # noqa: E731
+    compiled = check(fn, (table, idx), **ROW_TOL)
+    assert_no_movement(compiled)
+    with pytest.raises(IndexError, match=f"index {rows} is out of range"):
+        compiled(table, torch.full_like(idx, rows))

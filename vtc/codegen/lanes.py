@@ -1,0 +1,145 @@
+"""Row kernels vectorised across rows: reductions over a strided dim read through a permute.
+
+A softmax (or sum, norm) over a dim that is not the innermost one of its
+source — ``softmax(x.permute(2, 0, 1), -1)`` — reads each row with a stride
+(8 floats in the micro-benchmark): the plain row loop then gathers one element
+per cache line touched, and a vectorised reduction over ``r`` needs gather
+instructions.  But neighbouring rows (along the kept dim whose step is 1)
+read neighbouring elements: for one ``r``, the elements of 16 such rows are
+16 contiguous floats.
+
+``lane_row_kernel`` emits such a kernel with the *rows* as vector lanes: each
+block of up to 16 rows keeps one accumulator per row in a small array, and
+every reduction pass loops over ``r`` outside and over the lanes inside, so
+each ``r`` is one contiguous vector load for all rows of the block.  The
+per-element stores (softmax's output, contiguous along ``r``) then run row by
+row, vectorised over ``r`` as before, reading the block's data from cache.
+The compute stage is untouched: the same scalar expressions, evaluated with
+the lane's row index and its accumulators.
+
+Used when every load that depends on both ``r`` and the lane dim steps 1
+along the lane dim and more than 1 along ``r``, the loads are affine (no
+gathered rows, no piece choices) and every reduction is a float sum, max or
+min; anything else returns None and the plain row kernel is emitted.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from vtc.codegen.kernel_ir import Kernel
+from vtc.index.expr import affine
+from vtc.index.mapping import linear_offset
+
+LANES = 16  # rows per block: one 64-byte line of floats per r
+_COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} < {a} ? {v} : {a})"}
+_INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
+
+
+def lane_dim(k: Kernel, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """The kept dim to vectorise across, or None when k is not a strided row kernel of the supported kind."""
+    from vtc.codegen.lower import scalars_of
+
+    if k.kind != "row" or k.r_extent < 2 or not k.domain or not k.phases:
+        return None
+    if any(red.combine not in _COMBINE or red.dtype != torch.float32 for phase in k.phases for red in phase):
+        return None
+    forms = []
+    for s in scalars_of(k):
+        if s.op == "pick":
+            return None
+        if s.op == "load":
+            form = affine(linear_offset(s.args[1], shapes[s.args[0]]))
+            if form is None:
+                return None  # gathered rows (an index load) or other non-affine reads
+            forms.append(form[1])
+    candidates = None
+    for coeffs in forms:
+        step_r = abs(coeffs.get("r", 0))
+        if step_r == 0:
+            continue
+        unit = {d for d, size in enumerate(k.domain) if size >= 4 and coeffs.get(f"i{d}") == 1}
+        if step_r > 1:
+            candidates = unit if candidates is None else candidates & unit
+    if not candidates:
+        return None
+    d = max(candidates)
+    for coeffs in forms:  # a load contiguous along r that also moves with the lane dim would become strided
+        if abs(coeffs.get("r", 0)) == 1 and coeffs.get(f"i{d}", 0) != 0:
+            return None
+    return d
+
+
+def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> list[str] | None:
+    """The body of row kernel k with blocks of rows along its lane dim as vector lanes (None: not applicable)."""
+    from vtc.codegen.cpp import ctype
+
+    d = lane_dim(k, em.shapes)
+    if d is None:
+        return None
+    names = [f"i{j}" for j in range(len(k.domain))]
+    size = k.domain[d]
+    others = [j for j in range(len(k.domain)) if j != d]
+    outer = math.prod(k.domain[j] for j in others)
+    width = min(LANES, size)  # lanes per block; fewer rows than LANES: all of them, a constant trip count
+    nb = f"(({size} + {width - 1}) / {width})"  # in C: the size stays a polynomial literal (vtc.runtime.generic)
+    lines = [f"  #pragma omp parallel for num_threads(nthreads) "
+             f"if({math.prod(k.domain) * k.r_extent} >= {parallel_min_work})",
+             f"  for (int64_t ob = 0; ob < {outer} * {nb}; ++ob) {{",
+             f"    const int64_t o = ob / {nb}, l0 = ob % {nb} * {width};"]
+    if size % width:
+        lines.append(f"    const int64_t ln = std::min<int64_t>({width}, {size} - l0);")
+    else:
+        lines.append(f"    constexpr int64_t ln = {width};")
+    lines += decompose([names[j] for j in others], tuple(k.domain[j] for j in others), "o", "    ")
+    lane = f"const int64_t {names[d]} = l0 + l;"
+    done: list = []  # reductions of earlier phases, read by later ones and by the stores
+    for phase in k.phases:
+        for red in phase:
+            t = ctype(red.dtype)
+            lines.append(f"    {t} accv_{red.name}[{width}];")
+            lines.append(f"    for (int l = 0; l < {width}; ++l) accv_{red.name}[l] = ({t}){_INIT[red.combine]};")
+            if red.combine != "sum":
+                lines.append(f"    int nanv_{red.name}[{width}] = {{0}};")
+        lines += [f"    for (int64_t r = 0; r < {k.r_extent}; ++r) {{",
+                  "      #pragma omp simd",
+                  "      for (int64_t l = 0; l < ln; ++l) {",
+                  f"        {lane}", *_earlier(done, "        ")]
+        em.forget()
+        lines += em.hoist([red.value for red in phase], "        ")
+        for red in phase:
+            v, a = em.scalar(red.value), f"accv_{red.name}[l]"
+            if red.combine == "sum":
+                lines.append(f"        {a} = {_COMBINE['sum'].format(a=a, v=v)};")
+            else:
+                lines += [f"        {{ const {ctype(red.dtype)} v_ = {v}; {a} = {_COMBINE[red.combine].format(a=a, v='v_')};",
+                          f"          nanv_{red.name}[l] |= (v_ != v_); }}"]
+        lines += ["      }", "    }"]
+        for red in phase:
+            if red.combine != "sum":
+                lines.append(f"    for (int l = 0; l < {width}; ++l) if (nanv_{red.name}[l]) "
+                             f"accv_{red.name}[l] = ({ctype(red.dtype)})NAN;")
+        done += phase
+    per_r = [s for s in k.stores if s.per_r]
+    once = [s for s in k.stores if not s.per_r]
+    lines += ["    for (int64_t l = 0; l < ln; ++l) {", f"      {lane}", *_earlier(done, "      ")]
+    if per_r:
+        em.forget()
+        lines += ["      #pragma omp simd", f"      for (int64_t r = 0; r < {k.r_extent}; ++r) {{"]
+        lines += em.hoist([s.value for s in per_r], "        ")
+        lines += [store(em, s, "        ") for s in per_r]
+        lines.append("      }")
+    em.forget()
+    lines += em.hoist([s.value for s in once], "      ")
+    lines += [store(em, s, "      ") for s in once]
+    lines += ["    }", "  }"]
+    em.forget()
+    return lines
+
+
+def _earlier(reds, indent: str) -> list[str]:
+    """The lane's values of finished reductions, under the names the scalar emitter uses (acc_<name>)."""
+    from vtc.codegen.cpp import ctype
+
+    return [f"{indent}const {ctype(r.dtype)} acc_{r.name} = accv_{r.name}[l];" for r in reds]
