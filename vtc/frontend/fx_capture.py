@@ -87,9 +87,11 @@ def _private() -> tuple | None:
 
 @functools.lru_cache(maxsize=1)
 def _decompositions() -> dict:
-    """torch's core-ATen decomposition table (``run_decompositions()``'s, less its CompositeImplicitAutograd
-    bookkeeping: here the python dispatcher applies their decompositions as the trace meets them)."""
-    return torch._decomp.core_aten_decompositions()
+    """torch's core-ATen decomposition table for a trace below autograd: ``run_decompositions()``'s without its
+    CompositeImplicitAutograd entries, whose decompositions the dispatcher applies here as the trace meets those
+    ops (``core_aten_decompositions()`` spends a quarter of a second collecting them)."""
+    post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
+    return post_autograd() if callable(post_autograd) else torch._decomp.core_aten_decompositions()
 
 
 @dataclass
