@@ -366,14 +366,22 @@ def _cached_or_built(source: str, name: str, flags: tuple[str, ...], info: Compi
     return lib
 
 
+def build_jobs() -> int:
+    """How many compiler processes run at once: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def build_many(sources: Sequence[str], *, name: str = "kernel", flags: Sequence[str] = (),
                jobs: int | None = None) -> list[ctypes.CDLL]:
-    """Builds independent sources in parallel (one compiler process per thread)."""
+    """Builds independent sources in parallel (one compiler process per thread, `build_jobs()` at most)."""
     if not sources:
         return []
     if _preferred_info() is None:
         compiler_info()  # probe once, before the threads start
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(sources)))
+    jobs = max(1, min(jobs or build_jobs(), len(sources)))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="vtc-cbuild") as pool:
         return list(pool.map(lambda s: build(s, name=name, flags=flags), sources))
 
