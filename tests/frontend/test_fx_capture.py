@@ -166,3 +166,18 @@ def test_non_tensor_inputs_are_specialised_like_torch_export():
         flatten_inputs(graph, (x,), {"k": 4, "mode": "mul"})
     with pytest.raises(fx_capture.Refused, match="non-tensor inputs of types"):
         fx_capture.capture(torch.nn.Identity(), (x, [object()]), None)
+
+
+_OUTSIDE = torch.ones(3)  # a real tensor outside the module tree
+
+
+class _OutsideTensorAddsInPlace(torch.nn.Module):
+    def forward(self, x):
+        _OUTSIDE.add_(1)
+        return x * _OUTSIDE
+
+
+def test_a_real_tensor_from_outside_the_model_is_refused():
+    """(The trace, like torch.export's, still applies the in-place op to that tensor once: known, not fixed.)"""
+    with pytest.raises(fx_capture.Refused, match="FakeTensor"):
+        fx_capture.capture(_OutsideTensorAddsInPlace(), (torch.randn(2, 3),), None)
