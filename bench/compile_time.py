@@ -11,14 +11,18 @@ Each measurement runs in a fresh process (nothing cached in memory):
   the filled ``TORCHINDUCTOR_CACHE_DIR`` (and a fresh Triton/FX cache under it).
 
 ``total_s`` (compile + first call) is the figure to compare: torch.compile compiles lazily,
-in the first call.  The vtc runs also time their stages (capture, plan, lowering, kernel
+in the first call.  Systems are measured alternately (cold runs of every system, then warm
+runs, the order reversed on every other repeat) so that all see the same load, and the
+summary gives medians and each system's ratio to torch.compile's.  ``--baseline DIR``
+adds ``vtc-baseline``: vtc imported from another checkout (e.g. the main branch), to compare
+a change with what it changes in the same conditions.  The vtc runs also time their stages (capture, plan, lowering, kernel
 build and load, report) by wrapping the stage functions, and every run records
 ``setup_s``, the seconds before compiling (importing torch, transformers and vtc, building
 the model).  Results go to ``bench/results/compile_time.json`` with the command, the
 machine's load (``uptime``) before and after, and the thread count.
 
     python -m bench.compile_time [--workload llama_model] [--threads 2] [--repeat 1]
-                                 [--systems vtc,vtc-dynamo,inductor]
+                                 [--systems vtc,inductor] [--baseline /path/to/other/checkout]
 """
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ def _child(system: str, workload: str, threads: int) -> dict:
     model, inputs = W.get(workload).build()
     stages: dict[str, float] = {}
     kernels = None
-    if system in ("vtc", "vtc-dynamo"):
+    if system.startswith("vtc"):
         import vtc
         import vtc.codegen.lower as L
         import vtc.compiler as C
@@ -69,26 +73,27 @@ def _child(system: str, workload: str, threads: int) -> dict:
         C.build_report = timed("report", C.build_report)
     setup_s = time.perf_counter() - t_start
     t0 = time.perf_counter()
-    if system == "vtc":
+    if system in ("vtc", "vtc-baseline"):
         compiled = vtc.compile(model, inputs)
         kernels = compiled.report.kernels
     else:
         compiled = torch.compile(model, backend="vtc" if system == "vtc-dynamo" else "inductor")
+    capture = getattr(getattr(compiled, "graph", None), "meta", {}).get("capture")
     compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     with torch.no_grad():
         compiled(*inputs)
     first_call_s = time.perf_counter() - t1
     return dict(compile_s=compile_s, first_call_s=first_call_s, total_s=compile_s + first_call_s,
-                setup_s=setup_s, stages=stages, kernels=kernels)
+                setup_s=setup_s, stages=stages, kernels=kernels, capture=capture)
 
 
-def _measure(system: str, workload: str, threads: int, env: dict) -> dict:
-    """One fresh process measuring `system`; its result dict."""
-    cmd = [sys.executable, "-m", "bench.compile_time", "--child", system, "--workload", workload,
-           "--threads", str(threads)]
+def _measure(system: str, workload: str, threads: int, env: dict, root: Path = BENCH_DIR.parent) -> dict:
+    """One fresh process measuring `system` (vtc and bench imported from `root`); its result dict."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", system, "--workload", workload,
+           "--threads", str(threads)]  # this file's child, whatever checkout `root` is
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=BENCH_DIR.parent, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=root, timeout=1800)
     wall = time.perf_counter() - t0
     for line in proc.stdout.splitlines():
         if line.startswith(TAG):
@@ -107,36 +112,65 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", default="llama_model")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=1, help="cold/warm pairs per system")
-    p.add_argument("--systems", default="vtc,vtc-dynamo,inductor")
+    p.add_argument("--systems", default="vtc,inductor", help="of vtc, vtc-dynamo, inductor")
+    p.add_argument("--baseline", help="a checkout whose vtc is measured too, as vtc-baseline")
     p.add_argument("--out", default=str(RESULT))
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         print(TAG + json.dumps(_child(a.child, a.workload, a.threads)), flush=True)
         return 0
+    systems = a.systems.split(",") + (["vtc-baseline"] if a.baseline else [])
     result = {"command": " ".join([Path(sys.executable).name, "-m", "bench.compile_time", *(argv or sys.argv[1:])]),
               "workload": a.workload, "threads": a.threads, "uptime_before": _uptime(), "runs": {}}
-    for system in a.systems.split(","):
-        runs = result["runs"].setdefault(system, {"cold": [], "warm": []})
-        for _ in range(a.repeat):
-            with tempfile.TemporaryDirectory(prefix=f"vtc-ct-{system}-") as tmp:
-                env = {**os.environ, "PYTHONPATH": str(BENCH_DIR.parent)}
-                if system.startswith("vtc"):
-                    env["VTC_CACHE_DIR"] = tmp
-                else:
-                    env["TORCHINDUCTOR_CACHE_DIR"] = tmp
-                    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
-                for state in ("cold", "warm"):
-                    r = _measure(system, a.workload, a.threads, env)
-                    runs[state].append(r)
-                    stages = {k: round(v, 2) for k, v in r["stages"].items()}
-                    print(f"{system:10s} {state}: compile {r['compile_s']:.2f} s + first call {r['first_call_s']:.2f} s"
-                          f" = {r['total_s']:.2f} s  (setup {r['setup_s']:.1f} s)  {stages or ''}", flush=True)
+    for r in range(a.repeat):
+        with tempfile.TemporaryDirectory(prefix="vtc-ct-") as tmp:
+            order = systems if r % 2 == 0 else systems[::-1]
+            for state in ("cold", "warm"):
+                for system in order:
+                    cache = os.path.join(tmp, system)
+                    root = Path(a.baseline) if system == "vtc-baseline" else BENCH_DIR.parent
+                    env = {**os.environ, "PYTHONPATH": str(root)}
+                    if system.startswith("vtc"):
+                        env["VTC_CACHE_DIR"] = cache
+                    else:
+                        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+                        env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+                    load = _uptime().split("load average:")[-1].strip()
+                    run = _measure(system, a.workload, a.threads, env, root)
+                    run["load_before"] = load
+                    result["runs"].setdefault(system, {"cold": [], "warm": []})[state].append(run)
+                    stages = {k: round(v, 2) for k, v in run["stages"].items()}
+                    print(f"{system:12s} {state}: compile {run['compile_s']:.2f} s + first call "
+                          f"{run['first_call_s']:.2f} s = {run['total_s']:.2f} s  (setup {run['setup_s']:.1f} s, "
+                          f"load {load})  {stages or ''}", flush=True)
+    result["summary"] = _summary(result["runs"])
     result["uptime_after"] = _uptime()
+    for line in result["summary"]["lines"]:
+        print(line)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {a.out}\n{result['uptime_before']}\n{result['uptime_after']}")
     return 0
+
+
+def _summary(runs: dict) -> dict:
+    """Median compile, first call, total and stage seconds per system and state; totals over torch.compile's."""
+    import statistics
+
+    out: dict = {"lines": []}
+    for system, states in runs.items():
+        for state, rs in states.items():
+            if not rs:
+                continue
+            med = {k: statistics.median(r[k] for r in rs) for k in ("compile_s", "first_call_s", "total_s")}
+            stages = {k: round(statistics.median(r["stages"].get(k, 0.0) for r in rs), 3) for k in rs[0]["stages"]}
+            ind = runs.get("inductor", {}).get(state)
+            ratio = med["total_s"] / statistics.median(r["total_s"] for r in ind) if ind else None
+            out.setdefault(system, {})[state] = {**med, "stages": stages, "over_inductor": ratio, "runs": len(rs)}
+            out["lines"].append(f"{system:12s} {state}: total {med['total_s']:.2f} s (compile {med['compile_s']:.2f})"
+                                + (f", {ratio:.2f}x torch.compile's" if ratio is not None else "") + f" {stages}")
+    return out
 
 
 if __name__ == "__main__":

@@ -85,9 +85,9 @@ def build_here(cache: Path, monkeypatch) -> list[str]:
 
 def test_second_process_reuses_the_disk_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    assert len(build_here(cache, monkeypatch)) == 1  # a cold cache: FN's kernels were compiled
-    before = libraries(cache)
-    assert len(before) == 1
+    built = build_here(cache, monkeypatch)  # a cold cache: FN's kernels were compiled (one library per
+    before = libraries(cache)                # compiler job, so they build in parallel)
+    assert len(built) >= 1 and len(before) == len(built)
     second = run_child(cache)
     assert second["ok"] and second["kernels"] == 2
     assert second["compiles"] == 0, "a fresh process recompiled kernels that were in the disk cache"
@@ -96,8 +96,8 @@ def test_second_process_reuses_the_disk_cache(tmp_path, monkeypatch):
 
 def test_corrupt_cache_entry_is_detected_and_rebuilt(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
-    assert len(build_here(cache, monkeypatch)) == 1
-    (so,) = [p for p in cache.rglob("*.so")]
+    assert len(build_here(cache, monkeypatch)) >= 1
+    so = sorted(cache.rglob("*.so"))[0]  # one of the libraries (a unit per compiler job)
     data = so.read_bytes()
     # Truncate the entry: write the first half to a new file and rename it over the library (this
     # process has the original mapped; truncating that inode in place would crash it with SIGBUS).

@@ -6,7 +6,7 @@ import torch
 import transformers as tf
 from torch.export import _trace
 
-from vtc.frontend import core_export
+from vtc.frontend import core_export, fx_capture
 from vtc.frontend.torch_export import CaptureError, export_graph, graph_from_fx
 from vtc.ir.printer import print_graph
 from vtc.zoo.shufflenet import shufflenet_v2
@@ -99,7 +99,16 @@ def test_one_trace_gives_the_two_pass_graph(name):
     assert _canonical_text(one, model) == _canonical_text(two, model)
 
 
-def test_export_graph_uses_one_trace_and_stays_correct():
+@pytest.fixture
+def without_fast_capture(monkeypatch):
+    """export_graph as it runs when the fast capture (vtc.frontend.fx_capture) refuses a model."""
+    def refuse(*a, **k):
+        raise fx_capture.Refused("switched off by the test")
+
+    monkeypatch.setattr(fx_capture, "capture", refuse)
+
+
+def test_export_graph_uses_one_trace_and_stays_correct(without_fast_capture):
     torch.manual_seed(0)
     model, args, kwargs = MODELS["mixed"]()
     graph = export_graph(model.eval(), args, kwargs)
@@ -109,7 +118,7 @@ def test_export_graph_uses_one_trace_and_stays_correct():
     assert graph.meta["capture"] == core_export.ONE_PASS
 
 
-def test_a_failing_one_trace_falls_back_to_the_documented_path(monkeypatch):
+def test_a_failing_one_trace_falls_back_to_the_documented_path(monkeypatch, without_fast_capture):
     def broken(*a, **k):
         raise RuntimeError("one-pass entry point changed")
 

@@ -174,3 +174,39 @@ def test_reading_through_a_small_scatter_costs_more_than_torch_running_it():
     plan = c._first.plan
     put = node(c.graph, "index_put")
     assert put.name in plan.kept and "through its mapping" in plan.kept[put.name], plan.kept
+
+
+def test_structure_names_tensors_by_position():
+    cat = torch.ops.aten.cat.default
+    ab = pull(cat, [Src("a", (8, 32)), Src("b", (8, 32))], 1, out=(8, 64))
+    cd = pull(cat, [Src("c", (8, 32)), Src("d", (8, 32))], 1, out=(8, 64))
+    ba = pull(cat, [Src("b", (8, 32)), Src("a", (8, 32))], 1, out=(8, 64))
+    assert cost.structure(ab) == cost.structure(cd) == cost.structure(ba)
+    other = pull(cat, [Src("a", (8, 16)), Src("b", (8, 48))], 1, out=(8, 64))  # other split: other pattern
+    assert cost.structure(other) != cost.structure(ab)
+    assert cost.structure(pull(torch.ops.aten.permute.default, Src("i0", (4, 6)), [1, 0], out=(6, 4))) is None
+
+
+def test_the_estimator_prices_a_layer_like_its_twin_as_access_does():
+    """Each access the planner asks for on a 2-layer Llama (the second layer's walks come from the first's by
+    structure) equals access() computed from scratch, strided view and its source included."""
+    import transformers as tf
+
+    from vtc.frontend.torch_export import export_graph
+    from vtc.plan.cost import Estimator
+    from vtc.plan.greedy import select
+    from vtc.plan.vtog import PULL, VTOG, node_kinds
+
+    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False)
+    graph = export_graph(tf.LlamaForCausalLM(cfg).eval(), (torch.randint(1, 64, (1, 9)),))
+    vtog = VTOG(graph, node_kinds(graph, "cpu", "auto"))
+    est = Estimator(vtog)
+    asked = []
+    real = est.access
+    est.access = lambda m, value: asked.append((m, value)) or real(m, value)
+    select(vtog, est, (PULL,))
+    assert len(est._acc_by_structure) < len(est._acc)  # twins were found
+    distinct = {(m.shape, m.pieces, tuple(m.sources.items()), cost._size(est.values[v])): (m, v) for m, v in asked}
+    for m, value in distinct.values():
+        assert est.access(m, value) == access(m, cost._size(est.values[value]), est.model.machine.cache_line)

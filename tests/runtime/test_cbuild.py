@@ -356,3 +356,45 @@ def test_openmp_5_api_load_failure_is_explained(cache):
         assert "OMP_5" in str(e) and "hint: the process's libgomp" in str(e)
     else:  # the runtime in this process is new enough
         assert lib.ok() == 1
+
+
+def test_a_new_process_loads_cached_entries_without_probing(cache, monkeypatch):
+    src = ret("21", "lazy-probe")
+    assert cbuild.build(src).ret() == 21
+    monkeypatch.setattr(cbuild, "_info", None)  # as a fresh process: nothing probed, nothing loaded
+    monkeypatch.setattr(cbuild, "_preferred", None)
+    monkeypatch.setattr(cbuild, "_loaded", {})
+    cache.clear()
+    assert cbuild.build(src).ret() == 21
+    assert cbuild._info is None  # the probe did not run
+    assert not [c for c in cache if "-o" in c], cache  # nothing was built: only --version and the macros
+    other = ret("22", "lazy-probe")  # a miss probes the compiler, then builds
+    assert cbuild.build(other).ret() == 22
+    assert cbuild._info is not None and cbuild._info == cbuild._preferred
+    assert any("probe.cpp" in " ".join(c) for c in cache) and any("-o" in c and "probe.cpp" not in " ".join(c)
+                                                                     for c in cache)
+
+
+@pytest.mark.parametrize("reject", ["-march=native", "-fopenmp"])
+def test_entries_of_the_preferred_flags_are_not_loaded_when_the_compiler_rejects_them(cache, tmp_path, monkeypatch,
+                                                                                        reject):
+    real = cbuild.compiler_info().path
+    wrapper = tmp_path / "cxx"
+    monkeypatch.setenv("CXX", str(wrapper))
+
+    def fresh_process(script: str) -> None:
+        wrapper.write_text(script)
+        wrapper.chmod(0o755)
+        monkeypatch.setattr(cbuild, "_info", None)
+        monkeypatch.setattr(cbuild, "_preferred", None)
+        monkeypatch.setattr(cbuild, "_loaded", {})
+        cache.clear()
+
+    src = ret("23", "lazy-fallback")
+    fresh_process(f'#!/bin/sh\nexec {real} "$@"\n')
+    assert cbuild.build(src).ret() == 23  # an entry built by this compiler command with the preferred flags
+    assert reject in cache[-1]
+    fresh_process(f'#!/bin/sh\nfor a; do [ "$a" = "{reject}" ] && exit 1; done\nexec {real} "$@"\n')
+    assert cbuild.build(src).ret() == 23
+    assert cbuild._info is not None and reject not in cbuild._info.flags  # probed, and built with the fallback
+    assert reject not in cache[-1] and "-o" in cache[-1]

@@ -1,9 +1,12 @@
 """torch.export frontend: a model (or function) -> ExportedProgram (core ATen) -> vtc Graph.
 
-``export_graph`` runs ``torch.export.export(strict=False)`` under ``no_grad`` and
+``export_graph`` captures the model in core ATen by one ``make_fx`` trace
+(``vtc.frontend.fx_capture``: the graph of torch.export in a third of the
+time); a model that capture refuses (state mutation, data-dependent control
+flow, ...) goes to ``torch.export.export(strict=False)`` under ``no_grad`` and
 ``run_decompositions()`` (the core ATen op set) — in one trace instead of two,
-see ``vtc.frontend.core_export`` — then ``graph_from_fx`` turns the ATen fx
-graph into vtc's IR:
+see ``vtc.frontend.core_export``.  ``graph_from_fx`` turns the ATen fx graph
+into vtc's IR:
 
 - placeholders that the graph signature names as parameters, buffers or lifted
   tensor constants become ``const`` Values holding their tensor; user inputs
@@ -87,6 +90,10 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", repr(model_or_fn))
+    graph, refused = _fast_capture(model, args, example_kwargs)
+    if graph is not None:
+        graph.meta["source"] = f"torch.export of {name}"
+        return graph
     try:
         with torch.no_grad():
             ep, how = export_core_aten(model, args, example_kwargs)
@@ -102,7 +109,22 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
         raise CaptureError(f"{name}: {e}\n{_TRY_COMPILE}") from e
     graph.meta["source"] = f"torch.export of {name}"
     graph.meta["capture"] = how
+    graph.meta["fast_capture_refused"] = refused
     return graph
+
+
+def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[Graph | None, str]:
+    """(the Graph of vtc.frontend.fx_capture's one make_fx trace, "") or (None, why it was refused)."""
+    from vtc.frontend import fx_capture
+
+    try:
+        gm, weights, in_spec, out_spec, input_consts = fx_capture.capture(model, args, kwargs)
+        graph = graph_from_fx(gm, weights, in_spec=in_spec, out_spec=out_spec)
+    except (fx_capture.Refused, CaptureError) as e:
+        return None, str(e)
+    graph.meta["input_consts"] = input_consts
+    graph.meta["capture"] = fx_capture.CAPTURE
+    return graph, ""
 
 
 # ----------------------------------------------------------------------------- fx -> Graph

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -224,6 +225,19 @@ def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
     chunk, stride, lines = _probe(m, itemsize, line)
     return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes, None,
                   *_window(m, itemsize, line))
+
+
+def structure(m: Mapping) -> tuple | None:
+    """m with its tensors named by position (sources, then index tensors): mappings with equal structures
+    read their sources in the same pattern, so ``access`` of one is ``access`` of the other up to the
+    source named in ``strided``.  None when a tensor's name could be mistaken for an index variable."""
+    names = [*m.sources, *m.index_tensors]
+    if any(re.fullmatch(r"i\d+", n) for n in names):
+        return None
+    text = "\n".join(str(p) for p in m.pieces)
+    for k, n in enumerate(names):
+        text = re.sub(rf"\b{re.escape(n)}\b", f"${k}", text)
+    return (text, m.shape, tuple(m.sources.values()), tuple(m.index_tensors.values()))
 
 
 def _strided_walk(st: Strided, shape: tuple[int, ...], itemsize: int, line: int) -> tuple[float, int, float]:
@@ -552,6 +566,7 @@ class Estimator:
         self.outputs = {v.name for v in g.outputs}
         self._maps: dict[tuple, Mapping] = {}
         self._acc: dict[tuple, Access] = {}
+        self._acc_by_structure: dict[tuple, Access] = {}  # access() of a mapping by its structure()
         self._st: dict[int, tuple[Mapping, Strided | None]] = {}
         self._runs: dict[tuple, Mapping] = {}
         self.rereads: dict[str, int] = {}
@@ -630,8 +645,16 @@ class Estimator:
         size = _size(v)
         key = (m.shape, m.pieces, tuple(m.sources.items()), tuple(m.index_tensors.items()), size)
         hit = self._acc.get(key)
-        if hit is None:
-            hit = self._acc[key] = access(m, size, self.model.machine.cache_line)
+        if hit is None:  # the same walk under other tensor names (the next layer of a model) is not redone
+            same = structure(m)
+            twin = self._acc_by_structure.get((same, size)) if same is not None else None
+            if twin is not None:
+                hit = replace(twin, strided=self.strided(m))
+            else:
+                hit = access(m, size, self.model.machine.cache_line)
+                if same is not None:
+                    self._acc_by_structure[(same, size)] = hit
+            self._acc[key] = hit
         return hit
 
     def kernel_access(self, m: Mapping, value: str, reader: Node, reads: int = 1) -> Access:

@@ -9,7 +9,11 @@ How it works:
   lines are then ignored).
 - The cache key is a sha256 of the source, the compiler path and version, the
   host's ``-march=native`` target (its predefined macros), the flags and
-  ``CACHE_FORMAT``.  An entry is ``<name>-<key16>.so``, a ``.sha256`` sidecar
+  ``CACHE_FORMAT``.  Until a build is needed the probe does not run: a process
+  first looks up the entry keyed by the preferred flag set (``--version`` and
+  the macros name it in tens of milliseconds, the probe's build takes a few
+  hundred), which exists only if an earlier probe picked those flags with the
+  same compiler and target; a miss probes, then looks up or builds.  An entry is ``<name>-<key16>.so``, a ``.sha256`` sidecar
   holding the hash of the ``.so`` and the ``.cpp`` it was built from.
 - Only verified files are loaded: the directory and the file must belong to
   the current user and not be group/other-writable (else ``PermissionError``),
@@ -89,6 +93,7 @@ _key_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
 _info_lock = threading.Lock()
 _info: CompilerInfo | None = None
+_preferred: CompilerInfo | bool | None = None  # _preferred_info(): None until looked up, False when unavailable
 compile_count = 0  # compiler runs that built a library in this process (tests assert a cache hit by it)
 
 
@@ -132,24 +137,68 @@ def compiler_info() -> CompilerInfo:
     return _info
 
 
+def _version(cxx: list[str]) -> str:
+    """The first line of the compiler's --version."""
+    try:
+        return _run_compiler([*cxx, "--version"]).stdout.splitlines()[0].strip()
+    except (OSError, IndexError, subprocess.TimeoutExpired) as e:
+        raise RuntimeError(f"C++ compiler {shlex.join(cxx)!r} does not answer --version: {e}") from None
+
+
+def _flag_sets() -> list[tuple[tuple[str, ...], bool, bool]]:
+    """(flags, native, openmp) in order of preference."""
+    return [((*BASE_FLAGS, *(NATIVE_FLAGS if native else ()), *omp, *NUMERIC_FLAGS), native, omp == OPENMP_FLAGS)
+            for native in (True, False) for omp in (OPENMP_FLAGS, OPENMP_SIMD_FLAGS, ())]
+
+
+def _info_for(cxx: list[str], version: str, flags: tuple[str, ...], native: bool, openmp: bool) -> CompilerInfo | None:
+    """The CompilerInfo of a flag set: its target is the digest of the predefined macros under it (None when
+    the preprocessor rejects the flags)."""
+    try:
+        proc = _run_compiler([*cxx, *flags, "-E", "-dM", "-x", "c++", os.devnull])
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    target = hashlib.sha256("\n".join(sorted(proc.stdout.splitlines())).encode()).hexdigest()
+    return CompilerInfo(cxx[0], version, flags, native, openmp, target, tuple(cxx))
+
+
 def _probe_compiler() -> CompilerInfo:
     """Finds the compiler and the first flag set that builds a library."""
     cxx = _find_compiler()
-    try:
-        version = _run_compiler([*cxx, "--version"]).stdout.splitlines()[0].strip()
-    except (OSError, IndexError, subprocess.TimeoutExpired) as e:
-        raise RuntimeError(f"C++ compiler {shlex.join(cxx)!r} does not answer --version: {e}") from None
+    version = _version(cxx)
     tried = []
-    for native in (True, False):
-        for omp in (OPENMP_FLAGS, OPENMP_SIMD_FLAGS, ()):
-            flags = (*BASE_FLAGS, *(NATIVE_FLAGS if native else ()), *omp, *NUMERIC_FLAGS)
-            tried.append(shlex.join(flags))
-            if _probe(cxx, flags, _PROBE_SOURCE if omp == OPENMP_FLAGS else _PROBE_SOURCE_NO_OMP):
-                macros = _run_compiler([*cxx, *flags, "-E", "-dM", "-x", "c++", os.devnull]).stdout
-                target = hashlib.sha256("\n".join(sorted(macros.splitlines())).encode()).hexdigest()
-                return CompilerInfo(cxx[0], version, flags, native, omp == OPENMP_FLAGS, target, tuple(cxx))
+    for flags, native, openmp in _flag_sets():
+        tried.append(shlex.join(flags))
+        if _probe(cxx, flags, _PROBE_SOURCE if openmp else _PROBE_SOURCE_NO_OMP):
+            info = _info_for(cxx, version, flags, native, openmp)
+            if info is not None:
+                return info
     raise RuntimeError(f"C++ compiler {shlex.join(cxx)} ({version}) cannot build a shared library; "
                        f"tried flag sets: {tried}")
+
+
+def _preferred_info() -> CompilerInfo | None:
+    """The compiler with the preferred flag set, as ``compiler_info()`` describes it when the probe picks that
+    set, found without building anything (``--version`` and the predefined macros: tens of milliseconds
+    instead of the probe's build); None when it cannot be described, or once the probe has run.
+
+    A cache entry under this info's key was built with exactly that compiler, version, target and flag set
+    (only the probe's pick ever builds), so ``build`` loads such an entry without probing; on a miss it probes.
+    """
+    global _preferred
+    if _info is not None:
+        return None
+    if _preferred is None:
+        with _info_lock:
+            if _preferred is None:
+                try:
+                    cxx = _find_compiler()
+                    _preferred = _info_for(cxx, _version(cxx), *_flag_sets()[0]) or False
+                except RuntimeError:
+                    _preferred = False
+    return _preferred or None
 
 
 def _check_private(path: Path, *, is_dir: bool) -> None:
@@ -180,9 +229,9 @@ def cache_dir() -> Path:
     return path
 
 
-def _key(source: str, flags: Sequence[str]) -> str:
-    """The cache key of a source under the process's compiler and these extra flags."""
-    info = compiler_info()
+def _key(source: str, flags: Sequence[str], info: CompilerInfo | None = None) -> str:
+    """The cache key of a source under the process's compiler (or `info`) and these extra flags."""
+    info = info or compiler_info()
     blob = json.dumps([CACHE_FORMAT, source, info.command, info.version, info.target, info.flags, list(flags)])
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -227,8 +276,8 @@ def _verified(so: Path, sidecar: Path) -> bool:
     return False
 
 
-def _compile(source: str, stem: Path, flags: Sequence[str]) -> None:
-    """Compiles source into stem.so (atomically) and writes the stem.sha256 sidecar."""
+def _compile(source: str, stem: Path, flags: Sequence[str], info: CompilerInfo) -> None:
+    """Compiles source with `info`'s compiler into stem.so (atomically) and writes the stem.sha256 sidecar."""
     global compile_count
     src, so = stem.with_suffix(".cpp"), stem.with_suffix(".so")
     with _locks_guard:
@@ -237,7 +286,7 @@ def _compile(source: str, stem: Path, flags: Sequence[str]) -> None:
     fd, tmp = tempfile.mkstemp(dir=stem.parent, prefix=".tmp-", suffix=".so")
     os.close(fd)
     try:
-        cmd = [*compiler_info().command, str(src), "-o", tmp, *compiler_info().flags, *flags]
+        cmd = [*info.command, str(src), "-o", tmp, *info.flags, *flags]
         try:
             proc = _run_compiler(cmd)
         except subprocess.TimeoutExpired:
@@ -276,32 +325,63 @@ def _key_lock(key: str) -> threading.Lock:
 
 
 def build(source: str, *, name: str = "kernel", flags: Sequence[str] = ()) -> ctypes.CDLL:
-    """Compiles (or fetches from the cache) a C++ translation unit and loads it."""
+    """Compiles (or fetches from the cache) a C++ translation unit and loads it.
+
+    Before the compiler has been probed in this process, an entry built with the preferred flag set is
+    looked up first (``_preferred_info``); anything else probes and then looks up or builds."""
     flags = tuple(flags)
-    key = _key(source, flags)
+    preferred = _preferred_info()
+    if preferred is not None:
+        try:
+            lib = _cached_or_built(source, name, flags, preferred, compile=False)
+        except KernelBuildError:
+            lib = None  # a library that no longer loads (its OpenMP runtime gone?): the probe decides
+        if lib is not None:
+            return lib
+    return _cached_or_built(source, name, flags, compiler_info(), compile=True)
+
+
+def _cached_or_built(source: str, name: str, flags: tuple[str, ...], info: CompilerInfo,
+                     compile: bool) -> ctypes.CDLL | None:
+    """The loaded library of `source` built by `info`'s compiler and flags: from this process, the disk
+    cache, or (when `compile`) the compiler; None on a miss without `compile`."""
+    key = _key(source, flags, info)
     if (lib := _loaded.get(key)) is not None:
         return lib
     stem = _stem(name, key)
+    so, sidecar = stem.with_suffix(".so"), stem.with_suffix(".sha256")
+    if not compile and not so.exists():
+        return None
     with _key_lock(key):
         if (lib := _loaded.get(key)) is not None:
             return lib
         with open(stem.with_suffix(".lock"), "a") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes
-            so, sidecar = stem.with_suffix(".so"), stem.with_suffix(".sha256")
             if not _verified(so, sidecar):
-                _compile(source, stem, flags)
+                if not compile:
+                    return None
+                _compile(source, stem, flags, info)
                 _check_private(so, is_dir=False)
             lib = _loaded[key] = _load(so)
     return lib
 
 
+def build_jobs() -> int:
+    """How many compiler processes run at once: the CPUs this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def build_many(sources: Sequence[str], *, name: str = "kernel", flags: Sequence[str] = (),
                jobs: int | None = None) -> list[ctypes.CDLL]:
-    """Builds independent sources in parallel (one compiler process per thread)."""
+    """Builds independent sources in parallel (one compiler process per thread, `build_jobs()` at most)."""
     if not sources:
         return []
-    compiler_info()  # probe once, before the threads start
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(sources)))
+    if _preferred_info() is None:
+        compiler_info()  # probe once, before the threads start
+    jobs = max(1, min(jobs or build_jobs(), len(sources)))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="vtc-cbuild") as pool:
         return list(pool.map(lambda s: build(s, name=name, flags=flags), sources))
 

@@ -19,6 +19,7 @@ Calls share no mutable state but the pool of large kernel output buffers
 from __future__ import annotations
 
 import ctypes
+import re
 from dataclasses import dataclass
 
 import torch
@@ -252,17 +253,50 @@ KERNELS_PER_LIBRARY = 24
 
 
 def build_kernels(steps: list) -> list[CompiledKernel]:
-    """Generates, compiles (in parallel, cached on disk) and loads the kernels of `steps`."""
+    """Generates, compiles (in parallel, cached on disk) and loads the kernels of `steps`.
+
+    Kernels whose sources are the same text but for their name (the layers of a model) are compiled
+    once: the later ones call the first one's function (``distinct_sources``)."""
     from vtc.codegen.cpp import PRELUDE, generate
     from vtc.runtime import cbuild
 
-    chunks = [steps[i:i + KERNELS_PER_LIBRARY] for i in range(0, len(steps), KERNELS_PER_LIBRARY)]
-    sources = [PRELUDE + "".join(generate(s.kernel).replace(PRELUDE, "") for s in chunk) for chunk in chunks]
-    libs = cbuild.build_many(sources, name="vtc")
+    texts = [generate(s.kernel).replace(PRELUDE, "") for s in steps]
+    first = distinct_sources(texts, [s.kernel.name for s in steps])
+    chunks = libraries(texts, sorted(set(first)), cbuild.build_jobs())
+    libs = cbuild.build_many([PRELUDE + "".join(texts[i] for i in chunk) for chunk in chunks], name="vtc")
+    lib_of = {i: lib for chunk, lib in zip(chunks, libs) for i in chunk}
     out = []
-    for chunk, lib in zip(chunks, libs):
-        for s in chunk:
-            fn = getattr(lib, s.kernel.name)
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
-            out.append(CompiledKernel(s, fn))
+    for s, i in zip(steps, first):
+        fn = getattr(lib_of[i], steps[i].kernel.name)
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
+        out.append(CompiledKernel(s, fn))
+    return out
+
+
+def libraries(texts: list[str], kernels: list[int], jobs: int) -> list[list[int]]:
+    """`kernels` (indices into `texts`) grouped into translation units: at least one per compiler job (up to
+    one per kernel), so that they build in parallel, at most KERNELS_PER_LIBRARY kernels each, balanced by
+    source length (the longest first, each into the shortest unit that has room); in index order within one."""
+    if not kernels:
+        return []
+    n = max(-(-len(kernels) // KERNELS_PER_LIBRARY), min(len(kernels), max(1, jobs)))
+    units: list[list[int]] = [[] for _ in range(n)]
+    length = [0] * n
+    for k in sorted(kernels, key=lambda k: (-len(texts[k]), k)):
+        u = min((u for u in range(n) if len(units[u]) < KERNELS_PER_LIBRARY), key=lambda u: (length[u], u))
+        units[u].append(k)
+        length[u] += len(texts[k])
+    return [sorted(u) for u in units]
+
+
+def distinct_sources(texts: list[str], names: list[str]) -> list[int]:
+    """For each kernel source, the index of the first one that is the same text once each kernel's own name
+    (a whole word: its function, its namespace) is replaced by one placeholder.  Such kernels are the same
+    code, so one compiled function serves all of them (a kernel keeps no state between calls but
+    constant tables and per-thread scratch buffers, which the same code sets up the same way)."""
+    seen: dict[str, int] = {}
+    out = []
+    for k, (text, name) in enumerate(zip(texts, names)):
+        canonical = re.sub(rf"\b{re.escape(name)}\b", "@kernel@", text)
+        out.append(seen.setdefault(canonical, k))
     return out
