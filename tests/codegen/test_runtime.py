@@ -39,9 +39,9 @@ CHILD = textwrap.dedent("""\
 
     compiles = []
     real = cbuild._compile
-    def counting(source, stem, flags):
+    def counting(source, stem, *rest):
         compiles.append(stem.name)
-        return real(source, stem, flags)
+        return real(source, stem, *rest)
     cbuild._compile = counting
     """) + FN + textwrap.dedent("""\
     c = vtc.compile(f, (x, y), backend="cpu")
@@ -72,8 +72,8 @@ def build_here(cache: Path, monkeypatch) -> list[str]:
     monkeypatch.setattr(cbuild, "_loaded", {})
     compiles: list[str] = []
     real = cbuild._compile
-    monkeypatch.setattr(cbuild, "_compile", lambda source, stem, flags: compiles.append(stem.name)
-                        or real(source, stem, flags))
+    monkeypatch.setattr(cbuild, "_compile", lambda source, stem, *rest: compiles.append(stem.name)
+                        or real(source, stem, *rest))
     env: dict = {"torch": torch}
     exec(FN, env)
     f, x, y = env["f"], env["x"], env["y"]

@@ -38,9 +38,10 @@ EXPECTED = [  # (ATen op, fate) in graph order, plan="all", with the default CPU
     ("unsqueeze", V), ("expand", V), ("clone", V), ("view", V),
     # scores = q @ k^T -> scale -> mask -> softmax -> probs @ v is one attention kernel
     # (vtc.codegen.attention): q, the expanded K^T and V and the probabilities are read through their
-    # mappings inside it (before it, q and probs were views for torch's bmm and K^T, V two gathers)
+    # mappings inside it (before it, q and probs were views for torch's bmm and K^T, V two gathers);
+    # the eval-mode dropout on the probabilities is no op in the captured graph (vtc.frontend.fx_capture)
     ("permute", V), ("expand", V), ("clone", V), ("view", V), ("expand", V), ("view", V),
-    ("view", V), ("clone", V), ("expand", V), ("view", V), ("expand", V), ("view", V),
+    ("view", V), ("expand", V), ("view", V), ("expand", V), ("view", V),
     # attention output: heads back to [B*S, H] for o_proj, packed by o_proj's generated GEMM (was a
     # 4 KB gather before torch's mm)
     ("view", V), ("permute", V), ("clone", V), ("view", V), ("permute", V), ("view", V), ("view", V),
@@ -73,8 +74,8 @@ def test_census_op_by_op(layer_report):
 
 def test_census_totals(layer_report):
     r = layer_report.to_dict()
-    assert r["movement_ops"] == len(EXPECTED) == 67
-    assert r["eliminated_movement_ops"] == sum(f != G for _, f in EXPECTED) == 67
+    assert r["movement_ops"] == len(EXPECTED) == 66
+    assert r["eliminated_movement_ops"] == sum(f != G for _, f in EXPECTED) == 66
     assert r["fallback_ops"] == []
     gathered = sum(c["bytes"] for c in r["chains"] if c["realized_as"] == "gather")
     assert r["materialized_movement_bytes"] == gathered == 0  # 12 KB with gemm="torch"
@@ -131,7 +132,7 @@ def test_greedy_census_op_by_op(greedy_report, layer_report):
 def test_greedy_census_totals(greedy_report, layer_report):
     """Nothing kept: as many ops eliminated and as many bytes moved (none) as plan="all"."""
     r, a = greedy_report.to_dict(), layer_report.to_dict()
-    assert r["plan"] == "greedy" and r["movement_ops"] == 67
+    assert r["plan"] == "greedy" and r["movement_ops"] == 66
     assert sum(e["fate"] == K for e in r["movement"]) == 0 and sum(e["fate"] == G for e in r["movement"]) == 0
-    assert r["eliminated_movement_ops"] == a["eliminated_movement_ops"] == 67
+    assert r["eliminated_movement_ops"] == a["eliminated_movement_ops"] == 66
     assert r["materialized_movement_bytes"] == a["materialized_movement_bytes"] == 0

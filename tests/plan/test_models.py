@@ -14,8 +14,9 @@ from vtc import zoo
 # chain in front of a GEMM whose composed mapping is not a strided view; the framework's own copy
 # (the kept op) costs the same bytes as a copy kernel without its per-element index arithmetic.
 KEPT = {
-    "llama_layer": {("expand_1", "expand"), ("clone_1", "clone"), ("clone_4", "clone")},
-    "gpt2": {(f"clone_{k}", "clone") for k in (1, 2, 4, 5, 8, 9, 11, 12)},
+    # node names as the fast capture (vtc.frontend.fx_capture) makes them: an eval-mode dropout is no clone
+    "llama_layer": {("expand_1", "expand"), ("clone_1", "clone"), ("clone_3", "clone")},
+    "gpt2": {("clone", "clone")} | {(f"clone_{k}", "clone") for k in range(1, 8)},  # every repeat/head clone
     "shufflenet": set(),  # channel shuffles pay as whole chains: one copy kernel per conv operand
 }
 
