@@ -36,18 +36,6 @@ def label(s) -> str:
     return f"{s.kind} {s.realization.value}"
 
 
-def run_step(ex, s, env: dict) -> None:
-    if s.kind == "run":
-        outs = s.node.run(env)
-        for v, t in zip(s.node.outputs, outs):
-            env[v.name] = t
-    elif s.kind == "kernel":
-        for b, t in zip(s.kernel.outputs, s.kernel(env, ex.pool)):
-            env[b.name] = t
-    else:
-        env[s.realization.value] = ex._realize(s, env)
-
-
 def timed_call(ex, inputs, times: dict, isolate: int = 0) -> None:
     """One call, each step timed; with `isolate` > 0 each step is run that many times more (on the same
     operands) and timed alone, and nothing is freed."""
@@ -57,11 +45,11 @@ def timed_call(ex, inputs, times: dict, isolate: int = 0) -> None:
     clk = CLOCK
     for s in ex.steps:
         t0 = clk()
-        run_step(ex, s, env)
+        ex.run_step(s, env)
         took = [clk() - t0]
         for _ in range(isolate):
             t0 = clk()
-            run_step(ex, s, env)
+            ex.run_step(s, env)
             took.append(clk() - t0)
         times.setdefault(label(s), []).append(statistics.median(took))
         if not isolate:

@@ -164,20 +164,24 @@ class Executor:
         for v, t in zip(self.graph.inputs, inputs):
             env[v.name] = t
         for s in self.steps:
-            if s.kind == "run":
-                outs = s.node.run(env)
-                if s.node.kind == "movement":  # kept physical: really materialised, never an alias
-                    outs = [_own(t, [env[v.name] for v in s.node.inputs]) for t in outs]
-                for v, t in zip(s.node.outputs, outs):
-                    env[v.name] = t
-            elif s.kind == "kernel":
-                for b, t in zip(s.kernel.outputs, s.kernel(env, self.pool)):
-                    env[b.name] = t
-            else:
-                env[s.realization.value] = self._realize(s, env)
+            self.run_step(s, env)
             for name in s.frees:
                 env.pop(name, None)
         return [env[v.name] for v in self.graph.outputs]
+
+    def run_step(self, s: Step, env: dict[str, torch.Tensor]) -> None:
+        """Runs one step on the tensors in `env`, putting its results there."""
+        if s.kind == "run":
+            outs = s.node.run(env)
+            if s.node.kind == "movement":  # kept physical: really materialised, never an alias
+                outs = [_own(t, [env[v.name] for v in s.node.inputs]) for t in outs]
+            for v, t in zip(s.node.outputs, outs):
+                env[v.name] = t
+        elif s.kind == "kernel":
+            for b, t in zip(s.kernel.outputs, s.kernel(env, self.pool)):
+                env[b.name] = t
+        else:
+            env[s.realization.value] = self._realize(s, env)
 
     def _realize(self, s: Step, env: dict[str, torch.Tensor]) -> torch.Tensor:
         m = s.realization.mapping
