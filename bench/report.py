@@ -197,14 +197,17 @@ torch would have to copy (and a skinny decode GEMM estimated faster), and every
 convolution but wide ones, are generated GEMMs that pack through the mapping
 (a convolution's im2col packed by runs with vector loads), with bias / norm /
 activation in their epilogue; depthwise convolutions are vector kernels plane
-by plane; a producer of a cat or KV-cache update stores into its output.  The
+by plane; a producer of a cat or KV-cache update (a GEMM included: the new V
+of a decode step) stores into its output, and the greedy planner now pushes the
+KV-cache updates as plan="all" does (greedy == all on the decode units).  The
 other GEMMs and convolutions run through torch on zero-copy views or after a
 copy kernel.  Where vtc loses: in the prefill units most of the time is large
 GEMMs, which vtc leaves to MKL (its own GEMM is 4-14% behind MKL there);
 the generated GEMM micro-kernel is a little below ONNX Runtime's MLAS on the
-C3k2 3x3 convolutions; each kernel is launched from Python through ctypes (a
-fixed cost that small workloads such as efficientvit_b1 feel; that unit was
-not profiled after this session's changes).
+C3k2 3x3 convolutions; in efficientvit_b1 (profiled at 1 thread) the 1x1 and
+depthwise convolutions take about twice ONNX Runtime's time and the q/k/v
+preparation reads a cat through a transpose element by element; attn_causal's
+fused kernel is slower than Inductor's and OpenVINO's (not profiled).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
