@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import gc
-import threading
 
 import torch
 
 from vtc.runtime import buffers
 
-from .util import POINTWISE_TOL, compile_cpu, executor, gen, rand, steps
+from .util import POINTWISE_TOL, compile_cpu, errors_in_threads, executor, gen, rand, steps
 
 N = (buffers.MIN_BYTES // 4) // 1021 + 3  # rows of 1021 floats: just above the recycling threshold
 
@@ -75,29 +74,17 @@ def test_pool_never_hands_one_storage_to_two_threads():
     sets = [_inputs(80 + k) for k in range(3)]
     compiled = compile_cpu(_f, sets[0])
     expected = [_f(*s) for s in sets]
-    barrier = threading.Barrier(3)
-    errors: list[str] = []
-
     def work(k: int) -> None:
-        try:
-            barrier.wait()
-            held = []
-            for i in range(6):
-                got = compiled(*sets[k])
-                held.append(got)  # some outputs stay alive while other threads call
-                if i % 2:
-                    held.pop(0)
-            for got in held:
-                torch.testing.assert_close(got, expected[k], **POINTWISE_TOL)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"thread {k}: {e}")
+        held = []
+        for i in range(6):
+            got = compiled(*sets[k])
+            held.append(got)  # some outputs stay alive while other threads call
+            if i % 2:
+                held.pop(0)
+        for got in held:
+            torch.testing.assert_close(got, expected[k], **POINTWISE_TOL)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert errors_in_threads(work, 3) == []
 
 
 def test_pool_off_keeps_nothing(monkeypatch):

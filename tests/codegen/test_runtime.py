@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ import torch.nn.functional as F
 
 from vtc.runtime import cbuild
 
-from .util import ROW_TOL, assert_all_generated, compile_cpu, gen, rand, steps
+from .util import ROW_TOL, assert_all_generated, compile_cpu, errors_in_threads, gen, rand, steps
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,24 +124,12 @@ def test_compiled_model_called_from_four_threads():
     compiled = compile_cpu(f, sets[0])
     assert_all_generated(compiled)
     expected = [f(*s) for s in sets]
-    barrier = threading.Barrier(4)
-    errors: list[str] = []
-
     def work(k: int) -> None:
-        try:
-            barrier.wait()
-            for _ in range(25):
-                for got, want in zip(compiled(*sets[k]), expected[k]):
-                    torch.testing.assert_close(got, want, **ROW_TOL)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"thread {k}: {e}")
+        for _ in range(25):
+            for got, want in zip(compiled(*sets[k]), expected[k]):
+                torch.testing.assert_close(got, want, **ROW_TOL)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert errors_in_threads(work, 4) == []
 
 
 def _rss_kb() -> int:

@@ -122,3 +122,26 @@ def kernel_storing(compiled, k: int):
 def data_reads(compiled, kernel) -> set[str]:
     """The buffers a kernel reads for data (its inputs that are not index tensors of a mapping)."""
     return {b.name for b in kernel.inputs} - index_tensor_names(compiled)
+
+
+def errors_in_threads(work, n: int) -> list[str]:
+    """Runs work(k) for k in range(n), each in its own thread, all started together (a barrier);
+    returns what each raised ("thread k: ...")."""
+    import threading
+
+    barrier = threading.Barrier(n)
+    errors: list[str] = []
+
+    def run(k: int) -> None:
+        try:
+            barrier.wait()
+            work(k)
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            errors.append(f"thread {k}: {e}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
