@@ -51,12 +51,17 @@ def _assert_generated_without_movement(compiled, n_gemm: int = 1) -> None:
 SHAPES = [(1, 1, 1), (3, 17, 5), (17, 3, 127), (127, 300, 17), (16, 256, 33), (1, 300, 127), (40, 65, 70)]
 
 
+def _check_mm_per_shape(shapes: list[tuple[int, int, int]], seed: int) -> None:
+    """One graph with a generated GEMM (M x K) @ (K x N) per shape, against torch, moving nothing."""
+    g = gen(seed)
+    inputs = tuple(t for m, k, n in shapes for t in (rand((m, k), g), rand((k, n), g)))
+    c = _check(lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2)), inputs, gemm="vtc")
+    _assert_generated_without_movement(c, len(shapes))
+
+
 def test_mm_matches_torch():
     """One graph with a GEMM per shape (one compile, one library)."""
-    g = gen(1)
-    inputs = tuple(t for m, k, n in SHAPES for t in (rand((m, k), g), rand((k, n), g)))
-    c = _check(lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2)), inputs, gemm="vtc")
-    _assert_generated_without_movement(c, len(SHAPES))
+    _check_mm_per_shape(SHAPES, seed=1)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
@@ -263,10 +268,7 @@ def test_odd_shapes_cross_every_tile_edge():
     """M, N, K in 1 .. 257 (one graph): partial MR x NR tiles (8/4/2/1-row edge kernels, masked edge columns),
     K = 257 as two equal KC slices, skinny M <= 16 with a row-major B read in place (its last, narrower
     panel zero-padded), A packed by register transposes with row and K tails."""
-    g = gen(20)
-    inputs = tuple(t for m, k, n in EDGE_SHAPES for t in (rand((m, k), g), rand((k, n), g)))
-    c = _check(lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2)), inputs, gemm="vtc")
-    _assert_generated_without_movement(c, len(EDGE_SHAPES))
+    _check_mm_per_shape(EDGE_SHAPES, seed=20)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
