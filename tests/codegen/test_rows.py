@@ -205,9 +205,46 @@ def test_rms_norm():
 
     compiled = check(rms, (x, w), **ROW_TOL)
     assert_all_generated(compiled)
-    row, pw = kernels(compiled)
-    # pass 1: one row kernel computes mean(x^2) from x (the square is inlined);
-    # pass 2: one pointwise kernel computes x * rsqrt(mean + eps) * w
-    assert (row.kind, pw.kind) == ("row", "pointwise")
-    assert data_reads(compiled, row) == {"x"}
-    assert {"x", "w"} <= data_reads(compiled, pw)
+    # one row kernel: pass 1 sums x^2 (the square is inlined), pass 2 stores x * rsqrt(mean + eps) * w for
+    # every element of the row while it is in cache; mean(x^2) is never stored
+    (row,) = kernels(compiled)
+    assert row.kind == "row"
+    assert data_reads(compiled, row) == {"x", "w"}
+    assert [s.buffer.shape for s in row.stores] == [(3, 17, 127)]
+
+
+# ---------------------------------------------------------------------------
+# a reduction finished by a pointwise kernel over the reduced rows: one kernel when the pointwise kernel
+# reads the reduction only at its own row, else two (and the same numbers either way)
+@pytest.mark.parametrize("shape", [(1, 3), (17, 1), (3, 17, 127)], ids=str)
+def test_reduction_finished_in_its_own_row_kernel(shape):
+    g = gen(31)
+    x = rand(shape, g)
+
+    def f(x):
+        centred = x - x.mean(-1, keepdim=True)  # keepdim
+        scaled = x * x.amax(-1).unsqueeze(-1)  # not keepdim, read through a virtual unsqueeze
+        return centred, scaled
+
+    compiled = check(f, (x,), **ROW_TOL)
+    assert_all_generated(compiled)
+    ks = kernels(compiled)
+    assert [k.kind for k in ks] == ["row", "row"]
+    assert all(s.per_r and s.buffer.shape == shape for k in ks for s in k.stores)
+
+
+def test_reduction_not_finished_in_its_row_kernel_when_read_elsewhere():
+    g = gen(32)
+    x = rand((17, 17), g)
+
+    def across(x):  # element (i, j) reads the sum of row j: not its own row
+        return x * x.sum(-1, keepdim=True).transpose(0, 1)
+
+    def also_returned(x):  # the reduction is an output: it must be stored
+        s = x.sum(-1, keepdim=True)
+        return x / s, s
+
+    for fn in (across, also_returned):
+        compiled = check(fn, (x,), **ROW_TOL)
+        assert_all_generated(compiled)
+        assert [k.kind for k in kernels(compiled)] == ["row", "pointwise"], fn.__name__

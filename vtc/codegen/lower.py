@@ -97,6 +97,7 @@ class Lowering:
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
         self.epilogue: dict[str, Node] = self._epilogues()  # pointwise kernel node -> the GEMM it finishes
+        self.row_epilogue: dict[str, Node] = self._row_epilogues()  # pointwise kernel node -> the reduction it finishes
 
     # -- classification -------------------------------------------------------
     def _classify(self, n: Node) -> str:
@@ -268,6 +269,37 @@ class Lowering:
                 out[r] = g
         return out
 
+    def _row_epilogues(self) -> dict[str, Node]:
+        """Pointwise kernels computed in the last pass of the reduction they read (rms_norm: x * rsqrt(mean(x²) + eps) * w).
+
+        A row kernel with one reduced output (sum, mean, amax, var, ...) whose one reader is a pointwise
+        kernel over the row kernel's whole input shape, reading the reduction only at its own row (through
+        inlined pointwise ops), stores that kernel's value for every element of the row instead: the row is
+        read again while it is still in cache, and the reduced tensor is never stored.
+        """
+        out: dict[str, Node] = {}
+        nodes = {n.name: n for n in self.graph.nodes}
+        for n in self.graph.nodes:
+            if self.kind[n.name] != "row" or len(n.outputs) != 1:
+                continue
+            o = n.outputs[0]
+            if o.name in self.outputs or o.name in self.index_names:
+                continue
+            readers = self.readers(o.name)
+            if len(readers) != 1:
+                continue
+            r = next(iter(readers))
+            node = nodes.get(r)
+            if (node is None or self.kind[r] != "pointwise" or node.outputs[0].name in self.inline
+                    or r in self.epilogue or r in out or node.outputs[0].shape != n.inputs[0].shape):
+                continue
+            try:
+                self.row_kernel(n, then=node)
+            except NotSupported:
+                continue
+            out[r] = n
+        return out
+
     def _reads_only_at_its_index(self, name: str, node: Node) -> bool:
         """True when pointwise `node` reads value `name` only at node's own output index (no shifted
         taps, no movement in between), so that the reads can come from a GEMM's accumulator."""
@@ -402,8 +434,12 @@ class Lowering:
         return self._finish(Kernel(f"k_{_ident(name)}", kind, v.shape, 0, [], [Store(buf, idx, value)],
                                    source_nodes=sources))
 
-    def row_kernel(self, n: Node) -> Kernel:
-        """A reduction / softmax / normalisation kernel for node n."""
+    def row_kernel(self, n: Node, then: Node | None = None) -> Kernel:
+        """A reduction / softmax / normalisation kernel for node n.
+
+        With `then` (a pointwise node over n's input shape reading n's one reduced output at its own
+        row), the kernel stores `then`'s output for every element of the row instead of n's output.
+        """
         args = bind(n.target, n.args, n.kwargs)
         spec = lookup(ROW, n.target)(_ProbeCtx(n), args, n.outputs)
         x = next(v for v in n.inputs)
@@ -437,8 +473,25 @@ class Lowering:
             else:
                 raise NotSupported(f"{n.op}: output {o.name} of shape {o.shape} for input {x.shape}")
             stores.append(Store(Buffer(o.name, o.shape, o.dtype), index, K.cast(value(ctx), o.dtype), per_r))
+        sources = [n.name]
+        if then is not None:
+            stores = [self._row_epilogue_store(stores, then, full_t, memo)]
+            sources.append(then.name)
         return self._finish(Kernel(f"k_{_ident(n.name)}", "row", domain, r_extent, phases, stores,
-                                   source_nodes=[n.name]))
+                                   source_nodes=sources))
+
+    def _row_epilogue_store(self, stores: list[Store], then: Node, full: tuple[Expr, ...], memo: dict) -> Store:
+        """The per-element store of pointwise node `then`, its reads of the row kernel's reduced output
+        (the one store in `stores`) taken from the store's value."""
+        (st,) = stores
+        if st.per_r:
+            raise NotSupported("the row kernel's output is per element")
+        memo[(st.buffer.name, st.index)] = st.value
+        value = self._pointwise(then, full, memo)
+        if any(s.op == "load" and s.args[0] == st.buffer.name for s in scalars_under([value])):
+            raise NotSupported(f"{then.name} reads {st.buffer.name} outside its own row")
+        o = then.outputs[0]
+        return Store(Buffer(o.name, o.shape, o.dtype), full, K.cast(value, o.dtype), True)
 
     def _finish(self, k: Kernel) -> Kernel:
         """Fills the kernel's input buffers from the loads it makes."""
@@ -571,6 +624,7 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
     """
     low = Lowering(graph, plan, gemm)
     epilogued = {g.name for g in low.epilogue.values()}
+    row_epilogued = {r.name for r in low.row_epilogue.values()}
     steps: list = []
     done: set[str] = set()
 
@@ -595,12 +649,16 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             fused = low.with_epilogue(low.gemm_kernel(low.epilogue[n.name]), n)
             steps.append(("kernel", _step(low, low._finish(fused))))
             continue
+        if k == "pointwise" and n.name in low.row_epilogue:
+            steps.append(("kernel", _step(low, low.row_kernel(low.row_epilogue[n.name], then=n))))
+            continue
         if k == "pointwise":
             if n.outputs[0].name not in low.inline:
                 steps.append(("kernel", _step(low, low.pointwise_kernel(n.outputs[0].name, "pointwise", [n.name]))))
             continue
         if k == "row":
-            steps.append(("kernel", _step(low, low.row_kernel(n))))
+            if n.name not in row_epilogued:  # else built with the pointwise kernel that finishes it
+                steps.append(("kernel", _step(low, low.row_kernel(n))))
             continue
         if k == "gemm":
             if n.name not in epilogued:  # else built with its epilogue, at the pointwise kernel that finishes it
