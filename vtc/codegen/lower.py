@@ -34,7 +34,7 @@ report.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -46,9 +46,9 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scal
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
-from vtc.index.mapping import IndexCheck, Mapping, out_vars
+from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
-from vtc.plan.virtualize import Plan, chain_of
+from vtc.plan.virtualize import Plan, Realization, chain_of
 from vtc.virtual.movement import bind, delinearize
 
 OUTPUT, INDEX = "<output>", "<index>"
@@ -354,6 +354,20 @@ class Lowering:
             out = val if out is None else K.pick(self._fold(subs(p.when, env)), val, out)
         return out
 
+    def torch_realization(self, name: str) -> Realization:
+        """How torch realises virtual value `name` (``vtc.index.mapping.gather``): its plan realization, with
+        the folded index tensors (which no kernel computes) replaced by the index arithmetic they fold to."""
+        r = self.plan.realized[name]
+        m = r.mapping
+        if not self.folded & set(m.index_tensors):
+            return r
+        pieces = tuple(Piece(p.source, tuple(self._fold(e) for e in p.index), self._fold(p.when), p.fill)
+                       for p in m.pieces)
+        loaded = dict.fromkeys(x.args[0] for p in pieces for e in (*p.index, p.when) for x in walk(e) if x.op == "load")
+        m = Mapping(m.shape, pieces, m.sources, {t: self._index_tensor(t)[0] for t in loaded},
+                    tuple(c for c in m.checks if c.tensor not in self.folded))
+        return replace(r, mapping=m)
+
     # -- index tensors computed from indices alone (roll's arange -> add -> fmod) ------
     def _fold(self, e: Expr) -> Expr:
         """e with loads from folded index tensors replaced by the index arithmetic that computes them."""
@@ -618,7 +632,8 @@ def scalars_of(k: Kernel):
 
 
 def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]:
-    """The steps that run `graph` under `plan`: ("kernel", KernelStep) | ("run", Node) | ("view", name).
+    """The steps that run `graph` under `plan`: ("kernel", KernelStep) | ("run", Node) | ("view", name) |
+    ("gather", Realization) (a virtual value in a dtype without generated code, realised through torch).
 
     `gemm` is the compile option choosing GEMM kernels (vtc.codegen.gemm.choose).
     """
@@ -634,6 +649,10 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
         done.add(name)
         if low.realize.get(name) == "view":
             steps.append(("view", name))
+        elif low.values[name].dtype not in C_TYPES:  # no copy kernel in this dtype: torch gathers it
+            low._torch(low.producer[name], f"dtype {low.values[name].dtype} of %{name} has no generated code: "
+                                           "realised by a torch gather")
+            steps.append(("gather", low.torch_realization(name)))
         else:
             chain = [c.name for c in chain_of(graph, plan, name)]
             steps.append(("kernel", _step(low, low.pointwise_kernel(name, "copy", chain))))

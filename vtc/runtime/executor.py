@@ -122,6 +122,8 @@ class Executor:
                 steps.append(Step("run", node=payload, out_bytes=sum(v.nbytes for v in payload.outputs)))
             elif kind == "view":
                 steps.append(Step("view", realization=self.plan.realized[payload]))
+            elif kind == "gather":
+                steps.append(Step("gather", realization=payload, out_bytes=self.values[payload.value].nbytes))
             else:
                 ck = compiled[id(payload)]
                 steps.append(Step("kernel", kernel=ck, out_bytes=sum(b.nbytes for b in ck.outputs)))
