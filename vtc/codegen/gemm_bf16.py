@@ -40,11 +40,16 @@ from vtc.index.mapping import linear_offset
 
 BF16 = torch.bfloat16
 BF16_OPS = ("aten.mm.default", "aten.bmm.default")
-# cost model (2 threads, microseconds from GB/s and GFLOPS as in vtc.codegen.gemm); measured 1 thread CPU time
-# (python -m bench.gemm_side_by_side --workloads gemm_bf16 --threads 1 --clock cpu), doubled
-VTC_GFLOPS = 220.0  # the vdpbf16ps micro-kernel on large products
-TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels (1024^3 bf16 ran at ~900 GFLOPS on one thread here)
-SKINNY = {"dot": (40.0, 200.0), "torch": (18.0, 200.0)}  # (GB/s of B, GFLOPS) for M <= SKINNY_M
+# cost model (2 threads, microseconds from GB/s and GFLOPS as in vtc.codegen.gemm), from 1-thread CPU times
+# (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled.  vdpbf16ps
+# retires about one per two cycles here (a loop of independent ones: 0.62x the float32 FMA rate), so the
+# panel kernel runs ~77 GFLOPS a thread (1024^3: 28 ms) against oneDNN's AMX ~860 (2.5 ms); x @ W^T of a
+# 4096 x 4096 bf16 weight, 1 / 4 / 16 rows: 1.87 / 1.91 / 7.2 ms on the dot path, torch 3.0 / 2.7 / 3.4 ms.
+VTC_GFLOPS = 150.0  # the vdpbf16ps panel kernel
+TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels
+# (GB/s of B, GFLOPS) for M <= SKINNY_M: the dot path costs the larger of the two (reading the weight hides the
+# arithmetic up to ~4 rows), torch's their sum
+SKINNY = {"dot": (39.0, 160.0), "torch": (23.0, 1000.0)}
 SKINNY_M = 16
 
 
@@ -116,7 +121,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         (vbw, vrate), (tbw, trate) = SKINNY["dot"], SKINNY["torch"]
         if b_unit_stride != "k":
             vbw, vrate = vbw / 2, VTC_GFLOPS / 2  # B packed into panels first
-        vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
+        vtc = max(b_bytes / (vbw * 1e3), flops / (vrate * 1e3))
         lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
     else:
         vtc = flops / (VTC_GFLOPS * 1e3)
@@ -229,6 +234,21 @@ static inline void vtc_bf16_round(const float* __restrict c, int64_t ldc, int64_
     }
 }
 
+// lane i = the sum of the 16 lanes of s[i], for i < 16 (a transpose-and-add tree: 30 shuffles and 15 adds)
+static inline __m512 vtc_reduce16(const __m512* s) {
+  __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: (x0+x2, y0+y2, x1+x3, y1+y3) of x = s[2i], y = s[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // per block: the block sums of s[4i .. 4i+3]
+    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+  #pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // blocks 0+1 and 2+3 of b[2i], then of b[2i+1]
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
 // s[r][j] = sum_p a[r * lda + p] * w[j * ldw + p], p < kb: rows of A against weight rows, both read along k
 template <int R, int J>
 static inline void vtc_bf16_dot_rows(int64_t kb, const vtc_bf16* __restrict a, int64_t lda,
@@ -253,8 +273,14 @@ static inline void vtc_bf16_dot_rows(int64_t kb, const vtc_bf16* __restrict a, i
       for (int r = 0; r < R; ++r) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x[r], wv);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) s[r * lds + j] = _mm512_reduce_add_ps(acc[r][j]);
+  if constexpr (R == 4 && J == 4) {  // the 16 sums at once: a short K (attention scores) pays no 16 reductions
+    const __m512 v = vtc_reduce16(&acc[0][0]);
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) _mm_storeu_ps(s + r * lds, _mm512_extractf32x4_ps(v, r));
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) s[r * lds + j] = _mm512_reduce_add_ps(acc[r][j]);
+  }
 }
 
 template <int J>
