@@ -110,6 +110,15 @@ def test_skinny_rows_against_a_transposed_weight():
     _assert_generated_without_movement(c, 5)
 
 
+def test_skinny_dot_path_accumulates_over_reduction_slices():
+    """K = 2051 runs the dot-product path in two KC slices: 4 x 4 blocks of sums (reduced at once) and a
+    1-column tail added to what the first slice stored."""
+    g = gen(13)
+    x, w = rand((4, 2051), g), rand((5, 2051), g)
+    c = _check(lambda x, w: x @ w.t(), (x, w), gemm="vtc")
+    _assert_generated_without_movement(c)
+
+
 def rand_like_batch(x):
     """[3, 300] -> [2, 3, 17] (a movement-made batched operand)."""
     return x[:, :17].expand(2, 3, 17)

@@ -470,6 +470,21 @@ static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int
     for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
 }
 
+// lane i = the sum of the 16 lanes of s[i], for i < 16 (a transpose-and-add tree: 30 shuffles and 15 adds)
+static inline __m512 vtc_reduce16(const __m512* s) {
+  __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: (x0+x2, y0+y2, x1+x3, y1+y3) of x = s[2i], y = s[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // per block: the block sums of s[4i .. 4i+3]
+    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+  #pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // blocks 0+1 and 2+3 of b[2i], then of b[2i+1]
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
 // c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
 // against a row-major weight (B = W^T) read in place
 template <int R, int J>
@@ -504,8 +519,17 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+  if constexpr (R == 4 && J == 4) {  // the 16 sums at once: a short K (attention scores) pays no 16 reductions
+    const __m512 v = vtc_reduce16(&s[0][0]);
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m128 x = _mm512_extractf32x4_ps(v, r);
+      _mm_storeu_ps(c + r * ldc, add ? _mm_add_ps(x, _mm_loadu_ps(c + r * ldc)) : x);
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+  }
 }
 
 // rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one

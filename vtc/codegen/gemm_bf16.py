@@ -234,21 +234,6 @@ static inline void vtc_bf16_round(const float* __restrict c, int64_t ldc, int64_
     }
 }
 
-// lane i = the sum of the 16 lanes of s[i], for i < 16 (a transpose-and-add tree: 30 shuffles and 15 adds)
-static inline __m512 vtc_reduce16(const __m512* s) {
-  __m512 a[8], b[4], c[2];
-  #pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)  // per 128-bit block: (x0+x2, y0+y2, x1+x3, y1+y3) of x = s[2i], y = s[2i+1]
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
-  #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i)  // per block: the block sums of s[4i .. 4i+3]
-    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
-  #pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)  // blocks 0+1 and 2+3 of b[2i], then of b[2i+1]
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-}
-
 // s[r][j] = sum_p a[r * lda + p] * w[j * ldw + p], p < kb: rows of A against weight rows, both read along k
 template <int R, int J>
 static inline void vtc_bf16_dot_rows(int64_t kb, const vtc_bf16* __restrict a, int64_t lda,
@@ -274,7 +259,7 @@ static inline void vtc_bf16_dot_rows(int64_t kb, const vtc_bf16* __restrict a, i
     }
   }
   if constexpr (R == 4 && J == 4) {  // the 16 sums at once: a short K (attention scores) pays no 16 reductions
-    const __m512 v = vtc_reduce16(&acc[0][0]);
+    const __m512 v = vtc_reduce16(&acc[0][0]);  // (vtc.codegen.gemm's runtime)
     #pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) _mm_storeu_ps(s + r * lds, _mm512_extractf32x4_ps(v, r));
   } else {
