@@ -6,7 +6,10 @@
 - operands made by movement ops, where torch needs a copy first unless the mapping is a strided view:
   ``gemm_transposed`` (a.t() @ b: a strided view), ``gemm_gqa_scores`` (q @ repeat_kv(k)^T over a 2048-token
   cache, 4 query heads per KV head), ``gemm_cat`` (cat([a, b], 1) @ w) and ``gemm_gather_rows``
-  (table[idx] @ w).
+  (table[idx] @ w);
+- bf16 (``vtc.codegen.gemm_bf16``; torch's bf16 GEMM uses AMX tiles here): ``gemm_bf16_square_1024``,
+  ``gemm_bf16_skinny_m<m>`` (x @ W^T, 4096 x 4096 weight) and ``gemm_bf16_gqa_scores_q<n>`` (n query tokens
+  against repeat_kv(k) over a 2048-token cache).
 
 The vtc variants that matter here: ``vtc-all`` (gemm="auto": the per-node choice), ``vtc-gemm-vtc`` (every
 GEMM generated) and ``vtc-gemm-torch`` (every GEMM through torch, a virtual operand that is not a strided
@@ -60,6 +63,24 @@ def _gather_rows(quick: bool):
     return Fn(lambda m, t, i, w: t[i] @ w, "gather_rows"), (randn(4 * n, n, seed=1), idx, randn(n, n, seed=2))
 
 
+def _bf16(build):
+    def cast(quick: bool):
+        model, inputs = build(quick)
+        return model.to(torch.bfloat16), tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
+    return cast
+
+
+def _gqa_scores_q(n: int):
+    def build(quick: bool):
+        t = 256 if quick else 2048
+        q, k = randn(1, 32, n, 128, seed=1), randn(1, 8, t, 128, seed=2)
+
+        def f(m, q, k):
+            return q @ k[:, :, None].expand(1, 8, 4, t, 128).reshape(1, 32, t, 128).transpose(-1, -2)
+        return Fn(f, f"gqa_scores_q{n}"), (q, k)
+    return build
+
+
 WORKLOADS = [
     *[Workload(f"gemm_square_{n}", "gemm", f"a @ b, contiguous {n}x{n} float32", _square(n), in_quick=n <= 256,
                default=False, params=dict(m=n, n=n, k=n)) for n in (64, 256, 512, 1024, 2048)],
@@ -71,4 +92,10 @@ WORKLOADS = [
     Workload("gemm_cat", "gemm", "cat([a, b], 1) @ w, 512x1024 @ 1024x1024", _cat, default=False),
     Workload("gemm_gather_rows", "gemm", "table[idx] @ w, 512 rows of a 4096x1024 table @ 1024x1024",
              _gather_rows, default=False),
+    Workload("gemm_bf16_square_1024", "gemm", "a @ b, contiguous 1024x1024 bf16", _bf16(_square(1024)),
+             default=False),
+    *[Workload(f"gemm_bf16_skinny_m{m}", "gemm", f"x @ W^T (nn.Linear 4096 -> 4096, no bias), {m} rows, bf16",
+               _bf16(_skinny(m)), default=False) for m in (1, 4, 16)],
+    *[Workload(f"gemm_bf16_gqa_scores_q{n}", "gemm", f"q @ repeat_kv(k)^T in bf16: 32 query heads x {n} tokens, "
+               f"8 KV heads x 2048", _bf16(_gqa_scores_q(n)), default=False) for n in (1, 16)],
 ]

@@ -34,8 +34,9 @@ copy first runs here unless copy + torch's kernel is estimated cheaper (a
 large GEMM behind a small copy); one whose operands are all physical or
 zero-copy strided views runs here only where the generated kernel is
 estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
-slightly ahead on large contiguous squares).  Other dtypes (bf16 included)
-run through torch, the reason in the report.  ``Lowering.gemm_choices`` keeps
+slightly ahead on large contiguous squares).  Other dtypes
+run through torch, the reason in the report; bf16 mm / bmm on strided operands have a kernel of
+their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
 every decision with both estimates for the report.
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
+from vtc.codegen import gemm_bf16
 from vtc.codegen.gemm_push import pushed_bytes
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
@@ -74,6 +76,7 @@ class GemmOperands:
     runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
     out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
     #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
+    dtype: torch.dtype = torch.float32  # of A, B and the result: float32, or bfloat16 (vtc.codegen.gemm_bf16)
 
 
 @dataclass
@@ -157,7 +160,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     a, b = _operands(n, args)
     batch, m, kk = (a.shape if len(a.shape) == 3 else (1, *a.shape))
     nn = b.shape[-1]
-    unsupported = _unsupported(n, args)
+    unsupported = _unsupported(n, args, low)
     bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
 
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
@@ -170,6 +173,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=_unit_stride(low, b))
+    if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
+        pushed = ()
+        vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
+                                                 b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
@@ -231,12 +238,17 @@ def _operands(n: Node, args: dict) -> tuple[Value, Value]:
     return args["batch1"], args["batch2"]
 
 
-def _unsupported(n: Node, args: dict) -> str:
+def _unsupported(n: Node, args: dict, low) -> str:
     """Why the generated kernel cannot run node n ("" when it can)."""
     vals = [v for v in args.values() if isinstance(v, Value)] + list(n.outputs)
-    bad = [v for v in vals if v.dtype != torch.float32]
-    if bad:
-        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 only"
+    if all(v.dtype == gemm_bf16.BF16 for v in vals):
+        why = gemm_bf16.why_not(low, n, *_operands(n, args))
+        if why:
+            return why
+    else:
+        bad = [v for v in vals if v.dtype != torch.float32]
+        if bad:
+            return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 (or all bf16) only"
     for key in ("alpha", "beta"):
         if key in args and not isinstance(args[key], (int, float)):
             return f"{key}={args[key]!r} is not a number"
@@ -264,8 +276,9 @@ def gemm_kernel(low, n: Node) -> Kernel:
         a_idx, b_idx, o_idx = (mi, rv), (rv, ni), (mi, ni)
         names = ("", "i0", "i1")
     memo: dict = {}
-    sa = K.cast(low.value_at(a.name, a_idx, memo), torch.float32)
-    sb = K.cast(low.value_at(b.name, b_idx, memo), torch.float32)
+    dtype = gemm_bf16.BF16 if a.dtype == gemm_bf16.BF16 else torch.float32  # bf16: packed as bf16 pairs
+    sa = K.cast(low.value_at(a.name, a_idx, memo), dtype)
+    sb = K.cast(low.value_at(b.name, b_idx, memo), dtype)
     value = K.acc(ACC, torch.float32)
     alpha, beta = args.get("alpha", 1), args.get("beta", 1)
     if alpha != 1:
@@ -278,7 +291,7 @@ def gemm_kernel(low, n: Node) -> Kernel:
         if beta != 1:
             sbias = K.binary("mul", sbias, K.const(beta, torch.float32))
         value = K.binary("add", value, sbias)
-    ops = GemmOperands(sa, sb, batch, m, nn, kk, names)
+    ops = GemmOperands(sa, sb, batch, m, nn, kk, names, dtype=dtype)
     name = "k_" + "".join(c if c.isalnum() else "_" for c in n.name)
     k = Kernel(name, "gemm", tuple(out.shape), kk, [], [Store(Buffer(out.name, out.shape, out.dtype), o_idx, value)],
                source_nodes=[n.name])
@@ -457,6 +470,21 @@ static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int
     for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
 }
 
+// lane i = the sum of the 16 lanes of s[i], for i < 16 (a transpose-and-add tree: 30 shuffles and 15 adds)
+static inline __m512 vtc_reduce16(const __m512* s) {
+  __m512 a[8], b[4], c[2];
+  #pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: (x0+x2, y0+y2, x1+x3, y1+y3) of x = s[2i], y = s[2i+1]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(s[2 * i], s[2 * i + 1]), _mm512_unpackhi_ps(s[2 * i], s[2 * i + 1]));
+  #pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)  // per block: the block sums of s[4i .. 4i+3]
+    b[i] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0x44), _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], 0xEE));
+  #pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // blocks 0+1 and 2+3 of b[2i], then of b[2i+1]
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
 // c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
 // against a row-major weight (B = W^T) read in place
 template <int R, int J>
@@ -491,8 +519,17 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+  if constexpr (R == 4 && J == 4) {  // the 16 sums at once: a short K (attention scores) pays no 16 reductions
+    const __m512 v = vtc_reduce16(&s[0][0]);
+    #pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m128 x = _mm512_extractf32x4_ps(v, r);
+      _mm_storeu_ps(c + r * ldc, add ? _mm_add_ps(x, _mm_loadu_ps(c + r * ldc)) : x);
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < J; ++j) c[r * ldc + j] = (add ? c[r * ldc + j] : 0.0f) + _mm512_reduce_add_ps(s[r][j]);
+  }
 }
 
 // rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
@@ -520,8 +557,8 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
 
 // a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
 static inline float* vtc_gemm_scratch(int which, int64_t n) {
-  static thread_local float* buf[2] = {nullptr, nullptr};
-  static thread_local int64_t cap[2] = {0, 0};
+  static thread_local float* buf[3] = {nullptr, nullptr, nullptr};
+  static thread_local int64_t cap[3] = {0, 0, 0};
   if (cap[which] < n) {
     std::free(buf[which]);
     buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
@@ -573,6 +610,8 @@ def generate(k: Kernel) -> str:
     from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_order, ctype
 
     g: GemmOperands = k.gemm
+    if g.dtype == gemm_bf16.BF16:
+        return gemm_bf16.generate(k)
     em = _Emitter(k)
     bv, mv, nv = g.vars
     out = k.stores[0].buffer

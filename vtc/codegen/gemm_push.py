@@ -31,6 +31,8 @@ the GEMM, or a scatter base that is written after it.
 """
 from __future__ import annotations
 
+import torch
+
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.index.expr import TRUE, Expr, _terms, and_, eq, free_vars, ge, lift, loads, lt, mod, not_, subs
@@ -174,9 +176,17 @@ def _landing(m: Mapping, source: str) -> tuple[tuple[Expr, ...], Expr] | None:
 
 
 # -- stores of a GEMM kernel -----------------------------------------------------------------------
+def stores_pushed(n: Node) -> bool:
+    """True when the generated GEMM of node n can store into pushed outputs: float32 kernels (a bf16 one,
+    vtc.codegen.gemm_bf16, stores only its own result)."""
+    return n.outputs[0].dtype == torch.float32
+
+
 def gemm_store(low, k: Kernel, y: Buffer, fwd: Mapping, value: str, write: Mapping) -> Store | str:
     """GEMM kernel k's store of its result into pushed output `y`: root -> `value` (fwd) -> y (`write`, the
     pushed op's push mapping of `value`), at the GEMM's own index (its first store's); or why it cannot."""
+    if k.gemm.dtype != torch.float32:
+        return f"a {k.gemm.dtype} GEMM stores only its own result"
     if len(write.pieces) != 1 or write.pieces[0].source != "out0":
         return "the push mapping is not one store per element"
     to_y = Mapping(write.shape, (Piece(y.name, write.pieces[0].index),), {y.name: tuple(y.shape)},

@@ -185,7 +185,7 @@ def gemm_computes(low, value: str) -> bool:
     if isinstance(found, str):
         return False
     p = low.producer.get(found[0])
-    return p is not None and (low.kind.get(p.name) == "gemm" or p.name in low.epilogue)
+    return p is not None and (low.kind.get(p.name) == "gemm" or p.name in low.epilogue) and gemm_push.stores_pushed(p)
 
 
 def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
@@ -301,7 +301,7 @@ class Pusher:
         p = low.producer[w.value]
         k = low.kind[p.name]
         writers = ("pointwise", "row", "gemm") if gemm_push.ENABLED else ("pointwise", "row")  # GEMM: gemm_push
-        if k not in writers or (k == "pointwise" and not p.inputs):
+        if k not in writers or (k == "pointwise" and not p.inputs) or (k == "gemm" and not gemm_push.stores_pushed(p)):
             return False
         here = self._order[p.name]  # index tensors must be in memory before it runs (realised at their producer)
         return all(self._order[low.producer[t].name] < here for t in w.mapping.index_tensors
