@@ -30,7 +30,7 @@ def test_transpose_add_through_register_tiles(shape):
     (k,) = kernels(compiled)
     tiled = min(shape) >= 16
     assert bool(transposed_loads(k, _Emitter(k).shapes)) == tiled
-    assert ("vtc_transpose16(tr0" in generate(k)) == tiled
+    assert ("vtc_tile_transpose16(tr0" in generate(k)) == tiled
 
 
 def test_batched_transpose_two_transposed_operands_and_a_broadcast():
