@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench.workloads import micro
-from vtc.codegen.cpp import generate
+from vtc.codegen.cpp import PRELUDE, generate
 
 from .util import ROW_TOL, assert_all_generated, assert_no_movement, check, compile_cpu, gen, kernels, rand
 
@@ -45,6 +45,21 @@ def test_softmax_over_permuted_dim_reads_rows_as_lanes(shape):
     assert_no_movement(compiled)
     lane = shape[2] >= 4 and shape[1] > 1  # rows of the softmax step shape[2] apart, neighbours adjacent
     assert bool(_lane_kernels(compiled)) == lane, [generate(k) for k in kernels(compiled)]
+    if lane:  # exp(x - max) evaluated once: stored by the sum pass, read back by the store pass
+        (src,) = [generate(k).replace(PRELUDE, "") for k in kernels(compiled)]
+        assert src.count("vtc_exp(") == 1 and "const float term_ = b1[" in src, src
+
+
+def test_lanes_softmax_stored_exp_with_infinities_and_nan():
+    """The lane kernel's stored exp term on rows with -inf (exp 0), +inf (NaN row) and NaN, and a
+    partial lane block (17 rows of lanes: 16 + 1)."""
+    g = gen(6)
+    x = rand((9, 31, 17), g)
+    x[0, 4, 3], x[2, 0, 16], x[5, 30, 0], x[:, 7, 9] = float("-inf"), float("inf"), float("nan"), float("-inf")
+    fn = lambda x: torch.softmax(x.permute(2, 0, 1), dim=-1) * 2.0  # noqa: E731
+    compiled = check(fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert _lane_kernels(compiled)
 
 
 @pytest.mark.parametrize("op", ["sum", "amax", "amin", "log_softmax", "mean"])

@@ -29,6 +29,7 @@ import math
 import torch
 
 from vtc.codegen.kernel_ir import Kernel
+from vtc.codegen.reuse import stored_term
 from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
 
@@ -95,6 +96,8 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     lines += decompose([names[j] for j in others], tuple(k.domain[j] for j in others), "o", "    ")
     lane = f"const int64_t {names[d]} = l0 + l;"
     done: list = []  # reductions of earlier phases, read by later ones and by the stores
+    stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
+    stored_at = stored and f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
     for phase in k.phases:
         for red in phase:
             t = ctype(red.dtype)
@@ -110,7 +113,10 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         lines += em.hoist([red.value for red in phase], "        ")
         for red in phase:
             v, a = em.scalar(red.value), f"accv_{red.name}[l]"
-            if red.combine == "sum":
+            if stored and red is stored.reduction:
+                lines += [f"        {{ const {ctype(red.value.dtype)} term_ = {v}; {stored_at} = term_;",
+                          f"          {a} = {_COMBINE['sum'].format(a=a, v='term_')}; }}"]
+            elif red.combine == "sum":
                 lines.append(f"        {a} = {_COMBINE['sum'].format(a=a, v=v)};")
             else:
                 lines += [f"        {{ const {ctype(red.dtype)} v_ = {v}; {a} = {_COMBINE[red.combine].format(a=a, v='v_')};",
@@ -127,6 +133,9 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     if per_r:
         em.forget()
         lines += ["      #pragma omp simd", f"      for (int64_t r = 0; r < {k.r_extent}; ++r) {{"]
+        if stored:  # the term the sum pass stored, read back instead of computed again
+            lines.append(f"        const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
+            em.temps[id(stored.reduction.value)] = "term_"
         lines += em.hoist([s.value for s in per_r], "        ")
         lines += [store(em, s, "        ") for s in per_r]
         lines.append("      }")
