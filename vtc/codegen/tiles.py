@@ -15,8 +15,9 @@ run the plain loops with the original loads.
 The tile is wide (256 columns, 1 KB of each row, for one transposed operand)
 rather than square: the other operands and the output are then read and
 written in runs of 1 KB per row instead of one cache line per row, which the
-hardware prefetcher streams (transpose -> add at 1448 x 1448 floats, 1 thread:
-16 x 16 tiles 3.2 ms, 16 x 256 tiles 1.8 ms, eager 2.2 ms).  Several
+hardware prefetcher streams (transpose -> add at 1448 x 1448 floats, the kernel
+alone, 1 thread, several runs under load 2-7: 16 x 16 tiles 3.2-7.8 ms, 16 x 256
+tiles 1.8-2.5 ms; eager 2.6-3.5 ms).  Several
 transposed operands share the columns, so that their buffers stay within L1.
 
 Only loads that every element of the tile makes are moved this way: a load
