@@ -114,7 +114,8 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     done: list = []  # reductions of earlier phases, read by later ones and by the stores
     stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
     if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1), else in the output itself
-        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{k.r_extent * width}];")
+        # a constant size: an array size must not vary with the sizes of a size-generic kernel (vtc.runtime.generic)
+        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER}];")
         stored_at, stored_at_j = f"term_buf[r * {width} + l]", f"term_buf[rr * {width} + j]"  # same element
     else:
         stored_at = stored and f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
