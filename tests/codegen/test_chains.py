@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bench.workloads import micro
-from vtc.codegen.cpp import generate
+from vtc.codegen.cpp import PRELUDE, generate
 
 from .util import ROW_TOL, assert_all_generated, assert_no_movement, check, compile_cpu, gen, kernels, rand
 
@@ -36,8 +36,11 @@ def _lane_kernels(compiled) -> list[str]:
     return [k.name for k in kernels(compiled) if "accv_" in generate(k)]
 
 
-@pytest.mark.parametrize("shape", [(3, 17, 8), (127, 5, 17), (2, 33, 16), (1, 3, 4), (17, 1, 127)])
+@pytest.mark.parametrize("shape", [(3, 17, 8), (127, 5, 17), (2, 33, 16), (1, 3, 4), (17, 1, 127), (5, 9, 4),
+                                   (2, 600, 8)])
 def test_softmax_over_permuted_dim_reads_rows_as_lanes(shape):
+    """Lane blocks of 8 and 4 rows take 2 and 4 steps of r per vector (lanes.r_unroll; 17 and 9 steps: a
+    tail step), 16 rows one; 600 steps x 8 rows store the exp term in the output, not a block buffer."""
     g = gen(3)
     x = rand(shape, g)
     fn = lambda x: torch.softmax(x.permute(2, 0, 1), dim=-1)  # noqa: E731
@@ -45,13 +48,32 @@ def test_softmax_over_permuted_dim_reads_rows_as_lanes(shape):
     assert_no_movement(compiled)
     lane = shape[2] >= 4 and shape[1] > 1  # rows of the softmax step shape[2] apart, neighbours adjacent
     assert bool(_lane_kernels(compiled)) == lane, [generate(k) for k in kernels(compiled)]
+    if lane:  # exp(x - max) evaluated once: stored by the sum pass, read back by the store pass
+        (src,) = [generate(k).replace(PRELUDE, "") for k in kernels(compiled)]
+        assert (f"rr += {16 // shape[2]})" in src) == (shape[2] < 16 and shape[1] >= 16 // shape[2]), src
+        assert ("term_buf" in src) == (shape[1] * min(shape[2], 16) <= 4096), src
+        store_pass = src.rsplit("for (int64_t l = 0; l < ln; ++l) {", 1)[1]
+        assert "vtc_exp(" in src and "vtc_exp(" not in store_pass and "const float term_ = " in store_pass, src
+
+
+def test_lanes_softmax_stored_exp_with_infinities_and_nan():
+    """The lane kernel's stored exp term on rows with -inf (exp 0), +inf (NaN row) and NaN, and a
+    partial lane block (17 rows of lanes: 16 + 1)."""
+    g = gen(6)
+    x = rand((9, 31, 17), g)
+    x[0, 4, 3], x[2, 0, 16], x[5, 30, 0], x[:, 7, 9] = float("-inf"), float("inf"), float("nan"), float("-inf")
+    fn = lambda x: torch.softmax(x.permute(2, 0, 1), dim=-1) * 2.0  # noqa: E731
+    compiled = check(fn, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert _lane_kernels(compiled)
 
 
 @pytest.mark.parametrize("op", ["sum", "amax", "amin", "log_softmax", "mean"])
-def test_reductions_over_permuted_dim(op):
+@pytest.mark.parametrize("shape", [(5, 127, 17), (5, 37, 8)])  # 8 lanes: 2 steps of r per vector and a tail
+def test_reductions_over_permuted_dim(op, shape):
     g = gen(4)
-    x = rand((5, 127, 17), g)
-    x[1, 3, 2], x[2, 7, 16], x[4, 0, 0] = float("nan"), float("inf"), float("-inf")
+    x = rand(shape, g)
+    x[1, 3, 2], x[2, 7, -1], x[4, 0, 0], x[3, -1, 5] = float("nan"), float("inf"), float("-inf"), float("nan")
     f = {"sum": lambda t: t.sum(-1), "amax": lambda t: t.amax(-1), "amin": lambda t: t.amin(-1),
          "log_softmax": lambda t: torch.log_softmax(t, -1), "mean": lambda t: t.mean(-1)}[op]
     fn = lambda x: f(x.permute(0, 2, 1))  # noqa: E731

@@ -1,4 +1,4 @@
-"""Code shapes chosen for speed: transposed reads through 16 x 16 register tiles, row kernels that walk
+"""Code shapes chosen for speed: transposed reads through 16 x 16 register transposes in 16-row tiles, row kernels that walk
 rows sharing cache lines one after another.  Each is checked against eager on sizes with edge tiles
 (17, 33, 127) and sizes below one tile, and the generated source is checked to use the intended shape.
 """
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vtc.codegen.cpp import _row_order, _Emitter, generate
-from vtc.codegen.tiles import transposed_loads
+from vtc.codegen.tiles import tile_columns, transposed_loads
 
 from .util import POINTWISE_TOL, ROW_TOL, assert_all_generated, assert_no_movement, check, gen, kernels, rand
 
@@ -30,13 +30,28 @@ def test_transpose_add_through_register_tiles(shape):
     (k,) = kernels(compiled)
     tiled = min(shape) >= 16
     assert bool(transposed_loads(k, _Emitter(k).shapes)) == tiled
-    assert ("vtc_transpose16(tr0" in generate(k)) == tiled
+    assert ("vtc_tile_transpose16(tr0" in generate(k)) == tiled
+
+
+@pytest.mark.parametrize("shape", [(40, 300), (16, 513), (33, 257)])
+def test_transpose_add_over_several_column_tiles(shape):
+    """Inner dims wider than one tile (tile_columns(1) == 256): a second, partial column tile whose full
+    16-blocks read the transposed buffer and whose last columns (300 - 256 - 32 = 12, 513 - 512 = 1) read
+    the plain loads; a non-contiguous operand."""
+    g = gen(45)
+    x, y = rand((shape[1], shape[0] + 3), g)[:, 1:-2], rand(shape, g)
+    compiled = check(lambda x, y: x.t() + y, (x, y), **POINTWISE_TOL)
+    assert_no_movement(compiled)
+    (k,) = kernels(compiled)
+    assert tile_columns(1) == 256 and shape[1] > 256
+    assert "vtc_tile_transpose16(tr0" in generate(k)
 
 
 def test_batched_transpose_two_transposed_operands_and_a_broadcast():
-    """Two operands read across rows in one kernel, a leading batch dim, a broadcast and a contiguous operand."""
+    """Two operands read across rows in one kernel, a leading batch dim, a broadcast and a contiguous operand;
+    two transposed operands share tile_columns(2) == 128 columns: 140 = one full tile + 12 plain columns."""
     g = gen(41)
-    a, b, c, d = rand((3, 40, 35), g), rand((3, 40, 35), g), rand((40,), g), rand((3, 35, 40), g)
+    a, b, c, d = rand((3, 140, 35), g), rand((3, 140, 35), g), rand((140,), g), rand((3, 35, 140), g)
 
     def f(a, b, c, d):
         return a.transpose(1, 2) - b.transpose(1, 2) * c + d

@@ -14,7 +14,8 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   (``_row_order``); a reduction read with a stride whose neighbouring rows are adjacent in memory
   (softmax over a permuted dim) takes blocks of rows as vector lanes (``vtc.codegen.lanes``);
 - a pointwise kernel reading an operand across its rows (a transpose) walks
-  16 x 16 tiles and transposes that operand in registers (``vtc.codegen.tiles``);
+  tiles of 16 rows x 256 columns and transposes that operand in 16 x 16
+  register blocks (``vtc.codegen.tiles``);
 - index-tensor loads that do not change along the inner loop (a gather's row
   index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 

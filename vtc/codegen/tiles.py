@@ -1,15 +1,24 @@
-"""Transposed reads in pointwise kernels: 16 x 16 float tiles moved through registers.
+"""Transposed reads in pointwise kernels: 16 x 16 float blocks moved through registers.
 
 A pointwise kernel that reads an operand across its rows (a transpose or a
 permute in front of it: stride 1 along the row dim ``i{n-2}`` and a large
 stride along the contiguous dim ``i{n-1}``) would load one float from a new
-cache line per element, scalar.  Instead the kernel walks 16 x 16 tiles of its
-last two dims; for each full tile it loads the 16 rows of the operand's tile
-(16 contiguous floats each: one cache line when aligned), transposes them in
-vector registers (``vtc_transpose16``, four butterfly stages of shuffles) into
-a small buffer, and the vectorised inner loop reads that buffer contiguously.
-Edge tiles (where the tile does not fit) run the plain loops with the original
-loads.
+cache line per element, scalar.  Instead the kernel walks tiles of 16 rows x
+``tile_columns`` columns of its last two dims; for each tile of full rows it
+transposes the operand's 16 x 16 blocks in vector registers
+(``vtc_tile_transpose16``: 16 row loads of 16 contiguous floats, four
+butterfly stages of shuffles) into a small buffer of 16 x columns floats, and
+the vectorised inner loop reads that buffer contiguously.  The columns left
+over after the last full block of a tile, and tiles with fewer than 16 rows,
+run the plain loops with the original loads.
+
+The tile is wide (256 columns, 1 KB of each row, for one transposed operand)
+rather than square: the other operands and the output are then read and
+written in runs of 1 KB per row instead of one cache line per row, which the
+hardware prefetcher streams (transpose -> add at 1448 x 1448 floats, the kernel
+alone, 1 thread, several runs under load 2-7: 16 x 16 tiles 3.2-7.8 ms, 16 x 256
+tiles 1.8-2.5 ms; eager 2.6-3.5 ms).  Several
+transposed operands share the columns, so that their buffers stay within L1.
 
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
@@ -25,23 +34,24 @@ from vtc.codegen.kernel_ir import Kernel, Scalar
 from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
 
-TILE = 16  # one cache line of floats
+TILE = 16  # rows of a tile, and the edge of a register-transposed block: one cache line of floats
+COLUMNS = 256  # columns of a tile with one transposed operand (1 KB runs of each row)
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
-// dst[a * 16 + b] = src[a + stride * b] for a, b < 16: 16 row loads, 4 butterfly stages of shuffles, 16 stores
+// dst[a * ld + b] = src[a + stride * b] for a, b < 16: 16 row loads, 4 butterfly stages of shuffles, 16 stores
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
 typedef float vtc_v16 __attribute__((vector_size(64)));
-static inline void vtc_transpose16(float* __restrict dst, const float* __restrict src, int64_t stride) {
+static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   vtc_v16 r[16];
   for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src + stride * i, 64);
 %s
-  for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + 16 * i, &r[i], 64);
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + ld * i, &r[i], 64);
 }
 #else
-static inline void vtc_transpose16(float* __restrict dst, const float* __restrict src, int64_t stride) {
+static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   for (int b = 0; b < 16; ++b)
-    for (int a = 0; a < 16; ++a) dst[a * 16 + b] = src[a + stride * b];
+    for (int a = 0; a < 16; ++a) dst[a * ld + b] = src[a + stride * b];
 }
 #endif
 """
@@ -98,38 +108,53 @@ def transposed_loads(k: Kernel, shapes: dict[str, tuple[int, ...]]) -> list[tupl
     return out
 
 
+def tile_columns(n_loads: int) -> int:
+    """Columns of a tile when `n_loads` operands are transposed: a multiple of TILE, their buffers 16 KB at most."""
+    return max(4 * TILE, COLUMNS // max(n_loads, 1) // TILE * TILE)
+
+
 def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> list[str]:
-    """The loop nest of a pointwise kernel whose `loads` go through 16 x 16 register transposes."""
+    """The loop nest of a pointwise kernel whose `loads` go through 16 x 16 register transposes.
+
+    Tiles of TILE rows x tile_columns(len(loads)) columns; in a tile of TILE full rows, the blocks of
+    16 full columns read the transposed buffers, the columns after the last full block the loads."""
     shape = k.domain
     names = [f"i{d}" for d in range(len(shape))]
     a, b = shape[-2], shape[-1]
+    cols = tile_columns(len(loads))
     # tile counts as ceiling divisions in C: the sizes stay polynomial literals (vtc.runtime.generic)
-    ta, tb = f"(({a} + {TILE - 1}) / {TILE})", f"(({b} + {TILE - 1}) / {TILE})"
+    ta, tb = f"(({a} + {TILE - 1}) / {TILE})", f"(({b} + {cols - 1}) / {cols})"
     outer = math.prod(shape[:-2])
     row, inner = names[-2], names[-1]
     lines = [par, f"  for (int64_t t = 0; t < {outer} * {ta} * {tb}; ++t) {{",
-             f"    const int64_t o = t / ({ta} * {tb}), ta0 = (t / {tb}) % {ta} * {TILE}, tb0 = t % {tb} * {TILE};"]
+             f"    const int64_t o = t / ({ta} * {tb}), ta0 = (t / {tb}) % {ta} * {TILE}, tb0 = t % {tb} * {cols};"]
     lines += decompose(names[:-2], shape[:-2], "o", "    ")
-    lines.append(f"    if (ta0 + {TILE} <= {a} && tb0 + {TILE} <= {b}) {{")
+    # tb1: the tile's end column; tbf: the end of its full blocks of 16 columns
+    lines.append(f"    const int64_t tb1 = std::min<int64_t>(tb0 + {cols}, {b}), tbf = tb0 + (tb1 - tb0) / {TILE} * {TILE};")
+
+    def body(start: str, end: str, indent: str) -> list[str]:
+        out = [f"{indent}#pragma omp simd", f"{indent}for (int64_t {inner} = {start}; {inner} < {end}; ++{inner}) {{"]
+        out += em.hoist([s.value for s in k.stores], indent + "  ")
+        out += [store(em, s, indent + "  ") for s in k.stores]
+        return out + [f"{indent}}}"]
+
+    lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
     for j, (s, c, coeffs, stride) in enumerate(loads):
-        origin = " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'tb0' if n == inner else n}"
+        origin = " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'q' if n == inner else n}"
                                         for n, v in coeffs.items()])
-        lines += [f"      alignas(64) float tr{j}[{TILE * TILE}];",
-                  f"      vtc_transpose16(tr{j}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
-        em.temps[id(s)] = f"tr{j}[({row} - ta0) * {TILE} + ({inner} - tb0)]"
-    lines += [f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{",
-              "        #pragma omp simd",
-              f"        for (int64_t {inner} = tb0; {inner} < tb0 + {TILE}; ++{inner}) {{"]
-    lines += em.hoist([s.value for s in k.stores], "          ")
-    lines += [store(em, s, "          ") for s in k.stores]
-    lines += ["        }", "      }", "    } else {"]
+        lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
+                  f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
+                  f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
+        em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
+    lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
+    lines += body("tb0", "tbf", "        ")
     em.forget()
-    lines += [f"      for (int64_t {row} = ta0; {row} < std::min<int64_t>(ta0 + {TILE}, {a}); ++{row}) {{",
-              "        #pragma omp simd",
-              f"        for (int64_t {inner} = tb0; {inner} < std::min<int64_t>(tb0 + {TILE}, {b}); ++{inner}) {{"]
-    lines += em.hoist([s.value for s in k.stores], "          ")
-    lines += [store(em, s, "          ") for s in k.stores]
-    lines += ["        }", "      }", "    }", "  }"]
+    lines += body("tbf", "tb1", "        ")
+    lines += ["      }", "    } else {",
+              f"      for (int64_t {row} = ta0; {row} < std::min<int64_t>(ta0 + {TILE}, {a}); ++{row}) {{"]
+    em.forget()
+    lines += body("tb0", "tb1", "        ")
+    lines += ["      }", "    }", "  }"]
     em.forget()
     return lines
