@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vtc.codegen import flash
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
 from vtc.index.expr import Expr, free_vars, subs, var
@@ -58,9 +59,8 @@ from vtc.virtual.movement import bind
 
 ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
-TILE_ROWS = 8  # rows per task in tiled mode (queries of one head sharing a packed Kᵀ block)
-LANES = 16  # keys per score vector in tiled mode (one AVX-512 register of float)
-TILE_MAX_PANEL = 64 * 1024  # bytes of the packed Kᵀ block (head dim x KEY_BLOCK floats) at most
+TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc.codegen.flash)
+LANES = 16  # floats per vector in the shared-rows form (one AVX-512 register)
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
 
@@ -134,11 +134,11 @@ class AttentionKernel(Kernel):
 
     @property
     def tiled(self) -> bool:
-        """Many queries per head whose K does not depend on the query: pack a Kᵀ block once per row block
-        and compute a tile of scores (rows x LANES keys) in vector registers (prefill)."""
+        """Many queries per head whose K and V do not depend on the query: tiles of queries as vector
+        lanes, scores and PV as small register-blocked GEMMs (prefill; vtc.codegen.flash)."""
         rows_per_head = self.domain[1]
-        return (rows_per_head >= TILE_ROWS and "i1" not in _scalar_vars(self.k)
-                and self.head_dim * KEY_BLOCK * 4 <= TILE_MAX_PANEL)
+        return (rows_per_head >= TILE_ROWS and not {"i1"} & (_scalar_vars(self.k) | _scalar_vars(self.v))
+                and max(self.head_dim, self.value_dim) <= flash.MAX_DIM)
 
 
 def _is(n: Node | None, opname: str) -> bool:
@@ -426,25 +426,31 @@ def _ident(name: str) -> str:
 def emit_attention(k: AttentionKernel, em) -> list[str]:
     """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`.
 
-    Per task a block of rows; per key block: the scores of every (key, row)
-    (rows innermost, so the rows of a GQA group read each K row while it is in
-    L1), then per row the online-softmax update, then the PV update of every
-    (key, row).
+    Prefill (``k.tiled``): the flash form of ``vtc.codegen.flash``.  Else per
+    task a block of rows; per key block: the scores of every (key, row) (rows
+    innermost, so the rows of a GQA group read each K row while it is in L1),
+    then per row the online-softmax update, then the PV update of every (key,
+    row).
     """
     from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
-    tiled = k.tiled
-    shared = 0 if tiled else k.shared_rows
-    per_head = k.domain[1]
+    if k.tiled:
+        parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
+        em.forget()
+        texts = []
+        for root, indent in parts:
+            em.forget()
+            texts += [em.hoist([root], indent), em.scalar(root)]
+        em.forget()
+        return flash.emit_tiled(k, em, *texts)
+    shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
-    rb, kb = (TILE_ROWS, KEY_BLOCK) if tiled else (min(ROW_BLOCK, rows), KEY_BLOCK)
-    rb = shared or rb
-    # row blocks per head (tiled: a block never straddles two heads) and blocks, as ceiling divisions in C,
-    # so that the sizes stay polynomial literals (vtc.runtime.generic makes them kernel arguments)
-    chunks = f"(({per_head} + {rb - 1}) / {rb})"
-    nblk = f"({k.domain[0]} * {chunks})" if tiled else f"(({rows} + {rb - 1}) / {rb})"
+    rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
+    # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
+    # makes them kernel arguments)
+    nblk = f"(({rows} + {rb - 1}) / {rb})"
     names = [f"i{x}" for x in range(len(k.domain))]
     out = k.stores[0]
     work = rows * n * (dd + ee)
@@ -465,10 +471,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         *(_VECTOR_TYPES if shared and dd % LANES == 0 else []),
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
-        *([f"    const int64_t m_lo = (blk % {chunks}) * {rb}, nr = std::min<int64_t>({rb}, {per_head} - m_lo);",
-           f"    const int64_t o_lo = (blk / {chunks}) * {per_head} + m_lo;",
-           f"    alignas(64) float kt[{dd}][{kb}];"] if tiled else
-          [f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);"]),
+        f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
         f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
         f"    alignas(64) float ov[{rb}][{ee}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
@@ -480,8 +483,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else
-          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
+        *(_shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
@@ -536,46 +538,6 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
         "    }",
         "  }",
-    ]
-
-
-def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Tiled scores: Kᵀ block packed through its mapping once per row block (the rows share it), then
-    4 rows x LANES keys of q·k accumulated in vector registers, then the score chain per (key, row)."""
-    v = f"vtc_v{LANES}"
-    return [
-        f"      typedef float {v} __attribute__((vector_size({4 * LANES})));",
-        "      {  // pack Kᵀ: kt[d][t] = K(r0 + t, d) (zeros past the last key)",
-        "        const int64_t rr = 0;", *row("        "),
-        "        for (int64_t r = r0; r < r1; ++r) {",
-        "          #pragma omp simd",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            kt[d][r - r0] = {kx};", "          }",
-        "        }",
-        f"        const int64_t t1 = std::min<int64_t>({kb}, (r1 - r0 + {LANES - 1}) / {LANES} * {LANES});",
-        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < t1; ++t) kt[d][t] = 0.0f;",
-        "      }",
-        f"      for (int64_t rr0 = 0; rr0 < nr; rr0 += 4) {{",
-        f"        for (int64_t k0 = 0; k0 < r1 - r0; k0 += {LANES}) {{",
-        f"          {v} a0 = {{}}, a1 = {{}}, a2 = {{}}, a3 = {{}};",
-        f"          const float* q0 = qv[rr0]; const float* q1 = qv[std::min<int64_t>(rr0 + 1, {rb - 1})];",
-        f"          const float* q2 = qv[std::min<int64_t>(rr0 + 2, {rb - 1})]; "
-        f"const float* q3 = qv[std::min<int64_t>(rr0 + 3, {rb - 1})];",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{",
-        f"            const {v} kv = *(const {v}*)&kt[d][k0];",
-        "            a0 += q0[d] * kv; a1 += q1[d] * kv; a2 += q2[d] * kv; a3 += q3[d] * kv;",
-        "          }",
-        f"          *({v}*)&sc[rr0][k0] = a0;",
-        f"          if (rr0 + 1 < {rb}) *({v}*)&sc[rr0 + 1][k0] = a1;",
-        f"          if (rr0 + 2 < {rb}) *({v}*)&sc[rr0 + 2][k0] = a2;",
-        f"          if (rr0 + 3 < {rb}) *({v}*)&sc[rr0 + 3][k0] = a3;",
-        "        }",
-        "      }",
-        "      for (int64_t r = r0; r < r1; ++r) {",
-        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
-        "          const float acc_score = sc[rr][r - r0];",
-        *pre_s, f"          sc[rr][r - r0] = {sx};",
-        "        }",
-        "      }",
     ]
 
 

@@ -1,0 +1,271 @@
+"""Flash-attention C++ for the attention kernel's prefill form: tiles of queries as vector lanes.
+
+``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
+builds an ``AttentionKernel``; where many queries of one head read the same K
+and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
+this form.  A task is one head and a tile of ``QT`` queries (16 or 32, one or
+two AVX-512 registers of float, one query per lane); OpenMP hands out the
+tasks dynamically, the longest first (a causal tile near the end sees the most
+keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
+``KB`` keys:
+
+- K and V rows of the block are packed through their mappings (``kp[key][d]``,
+  ``vp[key][e]``: a plain copy where the mapping is a strided view);
+- scores Sᵀ[key][query] = Σ_d K[key][d] · Qᵀ[d][query] by a register-blocked
+  micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
+  from L1): a small GEMM, no horizontal sums;
+- the score chain (scale, soft-cap, mask: a causal predicate is index
+  arithmetic) per element, vectorised over the queries;
+- the online softmax per query *lane*: the block max and the sum of
+  probabilities are vertical vector operations over the keys, with the
+  vectorised ``vtc_exp`` of ``vtc.codegen.vecmath``;
+- O[query][e] = O * correction + Σ_key P · V by a second micro-kernel
+  (``QG`` queries x the value dim in accumulators, P broadcast).
+
+Key blocks that a predicate mask hides from every query of the tile are not
+visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
+above, a sliding window ``key <= query - w`` from below), so causal attention
+does half the work.  A value row holding inf or NaN is detected while packing;
+that block then adds only the keys whose probability is not 0, so a masked
+garbage row does not turn the output into NaN (as the row-by-row form does).
+"""
+from __future__ import annotations
+
+from vtc.codegen.kernel_ir import Scalar
+from vtc.index.expr import affine
+
+LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
+KEY_BLOCK = 64  # keys per online-softmax step
+ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 registers)
+MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
+
+
+def query_tile(per_head: int) -> int:
+    """Queries per task: one vector of lanes for short prompts, two otherwise."""
+    return LANES if per_head <= LANES else 2 * LANES
+
+
+def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Affine bounds on the keys a predicate mask leaves visible, from the score chain.
+
+    The score is walked down through ``where(cond, -inf, x)`` (and casts); each compare of
+    ``iota`` index values in ``cond`` (or an ``or`` of them) that is affine in the key ``r`` with
+    coefficient +-1 and in the query ``i1`` gives a bound.  Returns (lower bounds, upper bounds) as
+    (constant, coefficient of i1) pairs: visible keys satisfy r >= c + a*i1 for every lower bound and
+    r < c + a*i1 for every upper one.  Other masks give no bounds (every key is visited).
+    """
+    lows: list[tuple[int, int]] = []
+    highs: list[tuple[int, int]] = []
+    s = score
+    while True:
+        if s.op == "cast":
+            s = s.args[0]
+        elif s.op == "where" and _is_minus_inf(s.args[1]):
+            _bounds(s.args[0], lows, highs)
+            s = s.args[2]
+        elif s.op == "where" and _is_minus_inf(s.args[2]) and s.args[0].op == "unary" \
+                and s.args[0].args[0] == "logical_not":
+            _bounds(s.args[0].args[1], lows, highs)
+            s = s.args[1]
+        else:
+            return lows, highs
+
+
+def _is_minus_inf(s: Scalar) -> bool:
+    return s.op == "const" and s.args[0] == float("-inf")
+
+
+def _bounds(cond: Scalar, lows: list, highs: list) -> None:
+    """Adds the key bounds that a true `cond` (masked) implies the visible keys satisfy."""
+    if cond.op == "binary" and cond.args[0] in ("logical_or", "bitwise_or", "or"):
+        _bounds(cond.args[1], lows, highs)
+        _bounds(cond.args[2], lows, highs)
+        return
+    if cond.op != "binary" or cond.args[0] not in ("gt", "ge", "lt", "le"):
+        return
+    op, a, b = cond.args
+    if a.op != "iota" or b.op != "iota":
+        return
+    fa, fb = affine(a.args[0]), affine(b.args[0])
+    if fa is None or fb is None:
+        return
+    if op in ("lt", "le"):  # a < b  <=>  b > a
+        fa, fb, op = fb, fa, {"lt": "gt", "le": "ge"}[op]
+    # masked iff d > 0 (gt) or d >= 0 (ge), d = fa - fb = cr*r + ci*i1 + c0
+    c0 = fa[0] - fb[0]
+    coef = dict(fa[1])
+    for v, c in fb[1].items():
+        coef[v] = coef.get(v, 0) - c
+    coef = {v: c for v, c in coef.items() if c}
+    if set(coef) - {"r", "i1"} or coef.get("r") not in (1, -1):
+        return
+    cr, ci = coef["r"], coef.get("i1", 0)
+    strict = op == "gt"
+    if cr == 1:  # masked iff r > -(ci*i1 + c0) [>=]: visible r < -(ci*i1 + c0) + 1 [+0]
+        highs.append((-c0 + (1 if strict else 0), -ci))
+    else:  # masked iff r < ci*i1 + c0 [<=]: visible r >= ci*i1 + c0 [+1]
+        lows.append((c0 + (0 if strict else 1), ci))
+
+
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
+    """The body of a tiled attention kernel (see the module docstring); the scalars come as
+    (hoisted lines, C expression) of q, k, score and v from ``emit_attention``."""
+    from vtc.codegen.cpp import PARALLEL_MIN_WORK
+
+    heads, per_head = k.domain
+    n, dd, ee = k.r_extent, k.head_dim, k.value_dim
+    qt_n = query_tile(per_head)
+    nqv = qt_n // LANES
+    kb = KEY_BLOCK
+    kg = ACCUMULATORS // nqv  # keys per score micro-kernel step
+    ep = -(-ee // LANES) * LANES  # value dim padded to whole vectors
+    ev = ep // LANES
+    qg = max(1, min(qt_n, ACCUMULATORS // ev))  # queries per PV micro-kernel step
+    out = k.stores[0]
+    v16 = f"vtc_v{LANES}"
+    chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
+    work = heads * per_head * n * (dd + ee)
+    lows, highs = key_range(k.score)
+
+    def bound(c: int, a: int, at: str) -> str:
+        return f"({c} + {a} * ({at}))" if a else f"{c}"
+
+    first, last = "m_lo", "(m_lo + nr - 1)"
+    # visible keys of the tile: the union over its queries of each query's range
+    hi = ", ".join([f"std::max<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in highs])
+    lo = ", ".join([f"std::min<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in lows])
+    r_end = f"std::min<int64_t>({{(int64_t){n}, {hi}}})" if highs else f"{n}"
+    r_beg = f"std::max<int64_t>({{(int64_t)0, {lo}}}) / {kb} * {kb}" if lows else "0"
+
+    score_acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+    pv_acc = [f"o{j}_{v}" for j in range(qg) for v in range(ev)]
+    lines = [
+        f"  typedef float {v16} __attribute__((vector_size({4 * LANES})));",
+        f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
+        f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
+        f"    const int64_t i0 = blk / {chunks};",
+        f"    const int64_t m_lo = ({chunks} - 1 - blk % {chunks}) * {qt_n};  // the longest tiles first",
+        f"    const int64_t nr = std::min<int64_t>({qt_n}, {per_head} - m_lo);",
+        f"    alignas(64) float qt[{dd}][{qt_n}];",
+        f"    alignas(64) float kp[{kb}][{dd}];",
+        f"    alignas(64) float vp[{kb}][{ep}];",
+        f"    alignas(64) float st[{kb}][{qt_n}];",
+        f"    alignas(64) float ov[{qt_n}][{ep}];",
+        f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
+        f"    alignas(64) int bn[{qt_n}];",
+        "    {  // pack Qᵀ: qt[d][q] = Q(m_lo + q, d), zeros past the last query",
+        "      for (int64_t q = 0; q < nr; ++q) {",
+        "        const int64_t i1 = m_lo + q;",
+        "        #pragma omp simd",
+        f"        for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"          qt[d][q] = {qx};", "        }",
+        "      }",
+        f"      for (int64_t q = nr; q < {qt_n}; ++q) for (int64_t d = 0; d < {dd}; ++d) qt[d][q] = 0.0f;",
+        "    }",
+        f"    for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "      mx[q] = -INFINITY; sm[q] = 0.0f;",
+        f"      for (int64_t e = 0; e < {ep}; ++e) ov[q][e] = 0.0f;",
+        "    }",
+        f"    const int64_t r_end = {r_end};",
+        f"    for (int64_t r0 = {r_beg}; r0 < r_end; r0 += {kb}) {{",
+        f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
+        f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
+        "      bool v_bad = false;  // a value row of the block holds inf or NaN",
+        "      {",
+        "        const int64_t i1 = m_lo;",
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        "          const int64_t r = r0 + t;",
+        "          #pragma omp simd",
+        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
+        "          }",
+        "          float vbad = 0.0f;",
+        "          #pragma omp simd reduction(+:vbad)",
+        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            const float v_ = {vx};",
+        "            vp[t][e] = v_; vbad += v_ - v_;",
+        "          }",
+        *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
+        "          v_bad = v_bad || vbad != 0.0f;",
+        "        }",
+        f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+        "      }",
+        # scores: kg keys x nqv query vectors per step
+        f"      for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
+        f"        {v16} " + ", ".join(f"{a} = {{}}" for a in score_acc) + ";",
+        f"        for (int64_t d = 0; d < {dd}; ++d) {{",
+        *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
+        *[f"          const float k{t} = kp[t0 + {t}][d];" for t in range(kg)],
+        "          " + " ".join(f"a{t}_{v} += q{v} * k{t};" for t in range(kg) for v in range(nqv)),
+        "        }",
+        *[f"        *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+        "      }",
+        # the score chain per (key, query), vectorised over the queries
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        const int64_t r = r0 + t;",
+        "        #pragma omp simd",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          const int64_t i1 = m_lo + q;",
+        "          const float acc_score = st[t][q];", *["  " + x for x in pre_s], f"          st[t][q] = {sx};",
+        "        }",
+        f"        for (int64_t q = nr; q < {qt_n}; ++q) st[t][q] = -INFINITY;",
+        "      }",
+        # online softmax, one query per lane
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{ bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }}",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        #pragma omp simd",
+        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "          const float s_ = st[t][q]; bm[q] = s_ > bm[q] ? s_ : bm[q]; bn[q] |= s_ != s_;",
+        "        }",
+        "      }",
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        const float mnew = bn[q] ? NAN : vtc_max(mx[q], bm[q]);",
+        "        cr[q] = mnew == -INFINITY ? 1.0f : vtc_exp(mx[q] - mnew);  // rescales what came before",
+        "        mu[q] = mnew == -INFINITY ? 0.0f : mnew;  // every score so far -inf: probabilities 0",
+        "        mx[q] = mnew;",
+        "      }",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        #pragma omp simd",
+        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "          const float p_ = vtc_exp(st[t][q] - mu[q]); st[t][q] = p_; ps[q] += p_;",
+        "        }",
+        "      }",
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
+        # PV: qg queries x the value dim per step
+        "      if (!v_bad) {",
+        f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
+        *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}] * cr[q0 + {j}];"
+          for j in range(qg) for v in range(ev)],
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        *[f"            const {v16} w{v} = *(const {v16}*)&vp[t][{LANES * v}];" for v in range(ev)],
+        *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
+        "            " + " ".join(f"o{j}_{v} += p{j} * w{v};" for j in range(qg) for v in range(ev)),
+        "          }",
+        *[f"          *({v16}*)&ov[q0 + {j}][{LANES * v}] = o{j}_{v};" for j in range(qg) for v in range(ev)],
+        "        }",
+        "      } else {  // only keys with a probability: a masked inf / NaN value row stays out",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ep}; ++e) ov[q][e] *= cr[q];",
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        "            const float p_ = st[t][q];",
+        "            if (p_ == 0.0f) continue;",
+        "            #pragma omp simd",
+        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vp[t][e];",
+        "          }",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int64_t q = 0; q < nr; ++q) {",
+        "      const int64_t i1 = m_lo + q;",
+        "      const float inv = mx[q] == -INFINITY ? 0.0f : 1.0f / sm[q];" if k.zero_empty_rows else
+        "      const float inv = 1.0f / sm[q];",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) "
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[q][e] * inv;",
+        "    }",
+        "  }",
+    ]
+    # queries beyond nr in a PV step read rows of ov / st that exist (qt_n is a multiple of qg)
+    assert qt_n % qg == 0 and KEY_BLOCK % kg == 0, (qt_n, qg, kg)
+    return lines
