@@ -60,7 +60,6 @@ from vtc.virtual.movement import bind
 ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
 TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc.codegen.flash)
-LANES = 16  # floats per vector in the shared-rows form (one AVX-512 register)
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
 
@@ -448,6 +447,9 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
     rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
+    # the GQA group's rows with a head dim of whole vectors: packed blocks and micro-kernels (vtc.codegen.flash)
+    vector_shared = bool(shared) and dd % flash.LANES == 0 and max(dd, ee) <= flash.MAX_DIM
+    ep = -(-ee // flash.LANES) * flash.LANES if vector_shared else ee  # value dim padded to whole vectors
     # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
     # makes them kernel arguments)
     nblk = f"(({rows} + {rb - 1}) / {rb})"
@@ -468,22 +470,22 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_v, vx = body(k.v, "            ")
     em.forget()
     return [
-        *(_VECTOR_TYPES if shared and dd % LANES == 0 else []),
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
         f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
         f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
-        f"    alignas(64) float ov[{rb}][{ee}];",
+        f"    alignas(64) float ov[{rb}][{ep}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
         "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
-        f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
+        f"      for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] = 0.0f;",
         "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
         "    }",
         f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-        *(_shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
+        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if vector_shared else
+          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
@@ -495,6 +497,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
+        *(flash.shared_softmax(ep) if vector_shared else [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         "        float* __restrict srow = sc[rr];",
         "        float bmax = -INFINITY; bool bnan = false;",
@@ -516,9 +519,10 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "          #pragma omp simd",
         f"          for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] *= corr;",
         "        }",
-        "      }",
+        "      }"]),
         # PV of every (key, row) of the block
-        *(_shared_pv(row, rb, ee, pre_v, vx) if shared else [
+        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if vector_shared else
+          _shared_pv(row, rb, ee, pre_v, vx) if shared else [
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {",
             "          const float p_ = sc[rr][r - r0];",
@@ -541,47 +545,10 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     ]
 
 
-_VECTOR_TYPES = [  # GCC/clang vector extensions, and a horizontal sum by halves (a shuffle tree)
-    f"  typedef float vtc_v{LANES} __attribute__((vector_size({4 * LANES})));",
-    "  typedef float vtc_v8 __attribute__((vector_size(32)));",
-    "  typedef float vtc_v4 __attribute__((vector_size(16)));",
-    f"  auto vtc_hsum = [](vtc_v{LANES} v) -> float {{",
-    "    vtc_v8 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (const char*)&v + 32, 32); a += b;",
-    "    vtc_v4 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (const char*)&a + 16, 16); c += d;",
-    "    return (c[0] + c[2]) + (c[1] + c[3]);",
-    "  };",
-]
-
-
 def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Scores when the block's rb rows share K: each K element is read once for all of them.
-
-    With a head dim that is a multiple of LANES, the dot products accumulate in vector registers
-    (LANES of K at a time, gathered through the mapping into an aligned chunk) and are summed by a
-    shuffle tree at the end; else by ``omp simd`` reductions.
-    """
+    """Scores when the block's rb rows share K (each K element read once for all of them) and the head
+    dim is not a multiple of the vector width: ``omp simd`` reductions (else ``flash.shared_scores``)."""
     accs = [f"a{u}" for u in range(rb)]
-    if dd % LANES == 0:
-        v = f"vtc_v{LANES}"
-        lines = ["      for (int64_t r = r0; r < r1; ++r) {",
-                 "        " + f"{v} " + ", ".join(f"s{u} = {{}}" for u in range(rb)) + ";",
-                 "        {",
-                 "          const int64_t rr = 0;", *row("          "),
-                 f"          for (int64_t d0 = 0; d0 < {dd}; d0 += {LANES}) {{",
-                 f"            alignas(64) float kk[{LANES}];",
-                 "            #pragma omp simd",
-                 f"            for (int64_t j = 0; j < {LANES}; ++j) {{",
-                 "              const int64_t d = d0 + j;", *["  " + x for x in pre_k], f"              kk[j] = {kx};",
-                 "            }",
-                 f"            const {v} kv = *(const {v}*)kk;",
-                 *[f"            s{u} += *(const {v}*)&qv[{u}][d0] * kv;" for u in range(rb)],
-                 "          }",
-                 "        }",
-                 "        " + "const float " + ", ".join(f"{a} = vtc_hsum(s{u})" for u, a in enumerate(accs)) + ";"]
-        for u, a in enumerate(accs):
-            lines += ["        {", f"          const int64_t rr = {u};", *row("          "),
-                      f"          const float acc_score = {a};", *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
-        return lines + ["      }"]
     lines = ["      for (int64_t r = r0; r < r1; ++r) {",
              "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
              "        {",

@@ -31,8 +31,13 @@ garbage row does not turn the output into NaN (as the row-by-row form does).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from vtc.codegen.kernel_ir import Scalar
-from vtc.index.expr import affine
+from vtc.index.expr import add, affine, mul, subs, var
+from vtc.index.mapping import linear_offset
 
 LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
 KEY_BLOCK = 64  # keys per online-softmax step
@@ -40,9 +45,111 @@ ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 reg
 MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
 
 
+def _sum16_masks() -> str:
+    """C declarations of the permute indices of ``vtc_sum16``'s four levels (a{1..4}, b{1..4}).
+
+    A level takes two vectors u, w holding groups of P partial sums each (P = 16, 8, 4, 2) and keeps
+    groups of P / 2: ``a`` picks the first half of every group of u, then of w (indices 16.. are w's
+    lanes), ``b`` the second halves; a + b is the next level, still in the order of the sums.
+    """
+    lines = []
+    for level, p in enumerate((16, 8, 4, 2), 1):
+        a, b = [], []
+        for src in (0, LANES):
+            for g in range(LANES // p):
+                a += [src + g * p + i for i in range(p // 2)]
+                b += [src + g * p + p // 2 + i for i in range(p // 2)]
+        lines += [f"  const __m512i a{level} = _mm512_setr_epi32({', '.join(map(str, a))});",
+                  f"  const __m512i b{level} = _mm512_setr_epi32({', '.join(map(str, b))});"]
+    return "\n".join(lines)
+
+
+PRELUDE = r"""
+#include <immintrin.h>
+typedef float vtc_v16 __attribute__((vector_size(64)));
+// c + a * b rounded once: the build turns off contraction of a * b + c, and these dot products want the FMA
+static inline vtc_v16 vtc_fma16(vtc_v16 a, vtc_v16 b, vtc_v16 c) {
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX__) && defined(__FMA__)
+  __m256 a0, a1, b0, b1, c0, c1;
+  __builtin_memcpy(&a0, &a, 32); __builtin_memcpy(&a1, (const char*)&a + 32, 32);
+  __builtin_memcpy(&b0, &b, 32); __builtin_memcpy(&b1, (const char*)&b + 32, 32);
+  __builtin_memcpy(&c0, &c, 32); __builtin_memcpy(&c1, (const char*)&c + 32, 32);
+  c0 = _mm256_fmadd_ps(a0, b0, c0); c1 = _mm256_fmadd_ps(a1, b1, c1);
+  vtc_v16 r; __builtin_memcpy(&r, &c0, 32); __builtin_memcpy((char*)&r + 32, &c1, 32);
+  return r;
+#else
+  return a * b + c;
+#endif
+}
+static inline vtc_v16 vtc_load16(const float* p) { vtc_v16 r; __builtin_memcpy(&r, p, 64); return r; }
+static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast load where x is in memory)
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_set1_ps(x);
+#else
+  vtc_v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = x;
+  return r;
+#endif
+}
+// lane t of the result = the sum of x[t]'s lanes (16 horizontal sums as a tree of two-source permutes)
+static inline vtc_v16 vtc_sum16(const vtc_v16* x) {
+#if defined(__AVX512F__)
+%(sum16_masks)s
+  __m512 l1[8], l2[4], l3[2];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 u = (__m512)x[2 * i], w = (__m512)x[2 * i + 1];
+    l1[i] = _mm512_add_ps(_mm512_permutex2var_ps(u, a1, w), _mm512_permutex2var_ps(u, b1, w));
+  }
+  for (int i = 0; i < 4; ++i)
+    l2[i] = _mm512_add_ps(_mm512_permutex2var_ps(l1[2 * i], a2, l1[2 * i + 1]),
+                          _mm512_permutex2var_ps(l1[2 * i], b2, l1[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    l3[i] = _mm512_add_ps(_mm512_permutex2var_ps(l2[2 * i], a3, l2[2 * i + 1]),
+                          _mm512_permutex2var_ps(l2[2 * i], b3, l2[2 * i + 1]));
+  return (vtc_v16)_mm512_add_ps(_mm512_permutex2var_ps(l3[0], a4, l3[1]), _mm512_permutex2var_ps(l3[0], b4, l3[1]));
+#else
+  vtc_v16 r;
+  for (int t = 0; t < 16; ++t) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; ++l) s += x[t][l];
+    r[t] = s;
+  }
+  return r;
+#endif
+}
+""" % dict(sum16_masks=_sum16_masks())
+
+
+@dataclass
+class Rows:
+    """A K or V operand read in place: row ``r`` (a key) starts at ``base + r * stride`` floats from ``ptr``
+    and its elements (head / value dim) are consecutive."""
+
+    ptr: str  # the C pointer of the buffer
+    base: str  # C offset of key r0's row (the enclosing code defines r0 and the row variables)
+    stride: int
+
+
+def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
+    """How to read operand `s` (over key ``r`` and `col`) in place, or None where it must be packed:
+    a float32 load whose offset steps by 1 along `col` and by a constant along ``r`` (a strided view
+    of a physical tensor, the GQA head mapping included)."""
+    if s.op != "load" or s.dtype != torch.float32 or s.args[0] not in em.ptr:
+        return None
+    off = linear_offset(s.args[1], em.shapes[s.args[0]])
+    r, c = var("r", n), var(col, col_extent)
+    step_c = add(subs(off, {col: add(c, 1)}), mul(off, -1))
+    step_r = add(subs(off, {"r": add(r, 1)}), mul(off, -1))
+    if not (step_c.is_const and step_c.value == 1 and step_r.is_const):
+        return None
+    return Rows(em.ptr[s.args[0]], em.index(subs(off, {col: 0, "r": var("r0", n)})), step_r.value)
+
+
 def query_tile(per_head: int) -> int:
     """Queries per task: one vector of lanes for short prompts, two otherwise."""
-    return LANES if per_head <= LANES else 2 * LANES
+    return LANES if per_head <= LANES else 2 * LANES if per_head <= 2 * LANES else 4 * LANES
 
 
 def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -138,9 +245,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     r_beg = f"std::max<int64_t>({{(int64_t)0, {lo}}}) / {kb} * {kb}" if lows else "0"
 
     score_acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
-    pv_acc = [f"o{j}_{v}" for j in range(qg) for v in range(ev)]
     lines = [
-        f"  typedef float {v16} __attribute__((vector_size({4 * LANES})));",
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
         f"    const int64_t i0 = blk / {chunks};",
@@ -177,14 +282,16 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "          #pragma omp simd",
         f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
         "          }",
-        "          float vbad = 0.0f;",
-        "          #pragma omp simd reduction(+:vbad)",
-        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            const float v_ = {vx};",
-        "            vp[t][e] = v_; vbad += v_ - v_;",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
         "          }",
         *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
-        "          v_bad = v_bad || vbad != 0.0f;",
         "        }",
+        f"        {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        *[f"          chk += *(const {v16}*)&vp[t][{LANES * v}] * 0.0f;" for v in range(ev)],
+        "        }",
+        f"        for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
         f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
         "      }",
         # scores: kg keys x nqv query vectors per step
@@ -193,7 +300,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"        for (int64_t d = 0; d < {dd}; ++d) {{",
         *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
         *[f"          const float k{t} = kp[t0 + {t}][d];" for t in range(kg)],
-        "          " + " ".join(f"a{t}_{v} += q{v} * k{t};" for t in range(kg) for v in range(nqv)),
+        "          " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
+                              for t in range(kg) for v in range(nqv)),
         "        }",
         *[f"        *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
         "      }",
@@ -239,7 +347,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "          for (int64_t t = 0; t < nk; ++t) {",
         *[f"            const {v16} w{v} = *(const {v16}*)&vp[t][{LANES * v}];" for v in range(ev)],
         *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
-        "            " + " ".join(f"o{j}_{v} += p{j} * w{v};" for j in range(qg) for v in range(ev)),
+        "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
+                                for j in range(qg) for v in range(ev)),
         "          }",
         *[f"          *({v16}*)&ov[q0 + {j}][{LANES * v}] = o{j}_{v};" for j in range(qg) for v in range(ev)],
         "        }",
@@ -269,3 +378,173 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     # queries beyond nr in a PV step read rows of ov / st that exist (qt_n is a multiple of qg)
     assert qt_n % qg == 0 and KEY_BLOCK % kg == 0, (qt_n, qg, kg)
     return lines
+
+
+# ---------------------------------------------------------------------------
+# decode: the query heads of a GQA group (rows that read the same K and V) in one task
+def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Scores of a key block for the g rows of a task that share K (the query heads of a GQA group).
+
+    K rows are read in place where K is a strided view with consecutive head-dim elements (``in_place``),
+    else the block is packed through its mapping (``kp[key][d]``).  Per row and 16 keys: per key the
+    products with q summed over the head dim's vectors into one vector of partial sums, and
+    ``vtc_sum16`` turns the 16 vectors into the 16 scores (no horizontal sum per key).  Then the score
+    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  Needs a head
+    dim that is a multiple of LANES (``sc``, ``qv``, ``r0``, ``r1`` and ``nr`` come from the caller).
+    """
+    dd, n = k.head_dim, k.r_extent
+    v16, dv = f"vtc_v{LANES}", dd // LANES
+    rows = in_place(k.k, em, "d", dd, n)
+    lines = [f"      const int64_t nk = r1 - r0, nkp = (nk + {LANES - 1}) / {LANES} * {LANES};"]
+    if rows is not None:
+        lines += ["      const float* kb_;",
+                  "      {", "        const int64_t rr = 0;", *row("        "),
+                  f"        kb_ = {rows.ptr} + ({rows.base});", "      }"]
+        key_row = f"kb_ + std::min<int64_t>(c0 + t, nk - 1) * {rows.stride}"  # past the last key: a real row
+        load = "vtc_load16(kr + {o})"
+    else:
+        lines += [
+            f"      alignas(64) float kp[{KEY_BLOCK}][{dd}];",
+            "      {",
+            "        const int64_t rr = 0;", *row("        "),
+            "        for (int64_t t = 0; t < nk; ++t) {",
+            "          const int64_t r = r0 + t;",
+            "          #pragma omp simd",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
+            "          }",
+            "        }",
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+            "      }"]
+        key_row = "kp[c0 + t]"
+        load = f"*(const {v16}*)(kr + {{o}})"
+    return lines + [
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        *[f"        const {v16} q{v} = *(const {v16}*)&qv[rr][{LANES * v}];" for v in range(dv)],
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) {{",
+        f"          {v16} part[{LANES}];",
+        f"          for (int t = 0; t < {LANES}; ++t) {{",
+        f"            const float* kr = {key_row};",
+        f"            {v16} a = q0 * {load.format(o=0)};",
+        *[f"            a = vtc_fma16(q{v}, {load.format(o=LANES * v)}, a);" for v in range(1, dv)],
+        "            part[t] = a;",
+        "          }",
+        f"          *({v16}*)&sc[rr][c0] = vtc_sum16(part);",
+        "        }",
+        "      }",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {", *row("        "),
+        "        #pragma omp simd",
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        "          const int64_t r = r0 + t;",
+        "          const float acc_score = sc[rr][t];", *["  " + x for x in pre_s], f"          sc[rr][t] = {sx};",
+        "        }",
+        "        for (int64_t t = nk; t < nkp; ++t) sc[rr][t] = -INFINITY;",
+        "      }",
+    ]
+
+
+def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
+    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view
+    with a value dim of whole vectors) or packed through the mapping, then ``qg`` rows x the value dim
+    of accumulators in vector registers per step, P broadcast.  A block whose V holds inf or NaN adds
+    only keys with a probability (as the prefill)."""
+    ee, n = k.value_dim, k.r_extent
+    v16 = f"vtc_v{LANES}"
+    ep = -(-ee // LANES) * LANES
+    ev = ep // LANES
+    qg = max(x for x in range(1, g + 1) if g % x == 0 and x * ev <= ACCUMULATORS) if ev <= ACCUMULATORS else 1
+    rows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    lines = ["      {", "      const int64_t nk = r1 - r0;"]
+    if rows is not None:
+        lines += ["      const float* vb_;",
+                  "      {", "        const int64_t rr = 0;", *row("        "),
+                  f"        vb_ = {rows.ptr} + ({rows.base});", "      }"]
+
+        def vrow(t: str) -> str:
+            return f"(vb_ + ({t}) * {rows.stride})"
+    else:
+        lines += [
+            f"      alignas(64) float vp[{KEY_BLOCK}][{ep}];",
+            "      {",
+            "        const int64_t rr = 0;", *row("        "),
+            "        for (int64_t t = 0; t < nk; ++t) {",
+            "          const int64_t r = r0 + t;",
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
+            "          }",
+            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
+            "        }",
+            "      }"]
+
+        def vrow(t: str) -> str:
+            return f"vp[{t}]"
+    return lines + [
+        f"      {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        *[f"        chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        "      }",
+        "      bool v_bad = false;",
+        f"      for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
+        "      if (!v_bad) {",
+        f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
+        *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        f"            const float* vr = {vrow('t')};",
+        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
+        "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
+                                for j in range(qg) for v in range(ev)),
+        "          }",
+        *[f"          *({v16}*)&ov[q0 + {j}][{LANES * v}] = o{j}_{v};" for j in range(qg) for v in range(ev)],
+        "        }",
+        "      } else {  // only keys with a probability: a masked inf / NaN value row stays out",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        "            const float p_ = sc[q][t];",
+        "            if (p_ == 0.0f) continue;",
+        f"            const float* vr = {vrow('t')};",
+        "            #pragma omp simd",
+        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        "          }",
+        "        }",
+        "      }",
+        "      }",
+    ]
+
+
+def shared_softmax(ep: int) -> list[str]:
+    """The online-softmax step of a key block for each row of the task, on whole vectors of ``sc``
+    (its entries past the block's last key are -inf): block max and NaN flag, rescale of what came
+    before, probabilities and their sum."""
+    v16 = f"vtc_v{LANES}"
+    return [
+        f"      typedef int vtc_i{LANES} __attribute__((vector_size({4 * LANES})));",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        "        float* __restrict srow = sc[rr];",
+        f"        {v16} bm = vtc_splat16(-INFINITY);",
+        f"        vtc_i{LANES} bad = {{}};",
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) {{",
+        f"          const {v16} s_ = *(const {v16}*)&srow[c0];",
+        "          bm = s_ > bm ? s_ : bm; bad |= s_ != s_;",
+        "        }",
+        "        float bmax = -INFINITY; bool bnan = false;",
+        f"        for (int i = 0; i < {LANES}; ++i) {{ bmax = bm[i] > bmax ? bm[i] : bmax; bnan = bnan || bad[i]; }}",
+        "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
+        "        if (mnew == -INFINITY) {  // every score so far is -inf: nothing to add yet",
+        "          for (int64_t t = 0; t < nkp; ++t) srow[t] = 0.0f;",
+        "          continue;",
+        "        }",
+        "        const float corr = vtc_exp(mx[rr] - mnew);",
+        "        mx[rr] = mnew;",
+        "        #pragma omp simd",
+        "        for (int64_t t = 0; t < nkp; ++t) srow[t] = vtc_exp(srow[t] - mnew);",
+        f"        {v16} pacc = {{}};",
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) pacc += *(const {v16}*)&srow[c0];",
+        "        float psum = 0.0f;",
+        f"        for (int i = 0; i < {LANES}; ++i) psum += pacc[i];",
+        "        sm[rr] = sm[rr] * corr + psum;",
+        "        if (corr != 1.0f) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] *= corr;",
+        "        }",
+        "      }",
+    ]
