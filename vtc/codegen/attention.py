@@ -447,8 +447,9 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
     rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
-    # the GQA group's rows with a head dim of whole vectors: packed blocks and micro-kernels (vtc.codegen.flash)
+    # the GQA group's rows with a head dim of whole vectors: micro-kernels of vtc.codegen.flash
     vector_shared = bool(shared) and dd % flash.LANES == 0 and max(dd, ee) <= flash.MAX_DIM
+    kb = flash.DECODE_KEY_BLOCK if vector_shared else kb
     ep = -(-ee // flash.LANES) * flash.LANES if vector_shared else ee  # value dim padded to whole vectors
     # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
     # makes them kernel arguments)

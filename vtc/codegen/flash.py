@@ -40,7 +40,8 @@ from vtc.index.expr import add, affine, mul, subs, var
 from vtc.index.mapping import linear_offset
 
 LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
-KEY_BLOCK = 64  # keys per online-softmax step
+KEY_BLOCK = 64  # keys per online-softmax step of the prefill
+DECODE_KEY_BLOCK = 128  # keys per online-softmax step of a GQA group (a block of V, 32 KB at 64 floats, stays in L1)
 ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 registers)
 MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
 
@@ -182,6 +183,34 @@ def _is_minus_inf(s: Scalar) -> bool:
     return s.op == "const" and s.args[0] == float("-inf")
 
 
+def _affine_of(s: Scalar) -> tuple[int, dict[str, int]] | None:
+    """An integer scalar made of index values (``iota``), integer constants, +, - and * by a constant as
+    (constant, {index variable: coefficient}), or None."""
+    if s.dtype.is_floating_point or s.dtype == torch.bool:
+        return None
+    if s.op == "iota":
+        return affine(s.args[0])
+    if s.op == "const":
+        return int(s.args[0]), {}
+    if s.op == "cast":
+        return _affine_of(s.args[0])
+    if s.op != "binary" or s.args[0] not in ("add", "sub", "mul"):
+        return None
+    fa, fb = _affine_of(s.args[1]), _affine_of(s.args[2])
+    if fa is None or fb is None:
+        return None
+    if s.args[0] == "mul":
+        if fa[1] and fb[1]:
+            return None
+        (k, _), (c, terms) = (fa, fb) if not fa[1] else (fb, fa)
+        return c * k, {v: x * k for v, x in terms.items()}
+    sign = 1 if s.args[0] == "add" else -1
+    terms = dict(fa[1])
+    for v, x in fb[1].items():
+        terms[v] = terms.get(v, 0) + sign * x
+    return fa[0] + sign * fb[0], terms
+
+
 def _bounds(cond: Scalar, lows: list, highs: list) -> None:
     """Adds the key bounds that a true `cond` (masked) implies the visible keys satisfy."""
     if cond.op == "binary" and cond.args[0] in ("logical_or", "bitwise_or", "or"):
@@ -191,9 +220,7 @@ def _bounds(cond: Scalar, lows: list, highs: list) -> None:
     if cond.op != "binary" or cond.args[0] not in ("gt", "ge", "lt", "le"):
         return
     op, a, b = cond.args
-    if a.op != "iota" or b.op != "iota":
-        return
-    fa, fb = affine(a.args[0]), affine(b.args[0])
+    fa, fb = _affine_of(a), _affine_of(b)
     if fa is None or fb is None:
         return
     if op in ("lt", "le"):  # a < b  <=>  b > a
@@ -404,7 +431,7 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
         load = "vtc_load16(kr + {o})"
     else:
         lines += [
-            f"      alignas(64) float kp[{KEY_BLOCK}][{dd}];",
+            f"      alignas(64) float kp[{DECODE_KEY_BLOCK}][{dd}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
@@ -463,7 +490,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
             return f"(vb_ + ({t}) * {rows.stride})"
     else:
         lines += [
-            f"      alignas(64) float vp[{KEY_BLOCK}][{ep}];",
+            f"      alignas(64) float vp[{DECODE_KEY_BLOCK}][{ep}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
