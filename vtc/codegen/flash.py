@@ -9,8 +9,10 @@ tasks dynamically, the longest first (a causal tile near the end sees the most
 keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 ``KB`` keys:
 
-- K and V rows of the block are packed through their mappings (``kp[key][d]``,
-  ``vp[key][e]``: a plain copy where the mapping is a strided view);
+- K and V rows of the block are read in place where their mapping is a strided
+  view with consecutive elements along the head / value dim (``in_place``: the
+  GQA head mapping and a KV cache included), else packed through the mapping
+  (``kp[key][d]``, ``vp[key][e]``);
 - scores Sᵀ[key][query] = Σ_d K[key][d] · Qᵀ[d][query] by a register-blocked
   micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
   from L1): a small GEMM, no horizontal sums;
@@ -260,6 +262,15 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
     work = heads * per_head * n * (dd + ee)
     lows, highs = key_range(k.score)
+    # K and V rows read in place where they are strided views (else packed per key block through the mapping)
+    krows = in_place(k.k, em, "d", dd, n)
+    vrows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+
+    def krow(t: int) -> str:  # key t0 + t of the block (a real row past the last key: its scores are unused)
+        return f"(kb_ + std::min<int64_t>(t0 + {t}, nk - 1) * {krows.stride})" if krows else f"kp[t0 + {t}]"
+
+    def vrow(t: str) -> str:
+        return f"(vb_ + ({t}) * {vrows.stride})" if vrows else f"vp[{t}]"
 
     def bound(c: int, a: int, at: str) -> str:
         return f"({c} + {a} * ({at}))" if a else f"{c}"
@@ -279,8 +290,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"    const int64_t m_lo = ({chunks} - 1 - blk % {chunks}) * {qt_n};  // the longest tiles first",
         f"    const int64_t nr = std::min<int64_t>({qt_n}, {per_head} - m_lo);",
         f"    alignas(64) float qt[{dd}][{qt_n}];",
-        f"    alignas(64) float kp[{kb}][{dd}];",
-        f"    alignas(64) float vp[{kb}][{ep}];",
+        *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
+        *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
         f"    alignas(64) float st[{kb}][{qt_n}];",
         f"    alignas(64) float ov[{qt_n}][{ep}];",
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
@@ -304,29 +315,35 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "      bool v_bad = false;  // a value row of the block holds inf or NaN",
         "      {",
         "        const int64_t i1 = m_lo;",
+        *([f"        kb_ = {krows.ptr} + ({krows.base});"] if krows else []),
+        *([f"        vb_ = {vrows.ptr} + ({vrows.base});"] if vrows else []),
         "        for (int64_t t = 0; t < nk; ++t) {",
         "          const int64_t r = r0 + t;",
-        "          #pragma omp simd",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
-        "          }",
-        "          #pragma omp simd",
-        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
-        "          }",
-        *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
+        *([] if krows else [
+            "          #pragma omp simd",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
+            "          }"]),
+        *([] if vrows else [
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
+            "          }",
+            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]),
         "        }",
         f"        {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
         "        for (int64_t t = 0; t < nk; ++t) {",
-        *[f"          chk += *(const {v16}*)&vp[t][{LANES * v}] * 0.0f;" for v in range(ev)],
+        *[f"          chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
         "        }",
         f"        for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
-        f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+        *([] if krows else [
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
         "      }",
         # scores: kg keys x nqv query vectors per step
         f"      for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
         f"        {v16} " + ", ".join(f"{a} = {{}}" for a in score_acc) + ";",
+        *[f"        const float* kr{t} = {krow(t)};" for t in range(kg)],
         f"        for (int64_t d = 0; d < {dd}; ++d) {{",
         *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
-        *[f"          const float k{t} = kp[t0 + {t}][d];" for t in range(kg)],
+        *[f"          const float k{t} = kr{t}[d];" for t in range(kg)],
         "          " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
                               for t in range(kg) for v in range(nqv)),
         "        }",
@@ -372,7 +389,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}] * cr[q0 + {j}];"
           for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
-        *[f"            const {v16} w{v} = *(const {v16}*)&vp[t][{LANES * v}];" for v in range(ev)],
+        "            const float* vr = " + vrow("t") + ";",
+        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
         *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -386,8 +404,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "          for (int64_t t = 0; t < nk; ++t) {",
         "            const float p_ = st[t][q];",
         "            if (p_ == 0.0f) continue;",
+        "            const float* vr = " + vrow("t") + ";",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vp[t][e];",
+        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
         "          }",
         "        }",
         "      }",
