@@ -170,6 +170,32 @@ def test_decode_with_keys_through_a_scale_and_a_value_dim_of_no_whole_vector():
     assert k.shared_rows == 4 and not k.tiled
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("position, zero_empty", [(700, False), (1400, False), (-1, True)],
+                         ids=["second_split_masked", "both_splits", "empty_rows"])
+def test_decode_keys_split_across_threads(threads, position, zero_empty):
+    """One GQA group (1 KV head) and 1500 keys: fewer row blocks than twice the threads, so the keys are
+    split (flash-decoding) and the splits' partial softmax results merged; a split whose keys are all
+    masked adds nothing, and a row with no visible key gives 0 (SDPA's guard)."""
+    def fn(q, k, v):
+        pos, kv = torch.tensor([position]), torch.arange(k.shape[2])
+        mask = kv[None, :] <= pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    g = gen(23)
+    inputs = (rand((1, 4, 1, 64), g), rand((1, 1, 1500, 64), g), rand((1, 1, 1500, 64), g))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compiled = compile_cpu(fn, inputs)
+        got = compiled(*inputs)
+    finally:
+        torch.set_num_threads(saved)
+    torch.testing.assert_close(got, fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    if zero_empty:
+        assert got.abs().max() == 0
+
+
 def test_masks_are_index_predicates_not_tensors():
     """A causal or sliding-window mask made of aranges and compares is computed in the kernel: no mask read."""
     for mask in ("causal", "window"):

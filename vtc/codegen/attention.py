@@ -59,6 +59,7 @@ from vtc.virtual.movement import bind
 
 ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
+SPLIT_KEYS = 512  # fewest keys per split when the keys of a row block are split across threads (decode)
 TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc.codegen.flash)
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
@@ -470,9 +471,19 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_s, sx = body(k.score, "          ")
     pre_v, vx = body(k.v, "            ")
     em.forget()
+    store = (f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}]")
+    inv = ("mx_ == -INFINITY ? 0.0f : 1.0f / sm_" if k.zero_empty_rows else "1.0f / sm_")
     return [
+        # flash-decoding: fewer row blocks than twice the threads split their keys (each split >= SPLIT_KEYS,
+        # whole key blocks); the splits' partial results are merged after the loop
+        f"  const int64_t nsplit = {work} < {PARALLEL_MIN_WORK} ? 1 : std::max<int64_t>(1, std::min<int64_t>("
+        f"(2 * nthreads + {nblk} - 1) / {nblk}, {n} / {SPLIT_KEYS}));",
+        f"  const int64_t span = (({n} + nsplit - 1) / nsplit + {kb - 1}) / {kb} * {kb};",
+        f"  float* part_ = nsplit > 1 ? (float*)std::malloc(sizeof(float) * {nblk} * nsplit * {rb} * {ep + 2}) : nullptr;",
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
-        f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
+        f"  for (int64_t task = 0; task < {nblk} * nsplit; ++task) {{",
+        "    const int64_t blk = task / nsplit, r_lo = task % nsplit * span;",
+        f"    const int64_t r_hi = std::min<int64_t>({n}, r_lo + span);",
         f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
         f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
         f"    alignas(64) float ov[{rb}][{ep}];",
@@ -483,8 +494,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"      for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] = 0.0f;",
         "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
         "    }",
-        f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
-        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
+        f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
+        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
         *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if vector_shared else
           _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
@@ -535,13 +546,42 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         "    }",
-        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
-        "      const float inv = mx[rr] == -INFINITY ? 0.0f : 1.0f / sm[rr];" if k.zero_empty_rows else
-        "      const float inv = 1.0f / sm[rr];",
-        "      #pragma omp simd",
-        f"      for (int64_t e = 0; e < {ee}; ++e) "
-        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
+        "    if (nsplit > 1) {  // this split's running max, sum and output rows, merged below",
+        f"      float* pp = part_ + task * {rb} * {ep + 2};",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        f"        pp[rr * {ep + 2}] = mx[rr]; pp[rr * {ep + 2} + 1] = sm[rr];",
+        f"        for (int64_t e = 0; e < {ep}; ++e) pp[rr * {ep + 2} + 2 + e] = ov[rr][e];",
+        "      }",
+        "      continue;",
         "    }",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      const float mx_ = mx[rr], sm_ = sm[rr];",
+        f"      const float inv = {inv};",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = ov[rr][e] * inv;",
+        "    }",
+        "  }",
+        "  if (nsplit > 1) {",
+        "    #pragma omp parallel for num_threads(nthreads) schedule(static)",
+        f"    for (int64_t row_ = 0; row_ < {rows}; ++row_) {{",
+        f"      const int64_t blk = row_ / {rb}, rr = row_ % {rb}, o_lo = blk * {rb};", *row("      "),
+        f"      const float* pp = part_ + (blk * nsplit * {rb} + rr) * {ep + 2};",
+        "      float mx_ = -INFINITY;",
+        f"      for (int64_t sp = 0; sp < nsplit; ++sp) mx_ = vtc_max(mx_, pp[sp * {rb} * {ep + 2}]);",
+        f"      alignas(64) float acc_[{ep}] = {{}};",
+        "      float sm_ = 0.0f;",
+        "      for (int64_t sp = 0; sp < nsplit; ++sp) {",
+        f"        const float* ps = pp + sp * {rb} * {ep + 2};",
+        "        const float w = ps[0] == -INFINITY ? 0.0f : vtc_exp(ps[0] - mx_);  // an empty split adds nothing",
+        "        sm_ += w * ps[1];",
+        "        #pragma omp simd",
+        f"        for (int64_t e = 0; e < {ep}; ++e) acc_[e] += w * ps[2 + e];",
+        "      }",
+        f"      const float inv = {inv};",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = acc_[e] * inv;",
+        "    }",
+        "    std::free(part_);",
         "  }",
     ]
 

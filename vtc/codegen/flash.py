@@ -68,6 +68,7 @@ def _sum16_masks() -> str:
 
 
 PRELUDE = r"""
+#include <cstdlib>
 #include <immintrin.h>
 typedef float vtc_v16 __attribute__((vector_size(64)));
 // c + a * b rounded once: the build turns off contraction of a * b + c, and these dot products want the FMA
