@@ -23,24 +23,38 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
   Anything else (another reader of the probabilities as in H2O's column sums,
   a float64 softmax, a softmax over another dim) is left as it was, with the
   reason in ``Lowering.why_not_attention``.
-- **kernel**: rows are the PV bmm's output rows (batch*head, query), in blocks
-  of ``ROW_BLOCK`` per task so that rows sharing a key (the query heads of one
-  GQA group, the queries of one head) read it while it is in cache; keys in
-  blocks of ``KEY_BLOCK``.  Per row: q is read once (through its mapping,
-  inlined producers included), per key the dot product over the head dim
-  (``omp simd``), then the score chain in registers (scale, soft-cap, the mask
-  read through ``Lowering.value_at``: a causal or sliding-window predicate made
-  of aranges and compares costs no mask tensor), then the online softmax
-  (running max, rescaled sum and output row) and the PV update over the value
-  dim (``omp simd``).  K and V are read through their composed mappings, so
-  query head h reads KV head h // group and the cache rows or the token just
-  written, with no expanded copy.  The output row is stored at the PV bmm's
-  output (physical, read by whatever follows).
+- **kernel**: rows are the PV bmm's output rows (batch*head, query).  Per row
+  q is read once (through its mapping, inlined producers included); per key
+  the score chain runs in registers (scale, soft-cap, the mask read through
+  ``Lowering.value_at``: a causal or sliding-window predicate made of aranges
+  and compares costs no mask tensor), then the online softmax (running max,
+  rescaled sum and output row) and the PV update.  K and V are read through
+  their composed mappings, so query head h reads KV head h // group and the
+  cache rows or the token just written, with no expanded copy.  The output
+  row is stored at the PV bmm's output (physical, read by whatever follows).
+  Three forms, by what the rows share:
 
-Numerics: the result equals softmax-then-matmul up to float rounding; a row
-whose scores are all -inf gives NaN as torch does.  A key whose probability is
-exactly 0 (masked, or underflowed) is skipped, so a NaN or inf in its value row
-does not reach the output (torch would give NaN there).
+  * **prefill** (``tiled``: many queries of a head, K and V independent of the
+    query): flash tiles of ``vtc.codegen.flash`` (queries as vector lanes,
+    scores and PV as register-blocked micro-kernels, key blocks that a causal
+    or window predicate hides skipped);
+  * **GQA decode** (``shared_rows``: the query heads of a group read the same
+    K and V rows): one task per group, K and V read in place where strided,
+    16 scores per permute tree, register-blocked PV (``flash.shared_*``; a
+    head dim that is not a multiple of 16 uses ``omp simd`` loops instead);
+  * otherwise blocks of ``ROW_BLOCK`` rows, dot products and PV by ``omp simd``.
+
+  Keys go in blocks of ``KEY_BLOCK`` (``flash.DECODE_KEY_BLOCK`` for GQA
+  decode).  With fewer row blocks than twice the threads (decode of a small
+  batch) the keys of a row block are split across tasks (flash-decoding,
+  ``SPLIT_KEYS`` keys at least each) and the partial results merged.
+
+Numerics: the result equals softmax-then-matmul up to float rounding (the
+dot products use FMA); a row whose scores are all -inf gives NaN as torch
+does.  A key whose probability is exactly 0 (masked, or underflowed) does not
+bring a NaN or inf of its value row into the output (torch would give NaN
+there): the vector forms check each key block's values and take a key-by-key
+path for a block that holds one.
 """
 from __future__ import annotations
 

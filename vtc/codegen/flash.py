@@ -1,10 +1,11 @@
-"""Flash-attention C++ for the attention kernel's prefill form: tiles of queries as vector lanes.
+"""Flash-attention C++ for the attention kernel: prefill tiles (queries as vector lanes) and GQA decode.
 
 ``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
 builds an ``AttentionKernel``; where many queries of one head read the same K
 and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
-this form.  A task is one head and a tile of ``QT`` queries (16 or 32, one or
-two AVX-512 registers of float, one query per lane); OpenMP hands out the
+this form.  A task is one head and a tile of queries (``query_tile``: 16, 32
+or 64, one to four AVX-512 registers of float, one query per lane; more
+queries per tile read each K and V row for more of them); OpenMP hands out the
 tasks dynamically, the longest first (a causal tile near the end sees the most
 keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 ``KB`` keys:
@@ -27,9 +28,23 @@ keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 Key blocks that a predicate mask hides from every query of the tile are not
 visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
 above, a sliding window ``key <= query - w`` from below), so causal attention
-does half the work.  A value row holding inf or NaN is detected while packing;
-that block then adds only the keys whose probability is not 0, so a masked
-garbage row does not turn the output into NaN (as the row-by-row form does).
+does half the work.  A value row holding inf or NaN is detected per key block
+(0 * v summed); that block then adds only the keys whose probability is not 0,
+so a masked garbage row does not turn the output into NaN (as the row-by-row
+form does).
+
+GQA decode (``shared_scores``, ``shared_softmax``, ``shared_pv``): the query
+heads of one KV group are the rows of one task, so each K and V element is
+read once for all of them, in place where the cache is a strided view.  With
+keys as the lanes, a score needs a sum over the head dim: per key the products
+are summed over the head dim's vectors into one vector, and ``vtc_sum16`` turns
+16 such vectors into 16 scores by a tree of two-source permutes.  The block
+softmax and PV (``qg`` rows x the value dim in registers, P broadcast) follow;
+``emit_attention`` splits the keys across tasks when there are few groups.
+
+The dot products use FMA intrinsics (``vtc_fma16``): the build turns off
+contraction of ``a * b + c`` so that elementwise kernels match torch bit for
+bit, which would cost these micro-kernels a multiply and an add each.
 """
 from __future__ import annotations
 
@@ -152,7 +167,7 @@ def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
 
 
 def query_tile(per_head: int) -> int:
-    """Queries per task: one vector of lanes for short prompts, two otherwise."""
+    """Queries per task: one vector of lanes for short prompts, up to four for long ones."""
     return LANES if per_head <= LANES else 2 * LANES if per_head <= 2 * LANES else 4 * LANES
 
 
