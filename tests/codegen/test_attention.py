@@ -230,6 +230,29 @@ def test_prefill_attention_is_tiled():
     assert k.tiled
 
 
+@pytest.mark.parametrize("b, s", [(1, 127), (16, 17)])
+def test_prefill_reads_transposed_sliced_and_concatenated_operands(b, s):
+    """Prefill tiles over virtual operands: q and k from [B, S, H, D] projections through transposes, k a
+    slice of a longer cache (read in place, row stride H*D), v a cat of the cache and new rows (no
+    strided view: packed per key block through its mapping), causal with an offset."""
+    def fn(q_bshd, k_cache, v_cache, v_new):
+        t = s + 5
+        q = q_bshd.transpose(1, 2)
+        k = k_cache[:, :t].transpose(1, 2)
+        v = torch.cat([v_cache[:, :, :5], v_new], dim=2)
+        scores = torch.matmul(q, repeat_kv(k, 2).transpose(2, 3)) / 8.0
+        pos, kv = torch.arange(s) + 5, torch.arange(t)
+        scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, 2))
+    g = gen(29)
+    inputs = (rand((b, s, 4, 64), g), rand((b, s + 40, 2, 64), g), rand((b, 2, 9, 64), g), rand((b, 2, s, 64), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.tiled
+
+
 def test_scale_on_keys_is_recomputed_and_rope_is_stored_once():
     """A scale or cast in front of K is recomputed at each read; a RoPE (two tensor operands) is a kernel of its own."""
     def fn(q, k, v, cos, sin):
