@@ -3,9 +3,8 @@
 ``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
 builds an ``AttentionKernel``; where many queries of one head read the same K
 and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
-this form.  A task is one head and a tile of queries (``query_tile``: 16, 32
-or 64, one to four AVX-512 registers of float, one query per lane; more
-queries per tile read each K and V row for more of them); OpenMP hands out the
+this form.  A task is one head and a tile of ``QUERY_TILE`` queries (64: four
+AVX-512 registers of float, one query per lane); OpenMP hands out the
 tasks dynamically, the longest first (a causal tile near the end sees the most
 keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 ``KB`` keys:
@@ -61,6 +60,10 @@ KEY_BLOCK = 64  # keys per online-softmax step of the prefill
 DECODE_KEY_BLOCK = 128  # keys per online-softmax step of a GQA group (a block of V, 32 KB at 64 floats, stays in L1)
 ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 registers)
 MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
+# queries per prefill task: four vectors of lanes (each K and V row read for 64 queries; 32 took ~1.4x the
+# time of attn_causal).  One tile for every query count, so that the kernel text does not change with the
+# prompt length (vtc.runtime.generic: a new length reuses the kernel); a short prompt computes idle lanes.
+QUERY_TILE = 4 * LANES
 
 
 def _sum16_masks() -> str:
@@ -83,6 +86,8 @@ def _sum16_masks() -> str:
 
 
 PRELUDE = r"""
+#ifndef VTC_FLASH_PRELUDE  // kernels are built several to a source
+#define VTC_FLASH_PRELUDE
 #include <cstdlib>
 #include <immintrin.h>
 typedef float vtc_v16 __attribute__((vector_size(64)));
@@ -138,6 +143,7 @@ static inline vtc_v16 vtc_sum16(const vtc_v16* x) {
   return r;
 #endif
 }
+#endif
 """ % dict(sum16_masks=_sum16_masks())
 
 
@@ -164,11 +170,6 @@ def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
     if not (step_c.is_const and step_c.value == 1 and step_r.is_const):
         return None
     return Rows(em.ptr[s.args[0]], em.index(subs(off, {col: 0, "r": var("r0", n)})), step_r.value)
-
-
-def query_tile(per_head: int) -> int:
-    """Queries per task: one vector of lanes for short prompts, up to four for long ones."""
-    return LANES if per_head <= LANES else 2 * LANES if per_head <= 2 * LANES else 4 * LANES
 
 
 def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -266,7 +267,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
 
     heads, per_head = k.domain
     n, dd, ee = k.r_extent, k.head_dim, k.value_dim
-    qt_n = query_tile(per_head)
+    qt_n = QUERY_TILE
     nqv = qt_n // LANES
     kb = KEY_BLOCK
     kg = ACCUMULATORS // nqv  # keys per score micro-kernel step
