@@ -26,7 +26,7 @@ torch.set_num_threads(T)
 clk = time.thread_time if os.environ.get("CPU") else time.perf_counter
 
 import vtc  # noqa: E402
-from bench.systems import Context, _eager, _inductor, _onnxruntime  # noqa: E402
+from bench.systems import Context, _eager, _inductor, _onnxruntime, _openvino  # noqa: E402
 from bench.workloads import get  # noqa: E402
 
 
@@ -42,6 +42,8 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
                 fns[s] = _eager(ctx).fn
             elif s == "onnxruntime":
                 fns[s] = _onnxruntime(ctx).fn
+            elif s == "openvino":
+                fns[s] = _openvino(ctx).fn
             elif s == "inductor":
                 fns[s] = _inductor(None)(ctx).fn
             else:

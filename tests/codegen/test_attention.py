@@ -48,6 +48,9 @@ def attention(ratio: int, mask: str, softcap: float | None, scale_op: str):
         elif mask == "window":
             hidden = (kv[None, :] > pos[:, None]) | (kv[None, :] <= pos[:, None] - WINDOW)
             scores = scores + torch.zeros(()).masked_fill(hidden, torch.finfo(torch.float32).min)
+        elif mask == "window_inf":  # -inf: key blocks out of every query's window are not visited
+            hidden = (kv[None, :] > pos[:, None]) | (kv[None, :] <= pos[:, None] - WINDOW)
+            scores = scores.masked_fill(hidden, float("-inf"))
         elif mask == "additive":
             scores = scores + extra[0]
         return torch.matmul(torch.softmax(scores, dim=-1), values)
@@ -70,6 +73,10 @@ CASES = [
     (4, 1, 17, 1, 16, "none", 50.0, "mul"),
     (2, 1, 3, 127, 16, "causal", None, "mul"),  # T < S is covered by (4, 1, 3, 1): fully masked rows give NaN
     (2, 1, 1, 127, 24, "causal", None, "mul"),  # head dim not a multiple of the vector width
+    (1, 1, 127, 127, 64, "causal", None, "mul"),  # prefill tiles: 2 of 64 queries, causal key blocks skipped
+    (2, 16, 17, 127, 16, "causal", None, "div"),  # batch 16
+    (1, 1, 127, 300, 16, "window_inf", None, "mul"),  # key blocks before every query's window skipped
+    (4, 16, 1, 127, 16, "causal", None, "mul"),  # decode, batch 16
 ]
 
 
@@ -107,6 +114,88 @@ def test_attention_matches_eager_in_one_kernel(case):
     assert_one_attention_kernel(compiled)
 
 
+def test_causal_and_window_masks_bound_the_visited_keys():
+    """The tiled kernel visits only key blocks that some query of a tile can see (vtc.codegen.flash.key_range)."""
+    from vtc.codegen.flash import key_range
+
+    for mask, lows, highs in (("causal", 0, 1), ("window_inf", 1, 1), ("none", 0, 0), ("window", 0, 0)):
+        fn = attention(1, mask, None, "mul")
+        inputs = _inputs(1, 1, 17, 40, 16, mask, seed=4)
+        compiled = compile_cpu(fn, inputs)
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), equal_nan=True, **TOL)
+        (k,) = attention_kernels(compiled)
+        assert k.tiled
+        lo, hi = key_range(k.score)
+        assert (len(lo), len(hi)) == (lows, highs), (mask, lo, hi)
+        if mask == "causal":  # query i1 sits at position i1 + 40 - 17: keys r < i1 + 24 are visible
+            assert hi == [(24, 1)]
+
+
+@pytest.mark.parametrize("s, t, ratio", [(17, 40, 1), (127, 200, 2), (1, 64, 4), (1, 300, 2)],
+                         ids=["prefill", "prefill_gqa", "decode", "decode_long"])
+def test_masked_inf_and_nan_value_rows_stay_out(s, t, ratio):
+    """A static cache holding inf / NaN past the positions the queries see (uninitialised slots): masked,
+    so the output equals that of a clean cache (torch's matmul would spread the NaN)."""
+    def fn(q, k, v):
+        d = q.shape[3]
+        scores = torch.matmul(q, repeat_kv(k, ratio).transpose(2, 3)) * d ** -0.5
+        pos, kv = torch.arange(q.shape[2]) + 20, torch.arange(k.shape[2])
+        scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, ratio))
+    g = gen(17)
+    q, k, v = rand((1, 2 * ratio, s, 64), g), rand((1, 2, t, 64), g), rand((1, 2, t, 64), g)
+    k_bad, v_bad = k.clone(), v.clone()
+    seen = s + 20
+    k_bad[:, :, seen:] = float("nan")
+    v_bad[:, :, seen:] = float("nan")
+    v_bad[:, 1, seen::3] = float("inf")
+    compiled = compile_cpu(fn, (q, k_bad, v_bad))
+    got = compiled(q, k_bad, v_bad)
+    assert_one_attention_kernel(compiled)
+    torch.testing.assert_close(got, fn(q, k, v), **TOL)
+
+
+def test_decode_with_keys_through_a_scale_and_a_value_dim_of_no_whole_vector():
+    """GQA decode whose K is scaled in front of the kernel (read through its expression: packed per block)
+    and whose value dim (24) is not a multiple of the vector width (padded)."""
+    def fn(q, k, v):
+        scores = torch.matmul(q, (repeat_kv(k, 4) * 0.5).transpose(2, 3))
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, 4))
+    g = gen(19)
+    inputs = (rand((3, 8, 1, 32), g), rand((3, 2, 131, 32), g), rand((3, 2, 131, 24), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.shared_rows == 4 and not k.tiled
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("position, zero_empty", [(700, False), (1400, False), (-1, True)],
+                         ids=["second_split_masked", "both_splits", "empty_rows"])
+def test_decode_keys_split_across_threads(threads, position, zero_empty):
+    """One GQA group (1 KV head) and 1500 keys: fewer row blocks than twice the threads, so the keys are
+    split (flash-decoding) and the splits' partial softmax results merged; a split whose keys are all
+    masked adds nothing, and a row with no visible key gives 0 (SDPA's guard)."""
+    def fn(q, k, v):
+        pos, kv = torch.tensor([position]), torch.arange(k.shape[2])
+        mask = kv[None, :] <= pos[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    g = gen(23)
+    inputs = (rand((1, 4, 1, 64), g), rand((1, 1, 1500, 64), g), rand((1, 1, 1500, 64), g))
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compiled = compile_cpu(fn, inputs)
+        got = compiled(*inputs)
+    finally:
+        torch.set_num_threads(saved)
+    torch.testing.assert_close(got, fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    if zero_empty:
+        assert got.abs().max() == 0
+
+
 def test_masks_are_index_predicates_not_tensors():
     """A causal or sliding-window mask made of aranges and compares is computed in the kernel: no mask read."""
     for mask in ("causal", "window"):
@@ -137,6 +226,29 @@ def test_prefill_attention_is_tiled():
     inputs = _inputs(2, 1, 17, 127, 64, "causal", seed=21)
     compiled = compile_cpu(fn, inputs)
     torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (k,) = attention_kernels(compiled)
+    assert k.tiled
+
+
+@pytest.mark.parametrize("b, s", [(1, 127), (16, 17)])
+def test_prefill_reads_transposed_sliced_and_concatenated_operands(b, s):
+    """Prefill tiles over virtual operands: q and k from [B, S, H, D] projections through transposes, k a
+    slice of a longer cache (read in place, row stride H*D), v a cat of the cache and new rows (no
+    strided view: packed per key block through its mapping), causal with an offset."""
+    def fn(q_bshd, k_cache, v_cache, v_new):
+        t = s + 5
+        q = q_bshd.transpose(1, 2)
+        k = k_cache[:, :t].transpose(1, 2)
+        v = torch.cat([v_cache[:, :, :5], v_new], dim=2)
+        scores = torch.matmul(q, repeat_kv(k, 2).transpose(2, 3)) / 8.0
+        pos, kv = torch.arange(s) + 5, torch.arange(t)
+        scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, 2))
+    g = gen(29)
+    inputs = (rand((b, s, 4, 64), g), rand((b, s + 40, 2, 64), g), rand((b, 2, 9, 64), g), rand((b, 2, s, 64), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
     (k,) = attention_kernels(compiled)
     assert k.tiled
 

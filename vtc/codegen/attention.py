@@ -23,24 +23,38 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
   Anything else (another reader of the probabilities as in H2O's column sums,
   a float64 softmax, a softmax over another dim) is left as it was, with the
   reason in ``Lowering.why_not_attention``.
-- **kernel**: rows are the PV bmm's output rows (batch*head, query), in blocks
-  of ``ROW_BLOCK`` per task so that rows sharing a key (the query heads of one
-  GQA group, the queries of one head) read it while it is in cache; keys in
-  blocks of ``KEY_BLOCK``.  Per row: q is read once (through its mapping,
-  inlined producers included), per key the dot product over the head dim
-  (``omp simd``), then the score chain in registers (scale, soft-cap, the mask
-  read through ``Lowering.value_at``: a causal or sliding-window predicate made
-  of aranges and compares costs no mask tensor), then the online softmax
-  (running max, rescaled sum and output row) and the PV update over the value
-  dim (``omp simd``).  K and V are read through their composed mappings, so
-  query head h reads KV head h // group and the cache rows or the token just
-  written, with no expanded copy.  The output row is stored at the PV bmm's
-  output (physical, read by whatever follows).
+- **kernel**: rows are the PV bmm's output rows (batch*head, query).  Per row
+  q is read once (through its mapping, inlined producers included); per key
+  the score chain runs in registers (scale, soft-cap, the mask read through
+  ``Lowering.value_at``: a causal or sliding-window predicate made of aranges
+  and compares costs no mask tensor), then the online softmax (running max,
+  rescaled sum and output row) and the PV update.  K and V are read through
+  their composed mappings, so query head h reads KV head h // group and the
+  cache rows or the token just written, with no expanded copy.  The output
+  row is stored at the PV bmm's output (physical, read by whatever follows).
+  Three forms, by what the rows share:
 
-Numerics: the result equals softmax-then-matmul up to float rounding; a row
-whose scores are all -inf gives NaN as torch does.  A key whose probability is
-exactly 0 (masked, or underflowed) is skipped, so a NaN or inf in its value row
-does not reach the output (torch would give NaN there).
+  * **prefill** (``tiled``: many queries of a head, K and V independent of the
+    query): flash tiles of ``vtc.codegen.flash`` (queries as vector lanes,
+    scores and PV as register-blocked micro-kernels, key blocks that a causal
+    or window predicate hides skipped);
+  * **GQA decode** (``shared_rows``: the query heads of a group read the same
+    K and V rows): one task per group, K and V read in place where strided,
+    16 scores per permute tree, register-blocked PV (``flash.shared_*``; a
+    head dim that is not a multiple of 16 uses ``omp simd`` loops instead);
+  * otherwise blocks of ``ROW_BLOCK`` rows, dot products and PV by ``omp simd``.
+
+  Keys go in blocks of ``KEY_BLOCK`` (``flash.DECODE_KEY_BLOCK`` for GQA
+  decode).  With fewer row blocks than twice the threads (decode of a small
+  batch) the keys of a row block are split across tasks (flash-decoding,
+  ``SPLIT_KEYS`` keys at least each) and the partial results merged.
+
+Numerics: the result equals softmax-then-matmul up to float rounding (the
+dot products use FMA); a row whose scores are all -inf gives NaN as torch
+does.  A key whose probability is exactly 0 (masked, or underflowed) does not
+bring a NaN or inf of its value row into the output (torch would give NaN
+there): the vector forms check each key block's values and take a key-by-key
+path for a block that holds one.
 """
 from __future__ import annotations
 
@@ -49,6 +63,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vtc.codegen import flash
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
 from vtc.index.expr import Expr, free_vars, subs, var
@@ -58,9 +73,8 @@ from vtc.virtual.movement import bind
 
 ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
-TILE_ROWS = 8  # rows per task in tiled mode (queries of one head sharing a packed Kᵀ block)
-LANES = 16  # keys per score vector in tiled mode (one AVX-512 register of float)
-TILE_MAX_PANEL = 64 * 1024  # bytes of the packed Kᵀ block (head dim x KEY_BLOCK floats) at most
+SPLIT_KEYS = 512  # fewest keys per split when the keys of a row block are split across threads (decode)
+TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc.codegen.flash)
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
 
@@ -134,11 +148,11 @@ class AttentionKernel(Kernel):
 
     @property
     def tiled(self) -> bool:
-        """Many queries per head whose K does not depend on the query: pack a Kᵀ block once per row block
-        and compute a tile of scores (rows x LANES keys) in vector registers (prefill)."""
+        """Many queries per head whose K and V do not depend on the query: tiles of queries as vector
+        lanes, scores and PV as small register-blocked GEMMs (prefill; vtc.codegen.flash)."""
         rows_per_head = self.domain[1]
-        return (rows_per_head >= TILE_ROWS and "i1" not in _scalar_vars(self.k)
-                and self.head_dim * KEY_BLOCK * 4 <= TILE_MAX_PANEL)
+        return (rows_per_head >= TILE_ROWS and not {"i1"} & (_scalar_vars(self.k) | _scalar_vars(self.v))
+                and max(self.head_dim, self.value_dim) <= flash.MAX_DIM)
 
 
 def _is(n: Node | None, opname: str) -> bool:
@@ -426,25 +440,35 @@ def _ident(name: str) -> str:
 def emit_attention(k: AttentionKernel, em) -> list[str]:
     """The body of an attention kernel (after the buffer pointers), using the C++ emitter `em`.
 
-    Per task a block of rows; per key block: the scores of every (key, row)
-    (rows innermost, so the rows of a GQA group read each K row while it is in
-    L1), then per row the online-softmax update, then the PV update of every
-    (key, row).
+    Prefill (``k.tiled``): the flash form of ``vtc.codegen.flash``.  Else per
+    task a block of rows; per key block: the scores of every (key, row) (rows
+    innermost, so the rows of a GQA group read each K row while it is in L1),
+    then per row the online-softmax update, then the PV update of every (key,
+    row).
     """
     from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
-    tiled = k.tiled
-    shared = 0 if tiled else k.shared_rows
-    per_head = k.domain[1]
+    if k.tiled:
+        parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
+        em.forget()
+        texts = []
+        for root, indent in parts:
+            em.forget()
+            texts += [em.hoist([root], indent), em.scalar(root)]
+        em.forget()
+        return flash.emit_tiled(k, em, *texts)
+    shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
-    rb, kb = (TILE_ROWS, KEY_BLOCK) if tiled else (min(ROW_BLOCK, rows), KEY_BLOCK)
-    rb = shared or rb
-    # row blocks per head (tiled: a block never straddles two heads) and blocks, as ceiling divisions in C,
-    # so that the sizes stay polynomial literals (vtc.runtime.generic makes them kernel arguments)
-    chunks = f"(({per_head} + {rb - 1}) / {rb})"
-    nblk = f"({k.domain[0]} * {chunks})" if tiled else f"(({rows} + {rb - 1}) / {rb})"
+    rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
+    # the GQA group's rows with a head dim of whole vectors: micro-kernels of vtc.codegen.flash
+    vector_shared = bool(shared) and dd % flash.LANES == 0 and max(dd, ee) <= flash.MAX_DIM
+    kb = flash.DECODE_KEY_BLOCK if vector_shared else kb
+    ep = -(-ee // flash.LANES) * flash.LANES if vector_shared else ee  # value dim padded to whole vectors
+    # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
+    # makes them kernel arguments)
+    nblk = f"(({rows} + {rb - 1}) / {rb})"
     names = [f"i{x}" for x in range(len(k.domain))]
     out = k.stores[0]
     work = rows * n * (dd + ee)
@@ -461,26 +485,32 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_s, sx = body(k.score, "          ")
     pre_v, vx = body(k.v, "            ")
     em.forget()
+    store = (f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}]")
+    inv = ("mx_ == -INFINITY ? 0.0f : 1.0f / sm_" if k.zero_empty_rows else "1.0f / sm_")
     return [
-        *(_VECTOR_TYPES if shared and dd % LANES == 0 else []),
+        # flash-decoding: fewer row blocks than twice the threads split their keys (each split >= SPLIT_KEYS,
+        # whole key blocks); the splits' partial results are merged after the loop
+        f"  const int64_t nsplit = {work} < {PARALLEL_MIN_WORK} ? 1 : std::max<int64_t>(1, std::min<int64_t>("
+        f"(2 * nthreads + {nblk} - 1) / {nblk}, {n} / {SPLIT_KEYS}));",
+        f"  const int64_t span = (({n} + nsplit - 1) / nsplit + {kb - 1}) / {kb} * {kb};",
+        f"  float* part_ = nsplit > 1 ? (float*)std::malloc(sizeof(float) * {nblk} * nsplit * {rb} * {ep + 2}) : nullptr;",
         f"  #pragma omp parallel for num_threads(nthreads) schedule(static) if({work} >= {PARALLEL_MIN_WORK})",
-        f"  for (int64_t blk = 0; blk < {nblk}; ++blk) {{",
-        *([f"    const int64_t m_lo = (blk % {chunks}) * {rb}, nr = std::min<int64_t>({rb}, {per_head} - m_lo);",
-           f"    const int64_t o_lo = (blk / {chunks}) * {per_head} + m_lo;",
-           f"    alignas(64) float kt[{dd}][{kb}];"] if tiled else
-          [f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);"]),
+        f"  for (int64_t task = 0; task < {nblk} * nsplit; ++task) {{",
+        "    const int64_t blk = task / nsplit, r_lo = task % nsplit * span;",
+        f"    const int64_t r_hi = std::min<int64_t>({n}, r_lo + span);",
+        f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
         f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
-        f"    alignas(64) float ov[{rb}][{ee}];",
+        f"    alignas(64) float ov[{rb}][{ep}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
         "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
-        f"      for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] = 0.0f;",
+        f"      for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] = 0.0f;",
         "      mx[rr] = -INFINITY; sm[rr] = 0.0f;",
         "    }",
-        f"    for (int64_t r0 = 0; r0 < {n}; r0 += {kb}) {{",
-        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, {n});",
-        *(_tile_scores(k, row, rb, kb, dd, pre_k, kx, pre_s, sx) if tiled else
+        f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
+        f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
+        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if vector_shared else
           _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
@@ -493,6 +523,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
+        *(flash.shared_softmax(ep) if vector_shared else [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         "        float* __restrict srow = sc[rr];",
         "        float bmax = -INFINITY; bool bnan = false;",
@@ -514,9 +545,10 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "          #pragma omp simd",
         f"          for (int64_t e = 0; e < {ee}; ++e) ov[rr][e] *= corr;",
         "        }",
-        "      }",
+        "      }"]),
         # PV of every (key, row) of the block
-        *(_shared_pv(row, rb, ee, pre_v, vx) if shared else [
+        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if vector_shared else
+          _shared_pv(row, rb, ee, pre_v, vx) if shared else [
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {",
             "          const float p_ = sc[rr][r - r0];",
@@ -528,98 +560,50 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         "    }",
-        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
-        "      const float inv = mx[rr] == -INFINITY ? 0.0f : 1.0f / sm[rr];" if k.zero_empty_rows else
-        "      const float inv = 1.0f / sm[rr];",
-        "      #pragma omp simd",
-        f"      for (int64_t e = 0; e < {ee}; ++e) "
-        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[rr][e] * inv;",
+        "    if (nsplit > 1) {  // this split's running max, sum and output rows, merged below",
+        f"      float* pp = part_ + task * {rb} * {ep + 2};",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        f"        pp[rr * {ep + 2}] = mx[rr]; pp[rr * {ep + 2} + 1] = sm[rr];",
+        f"        for (int64_t e = 0; e < {ep}; ++e) pp[rr * {ep + 2} + 2 + e] = ov[rr][e];",
+        "      }",
+        "      continue;",
         "    }",
+        "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
+        "      const float mx_ = mx[rr], sm_ = sm[rr];",
+        f"      const float inv = {inv};",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = ov[rr][e] * inv;",
+        "    }",
+        "  }",
+        "  if (nsplit > 1) {",
+        "    #pragma omp parallel for num_threads(nthreads) schedule(static)",
+        f"    for (int64_t row_ = 0; row_ < {rows}; ++row_) {{",
+        f"      const int64_t blk = row_ / {rb}, rr = row_ % {rb}, o_lo = blk * {rb};", *row("      "),
+        f"      const float* pp = part_ + (blk * nsplit * {rb} + rr) * {ep + 2};",
+        "      float mx_ = -INFINITY;",
+        f"      for (int64_t sp = 0; sp < nsplit; ++sp) mx_ = vtc_max(mx_, pp[sp * {rb} * {ep + 2}]);",
+        f"      alignas(64) float acc_[{ep}] = {{}};",
+        "      float sm_ = 0.0f;",
+        "      for (int64_t sp = 0; sp < nsplit; ++sp) {",
+        f"        const float* ps = pp + sp * {rb} * {ep + 2};",
+        "        const float w = ps[0] == -INFINITY ? 0.0f : vtc_exp(ps[0] - mx_);  // an empty split adds nothing",
+        "        sm_ += w * ps[1];",
+        "        #pragma omp simd",
+        f"        for (int64_t e = 0; e < {ep}; ++e) acc_[e] += w * ps[2 + e];",
+        "      }",
+        f"      const float inv = {inv};",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = acc_[e] * inv;",
+        "    }",
+        "    std::free(part_);",
         "  }",
     ]
 
 
-def _tile_scores(k: AttentionKernel, row, rb: int, kb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Tiled scores: Kᵀ block packed through its mapping once per row block (the rows share it), then
-    4 rows x LANES keys of q·k accumulated in vector registers, then the score chain per (key, row)."""
-    v = f"vtc_v{LANES}"
-    return [
-        f"      typedef float {v} __attribute__((vector_size({4 * LANES})));",
-        "      {  // pack Kᵀ: kt[d][t] = K(r0 + t, d) (zeros past the last key)",
-        "        const int64_t rr = 0;", *row("        "),
-        "        for (int64_t r = r0; r < r1; ++r) {",
-        "          #pragma omp simd",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            kt[d][r - r0] = {kx};", "          }",
-        "        }",
-        f"        const int64_t t1 = std::min<int64_t>({kb}, (r1 - r0 + {LANES - 1}) / {LANES} * {LANES});",
-        f"        for (int64_t d = 0; d < {dd}; ++d) for (int64_t t = r1 - r0; t < t1; ++t) kt[d][t] = 0.0f;",
-        "      }",
-        f"      for (int64_t rr0 = 0; rr0 < nr; rr0 += 4) {{",
-        f"        for (int64_t k0 = 0; k0 < r1 - r0; k0 += {LANES}) {{",
-        f"          {v} a0 = {{}}, a1 = {{}}, a2 = {{}}, a3 = {{}};",
-        f"          const float* q0 = qv[rr0]; const float* q1 = qv[std::min<int64_t>(rr0 + 1, {rb - 1})];",
-        f"          const float* q2 = qv[std::min<int64_t>(rr0 + 2, {rb - 1})]; "
-        f"const float* q3 = qv[std::min<int64_t>(rr0 + 3, {rb - 1})];",
-        f"          for (int64_t d = 0; d < {dd}; ++d) {{",
-        f"            const {v} kv = *(const {v}*)&kt[d][k0];",
-        "            a0 += q0[d] * kv; a1 += q1[d] * kv; a2 += q2[d] * kv; a3 += q3[d] * kv;",
-        "          }",
-        f"          *({v}*)&sc[rr0][k0] = a0;",
-        f"          if (rr0 + 1 < {rb}) *({v}*)&sc[rr0 + 1][k0] = a1;",
-        f"          if (rr0 + 2 < {rb}) *({v}*)&sc[rr0 + 2][k0] = a2;",
-        f"          if (rr0 + 3 < {rb}) *({v}*)&sc[rr0 + 3][k0] = a3;",
-        "        }",
-        "      }",
-        "      for (int64_t r = r0; r < r1; ++r) {",
-        "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
-        "          const float acc_score = sc[rr][r - r0];",
-        *pre_s, f"          sc[rr][r - r0] = {sx};",
-        "        }",
-        "      }",
-    ]
-
-
-_VECTOR_TYPES = [  # GCC/clang vector extensions, and a horizontal sum by halves (a shuffle tree)
-    f"  typedef float vtc_v{LANES} __attribute__((vector_size({4 * LANES})));",
-    "  typedef float vtc_v8 __attribute__((vector_size(32)));",
-    "  typedef float vtc_v4 __attribute__((vector_size(16)));",
-    f"  auto vtc_hsum = [](vtc_v{LANES} v) -> float {{",
-    "    vtc_v8 a, b; __builtin_memcpy(&a, &v, 32); __builtin_memcpy(&b, (const char*)&v + 32, 32); a += b;",
-    "    vtc_v4 c, d; __builtin_memcpy(&c, &a, 16); __builtin_memcpy(&d, (const char*)&a + 16, 16); c += d;",
-    "    return (c[0] + c[2]) + (c[1] + c[3]);",
-    "  };",
-]
-
-
 def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Scores when the block's rb rows share K: each K element is read once for all of them.
-
-    With a head dim that is a multiple of LANES, the dot products accumulate in vector registers
-    (LANES of K at a time, gathered through the mapping into an aligned chunk) and are summed by a
-    shuffle tree at the end; else by ``omp simd`` reductions.
-    """
+    """Scores when the block's rb rows share K (each K element read once for all of them) and the head
+    dim is not a multiple of the vector width: ``omp simd`` reductions (else ``flash.shared_scores``)."""
     accs = [f"a{u}" for u in range(rb)]
-    if dd % LANES == 0:
-        v = f"vtc_v{LANES}"
-        lines = ["      for (int64_t r = r0; r < r1; ++r) {",
-                 "        " + f"{v} " + ", ".join(f"s{u} = {{}}" for u in range(rb)) + ";",
-                 "        {",
-                 "          const int64_t rr = 0;", *row("          "),
-                 f"          for (int64_t d0 = 0; d0 < {dd}; d0 += {LANES}) {{",
-                 f"            alignas(64) float kk[{LANES}];",
-                 "            #pragma omp simd",
-                 f"            for (int64_t j = 0; j < {LANES}; ++j) {{",
-                 "              const int64_t d = d0 + j;", *["  " + x for x in pre_k], f"              kk[j] = {kx};",
-                 "            }",
-                 f"            const {v} kv = *(const {v}*)kk;",
-                 *[f"            s{u} += *(const {v}*)&qv[{u}][d0] * kv;" for u in range(rb)],
-                 "          }",
-                 "        }",
-                 "        " + "const float " + ", ".join(f"{a} = vtc_hsum(s{u})" for u, a in enumerate(accs)) + ";"]
-        for u, a in enumerate(accs):
-            lines += ["        {", f"          const int64_t rr = {u};", *row("          "),
-                      f"          const float acc_score = {a};", *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
-        return lines + ["      }"]
     lines = ["      for (int64_t r = r0; r < r1; ++r) {",
              "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
              "        {",

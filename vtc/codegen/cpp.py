@@ -317,7 +317,9 @@ def generate(k: Kernel) -> str:
     head = PRELUDE
     if k.kind == "attention":
         from vtc.codegen.attention import emit_attention
+        from vtc.codegen.flash import PRELUDE as FLASH_PRELUDE
         body += emit_attention(k, em)
+        head += FLASH_PRELUDE
     elif k.kind == "pointwise" and (dw := depthwise.source(k, em, _pointwise_kernel)):
         body += dw  # a depthwise convolution plane by plane (vtc.codegen.depthwise)
         head += depthwise.PRELUDE

@@ -1,0 +1,613 @@
+"""Flash-attention C++ for the attention kernel: prefill tiles (queries as vector lanes) and GQA decode.
+
+``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
+builds an ``AttentionKernel``; where many queries of one head read the same K
+and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
+this form.  A task is one head and a tile of ``QUERY_TILE`` queries (64: four
+AVX-512 registers of float, one query per lane); OpenMP hands out the
+tasks dynamically, the longest first (a causal tile near the end sees the most
+keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
+``KB`` keys:
+
+- K and V rows of the block are read in place where their mapping is a strided
+  view with consecutive elements along the head / value dim (``in_place``: the
+  GQA head mapping and a KV cache included), else packed through the mapping
+  (``kp[key][d]``, ``vp[key][e]``);
+- scores Sᵀ[key][query] = Σ_d K[key][d] · Qᵀ[d][query] by a register-blocked
+  micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
+  from L1): a small GEMM, no horizontal sums;
+- the score chain (scale, soft-cap, mask: a causal predicate is index
+  arithmetic) per element, vectorised over the queries;
+- the online softmax per query *lane*: the block max and the sum of
+  probabilities are vertical vector operations over the keys, with the
+  vectorised ``vtc_exp`` of ``vtc.codegen.vecmath``;
+- O[query][e] = O * correction + Σ_key P · V by a second micro-kernel
+  (``QG`` queries x the value dim in accumulators, P broadcast).
+
+Key blocks that a predicate mask hides from every query of the tile are not
+visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
+above, a sliding window ``key <= query - w`` from below), so causal attention
+does half the work.  A value row holding inf or NaN is detected per key block
+(0 * v summed); that block then adds only the keys whose probability is not 0,
+so a masked garbage row does not turn the output into NaN (as the row-by-row
+form does).
+
+GQA decode (``shared_scores``, ``shared_softmax``, ``shared_pv``): the query
+heads of one KV group are the rows of one task, so each K and V element is
+read once for all of them, in place where the cache is a strided view.  With
+keys as the lanes, a score needs a sum over the head dim: per key the products
+are summed over the head dim's vectors into one vector, and ``vtc_sum16`` turns
+16 such vectors into 16 scores by a tree of two-source permutes.  The block
+softmax and PV (``qg`` rows x the value dim in registers, P broadcast) follow;
+``emit_attention`` splits the keys across tasks when there are few groups.
+
+The dot products use FMA intrinsics (``vtc_fma16``): the build turns off
+contraction of ``a * b + c`` so that elementwise kernels match torch bit for
+bit, which would cost these micro-kernels a multiply and an add each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vtc.codegen.kernel_ir import Scalar
+from vtc.index.expr import add, affine, mul, subs, var
+from vtc.index.mapping import linear_offset
+
+LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
+KEY_BLOCK = 64  # keys per online-softmax step of the prefill
+DECODE_KEY_BLOCK = 128  # keys per online-softmax step of a GQA group (a block of V, 32 KB at 64 floats, stays in L1)
+ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 registers)
+MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
+# queries per prefill task: four vectors of lanes (each K and V row read for 64 queries; 32 took ~1.4x the
+# time of attn_causal).  One tile for every query count, so that the kernel text does not change with the
+# prompt length (vtc.runtime.generic: a new length reuses the kernel); a short prompt computes idle lanes.
+QUERY_TILE = 4 * LANES
+
+
+def _sum16_masks() -> str:
+    """C declarations of the permute indices of ``vtc_sum16``'s four levels (a{1..4}, b{1..4}).
+
+    A level takes two vectors u, w holding groups of P partial sums each (P = 16, 8, 4, 2) and keeps
+    groups of P / 2: ``a`` picks the first half of every group of u, then of w (indices 16.. are w's
+    lanes), ``b`` the second halves; a + b is the next level, still in the order of the sums.
+    """
+    lines = []
+    for level, p in enumerate((16, 8, 4, 2), 1):
+        a, b = [], []
+        for src in (0, LANES):
+            for g in range(LANES // p):
+                a += [src + g * p + i for i in range(p // 2)]
+                b += [src + g * p + p // 2 + i for i in range(p // 2)]
+        lines += [f"  const __m512i a{level} = _mm512_setr_epi32({', '.join(map(str, a))});",
+                  f"  const __m512i b{level} = _mm512_setr_epi32({', '.join(map(str, b))});"]
+    return "\n".join(lines)
+
+
+PRELUDE = r"""
+#ifndef VTC_FLASH_PRELUDE  // kernels are built several to a source
+#define VTC_FLASH_PRELUDE
+#include <cstdlib>
+#include <immintrin.h>
+typedef float vtc_v16 __attribute__((vector_size(64)));
+// c + a * b rounded once: the build turns off contraction of a * b + c, and these dot products want the FMA
+static inline vtc_v16 vtc_fma16(vtc_v16 a, vtc_v16 b, vtc_v16 c) {
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX__) && defined(__FMA__)
+  __m256 a0, a1, b0, b1, c0, c1;
+  __builtin_memcpy(&a0, &a, 32); __builtin_memcpy(&a1, (const char*)&a + 32, 32);
+  __builtin_memcpy(&b0, &b, 32); __builtin_memcpy(&b1, (const char*)&b + 32, 32);
+  __builtin_memcpy(&c0, &c, 32); __builtin_memcpy(&c1, (const char*)&c + 32, 32);
+  c0 = _mm256_fmadd_ps(a0, b0, c0); c1 = _mm256_fmadd_ps(a1, b1, c1);
+  vtc_v16 r; __builtin_memcpy(&r, &c0, 32); __builtin_memcpy((char*)&r + 32, &c1, 32);
+  return r;
+#else
+  return a * b + c;
+#endif
+}
+static inline vtc_v16 vtc_load16(const float* p) { vtc_v16 r; __builtin_memcpy(&r, p, 64); return r; }
+static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast load where x is in memory)
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_set1_ps(x);
+#else
+  vtc_v16 r;
+  for (int i = 0; i < 16; ++i) r[i] = x;
+  return r;
+#endif
+}
+// lane t of the result = the sum of x[t]'s lanes (16 horizontal sums as a tree of two-source permutes)
+static inline vtc_v16 vtc_sum16(const vtc_v16* x) {
+#if defined(__AVX512F__)
+%(sum16_masks)s
+  __m512 l1[8], l2[4], l3[2];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 u = (__m512)x[2 * i], w = (__m512)x[2 * i + 1];
+    l1[i] = _mm512_add_ps(_mm512_permutex2var_ps(u, a1, w), _mm512_permutex2var_ps(u, b1, w));
+  }
+  for (int i = 0; i < 4; ++i)
+    l2[i] = _mm512_add_ps(_mm512_permutex2var_ps(l1[2 * i], a2, l1[2 * i + 1]),
+                          _mm512_permutex2var_ps(l1[2 * i], b2, l1[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)
+    l3[i] = _mm512_add_ps(_mm512_permutex2var_ps(l2[2 * i], a3, l2[2 * i + 1]),
+                          _mm512_permutex2var_ps(l2[2 * i], b3, l2[2 * i + 1]));
+  return (vtc_v16)_mm512_add_ps(_mm512_permutex2var_ps(l3[0], a4, l3[1]), _mm512_permutex2var_ps(l3[0], b4, l3[1]));
+#else
+  vtc_v16 r;
+  for (int t = 0; t < 16; ++t) {
+    float s = 0.0f;
+    for (int l = 0; l < 16; ++l) s += x[t][l];
+    r[t] = s;
+  }
+  return r;
+#endif
+}
+#endif
+""" % dict(sum16_masks=_sum16_masks())
+
+
+@dataclass
+class Rows:
+    """A K or V operand read in place: row ``r`` (a key) starts at ``base + r * stride`` floats from ``ptr``
+    and its elements (head / value dim) are consecutive."""
+
+    ptr: str  # the C pointer of the buffer
+    base: str  # C offset of key r0's row (the enclosing code defines r0 and the row variables)
+    stride: int
+
+
+def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
+    """How to read operand `s` (over key ``r`` and `col`) in place, or None where it must be packed:
+    a float32 load whose offset steps by 1 along `col` and by a constant along ``r`` (a strided view
+    of a physical tensor, the GQA head mapping included)."""
+    if s.op != "load" or s.dtype != torch.float32 or s.args[0] not in em.ptr:
+        return None
+    off = linear_offset(s.args[1], em.shapes[s.args[0]])
+    r, c = var("r", n), var(col, col_extent)
+    step_c = add(subs(off, {col: add(c, 1)}), mul(off, -1))
+    step_r = add(subs(off, {"r": add(r, 1)}), mul(off, -1))
+    if not (step_c.is_const and step_c.value == 1 and step_r.is_const):
+        return None
+    return Rows(em.ptr[s.args[0]], em.index(subs(off, {col: 0, "r": var("r0", n)})), step_r.value)
+
+
+def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Affine bounds on the keys a predicate mask leaves visible, from the score chain.
+
+    The score is walked down through ``where(cond, -inf, x)`` (and casts); each compare of
+    ``iota`` index values in ``cond`` (or an ``or`` of them) that is affine in the key ``r`` with
+    coefficient +-1 and in the query ``i1`` gives a bound.  Returns (lower bounds, upper bounds) as
+    (constant, coefficient of i1) pairs: visible keys satisfy r >= c + a*i1 for every lower bound and
+    r < c + a*i1 for every upper one.  Other masks give no bounds (every key is visited).
+    """
+    lows: list[tuple[int, int]] = []
+    highs: list[tuple[int, int]] = []
+    s = score
+    while True:
+        if s.op == "cast":
+            s = s.args[0]
+        elif s.op == "where" and _is_minus_inf(s.args[1]):
+            _bounds(s.args[0], lows, highs)
+            s = s.args[2]
+        elif s.op == "where" and _is_minus_inf(s.args[2]) and s.args[0].op == "unary" \
+                and s.args[0].args[0] == "logical_not":
+            _bounds(s.args[0].args[1], lows, highs)
+            s = s.args[1]
+        else:
+            return lows, highs
+
+
+def _is_minus_inf(s: Scalar) -> bool:
+    return s.op == "const" and s.args[0] == float("-inf")
+
+
+def _affine_of(s: Scalar) -> tuple[int, dict[str, int]] | None:
+    """An integer scalar made of index values (``iota``), integer constants, +, - and * by a constant as
+    (constant, {index variable: coefficient}), or None."""
+    if s.dtype.is_floating_point or s.dtype == torch.bool:
+        return None
+    if s.op == "iota":
+        return affine(s.args[0])
+    if s.op == "const":
+        return int(s.args[0]), {}
+    if s.op == "cast":
+        return _affine_of(s.args[0])
+    if s.op != "binary" or s.args[0] not in ("add", "sub", "mul"):
+        return None
+    fa, fb = _affine_of(s.args[1]), _affine_of(s.args[2])
+    if fa is None or fb is None:
+        return None
+    if s.args[0] == "mul":
+        if fa[1] and fb[1]:
+            return None
+        (k, _), (c, terms) = (fa, fb) if not fa[1] else (fb, fa)
+        return c * k, {v: x * k for v, x in terms.items()}
+    sign = 1 if s.args[0] == "add" else -1
+    terms = dict(fa[1])
+    for v, x in fb[1].items():
+        terms[v] = terms.get(v, 0) + sign * x
+    return fa[0] + sign * fb[0], terms
+
+
+def _bounds(cond: Scalar, lows: list, highs: list) -> None:
+    """Adds the key bounds that a true `cond` (masked) implies the visible keys satisfy."""
+    if cond.op == "binary" and cond.args[0] in ("logical_or", "bitwise_or", "or"):
+        _bounds(cond.args[1], lows, highs)
+        _bounds(cond.args[2], lows, highs)
+        return
+    if cond.op != "binary" or cond.args[0] not in ("gt", "ge", "lt", "le"):
+        return
+    op, a, b = cond.args
+    fa, fb = _affine_of(a), _affine_of(b)
+    if fa is None or fb is None:
+        return
+    if op in ("lt", "le"):  # a < b  <=>  b > a
+        fa, fb, op = fb, fa, {"lt": "gt", "le": "ge"}[op]
+    # masked iff d > 0 (gt) or d >= 0 (ge), d = fa - fb = cr*r + ci*i1 + c0
+    c0 = fa[0] - fb[0]
+    coef = dict(fa[1])
+    for v, c in fb[1].items():
+        coef[v] = coef.get(v, 0) - c
+    coef = {v: c for v, c in coef.items() if c}
+    if set(coef) - {"r", "i1"} or coef.get("r") not in (1, -1):
+        return
+    cr, ci = coef["r"], coef.get("i1", 0)
+    strict = op == "gt"
+    if cr == 1:  # masked iff r > -(ci*i1 + c0) [>=]: visible r < -(ci*i1 + c0) + 1 [+0]
+        highs.append((-c0 + (1 if strict else 0), -ci))
+    else:  # masked iff r < ci*i1 + c0 [<=]: visible r >= ci*i1 + c0 [+1]
+        lows.append((c0 + (0 if strict else 1), ci))
+
+
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
+    """The body of a tiled attention kernel (see the module docstring); the scalars come as
+    (hoisted lines, C expression) of q, k, score and v from ``emit_attention``."""
+    from vtc.codegen.cpp import PARALLEL_MIN_WORK
+
+    heads, per_head = k.domain
+    n, dd, ee = k.r_extent, k.head_dim, k.value_dim
+    qt_n = QUERY_TILE
+    nqv = qt_n // LANES
+    kb = KEY_BLOCK
+    kg = ACCUMULATORS // nqv  # keys per score micro-kernel step
+    ep = -(-ee // LANES) * LANES  # value dim padded to whole vectors
+    ev = ep // LANES
+    qg = max(1, min(qt_n, ACCUMULATORS // ev))  # queries per PV micro-kernel step
+    out = k.stores[0]
+    v16 = f"vtc_v{LANES}"
+    chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
+    work = heads * per_head * n * (dd + ee)
+    lows, highs = key_range(k.score)
+    # K and V rows read in place where they are strided views (else packed per key block through the mapping)
+    krows = in_place(k.k, em, "d", dd, n)
+    vrows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+
+    def krow(t: int) -> str:  # key t0 + t of the block (a real row past the last key: its scores are unused)
+        return f"(kb_ + std::min<int64_t>(t0 + {t}, nk - 1) * {krows.stride})" if krows else f"kp[t0 + {t}]"
+
+    def vrow(t: str) -> str:
+        return f"(vb_ + ({t}) * {vrows.stride})" if vrows else f"vp[{t}]"
+
+    def bound(c: int, a: int, at: str) -> str:
+        return f"({c} + {a} * ({at}))" if a else f"{c}"
+
+    first, last = "m_lo", "(m_lo + nr - 1)"
+    # visible keys of the tile: the union over its queries of each query's range
+    hi = ", ".join([f"std::max<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in highs])
+    lo = ", ".join([f"std::min<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in lows])
+    r_end = f"std::min<int64_t>({{(int64_t){n}, {hi}}})" if highs else f"{n}"
+    r_beg = f"std::max<int64_t>({{(int64_t)0, {lo}}}) / {kb} * {kb}" if lows else "0"
+
+    score_acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+    lines = [
+        f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
+        f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
+        f"    const int64_t i0 = blk / {chunks};",
+        f"    const int64_t m_lo = ({chunks} - 1 - blk % {chunks}) * {qt_n};  // the longest tiles first",
+        f"    const int64_t nr = std::min<int64_t>({qt_n}, {per_head} - m_lo);",
+        f"    alignas(64) float qt[{dd}][{qt_n}];",
+        *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
+        *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
+        f"    alignas(64) float st[{kb}][{qt_n}];",
+        f"    alignas(64) float ov[{qt_n}][{ep}];",
+        f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
+        f"    alignas(64) int bn[{qt_n}];",
+        "    {  // pack Qᵀ: qt[d][q] = Q(m_lo + q, d), zeros past the last query",
+        "      for (int64_t q = 0; q < nr; ++q) {",
+        "        const int64_t i1 = m_lo + q;",
+        "        #pragma omp simd",
+        f"        for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"          qt[d][q] = {qx};", "        }",
+        "      }",
+        f"      for (int64_t q = nr; q < {qt_n}; ++q) for (int64_t d = 0; d < {dd}; ++d) qt[d][q] = 0.0f;",
+        "    }",
+        f"    for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "      mx[q] = -INFINITY; sm[q] = 0.0f;",
+        f"      for (int64_t e = 0; e < {ep}; ++e) ov[q][e] = 0.0f;",
+        "    }",
+        f"    const int64_t r_end = {r_end};",
+        f"    for (int64_t r0 = {r_beg}; r0 < r_end; r0 += {kb}) {{",
+        f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
+        f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
+        "      bool v_bad = false;  // a value row of the block holds inf or NaN",
+        "      {",
+        "        const int64_t i1 = m_lo;",
+        *([f"        kb_ = {krows.ptr} + ({krows.base});"] if krows else []),
+        *([f"        vb_ = {vrows.ptr} + ({vrows.base});"] if vrows else []),
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        "          const int64_t r = r0 + t;",
+        *([] if krows else [
+            "          #pragma omp simd",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
+            "          }"]),
+        *([] if vrows else [
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
+            "          }",
+            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]),
+        "        }",
+        f"        {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        *[f"          chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        "        }",
+        f"        for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
+        *([] if krows else [
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
+        "      }",
+        # scores: kg keys x nqv query vectors per step
+        f"      for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
+        f"        {v16} " + ", ".join(f"{a} = {{}}" for a in score_acc) + ";",
+        *[f"        const float* kr{t} = {krow(t)};" for t in range(kg)],
+        f"        for (int64_t d = 0; d < {dd}; ++d) {{",
+        *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
+        *[f"          const float k{t} = kr{t}[d];" for t in range(kg)],
+        "          " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
+                              for t in range(kg) for v in range(nqv)),
+        "        }",
+        *[f"        *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+        "      }",
+        # the score chain per (key, query), vectorised over the queries
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        const int64_t r = r0 + t;",
+        "        #pragma omp simd",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          const int64_t i1 = m_lo + q;",
+        "          const float acc_score = st[t][q];", *["  " + x for x in pre_s], f"          st[t][q] = {sx};",
+        "        }",
+        f"        for (int64_t q = nr; q < {qt_n}; ++q) st[t][q] = -INFINITY;",
+        "      }",
+        # online softmax, one query per lane
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{ bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }}",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        #pragma omp simd",
+        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "          const float s_ = st[t][q]; bm[q] = s_ > bm[q] ? s_ : bm[q]; bn[q] |= s_ != s_;",
+        "        }",
+        "      }",
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        const float mnew = bn[q] ? NAN : vtc_max(mx[q], bm[q]);",
+        "        cr[q] = mnew == -INFINITY ? 1.0f : vtc_exp(mx[q] - mnew);  // rescales what came before",
+        "        mu[q] = mnew == -INFINITY ? 0.0f : mnew;  // every score so far -inf: probabilities 0",
+        "        mx[q] = mnew;",
+        "      }",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        "        #pragma omp simd",
+        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "          const float p_ = vtc_exp(st[t][q] - mu[q]); st[t][q] = p_; ps[q] += p_;",
+        "        }",
+        "      }",
+        "      #pragma omp simd",
+        f"      for (int64_t q = 0; q < {qt_n}; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
+        # PV: qg queries x the value dim per step
+        "      if (!v_bad) {",
+        f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
+        *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}] * cr[q0 + {j}];"
+          for j in range(qg) for v in range(ev)],
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        "            const float* vr = " + vrow("t") + ";",
+        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
+        "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
+                                for j in range(qg) for v in range(ev)),
+        "          }",
+        *[f"          *({v16}*)&ov[q0 + {j}][{LANES * v}] = o{j}_{v};" for j in range(qg) for v in range(ev)],
+        "        }",
+        "      } else {  // only keys with a probability: a masked inf / NaN value row stays out",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ep}; ++e) ov[q][e] *= cr[q];",
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        "            const float p_ = st[t][q];",
+        "            if (p_ == 0.0f) continue;",
+        "            const float* vr = " + vrow("t") + ";",
+        "            #pragma omp simd",
+        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        "          }",
+        "        }",
+        "      }",
+        "    }",
+        "    for (int64_t q = 0; q < nr; ++q) {",
+        "      const int64_t i1 = m_lo + q;",
+        "      const float inv = mx[q] == -INFINITY ? 0.0f : 1.0f / sm[q];" if k.zero_empty_rows else
+        "      const float inv = 1.0f / sm[q];",
+        "      #pragma omp simd",
+        f"      for (int64_t e = 0; e < {ee}; ++e) "
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[q][e] * inv;",
+        "    }",
+        "  }",
+    ]
+    # queries beyond nr in a PV step read rows of ov / st that exist (qt_n is a multiple of qg)
+    assert qt_n % qg == 0 and KEY_BLOCK % kg == 0, (qt_n, qg, kg)
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# decode: the query heads of a GQA group (rows that read the same K and V) in one task
+def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
+    """Scores of a key block for the g rows of a task that share K (the query heads of a GQA group).
+
+    K rows are read in place where K is a strided view with consecutive head-dim elements (``in_place``),
+    else the block is packed through its mapping (``kp[key][d]``).  Per row and 16 keys: per key the
+    products with q summed over the head dim's vectors into one vector of partial sums, and
+    ``vtc_sum16`` turns the 16 vectors into the 16 scores (no horizontal sum per key).  Then the score
+    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  Needs a head
+    dim that is a multiple of LANES (``sc``, ``qv``, ``r0``, ``r1`` and ``nr`` come from the caller).
+    """
+    dd, n = k.head_dim, k.r_extent
+    v16, dv = f"vtc_v{LANES}", dd // LANES
+    rows = in_place(k.k, em, "d", dd, n)
+    lines = [f"      const int64_t nk = r1 - r0, nkp = (nk + {LANES - 1}) / {LANES} * {LANES};"]
+    if rows is not None:
+        lines += ["      const float* kb_;",
+                  "      {", "        const int64_t rr = 0;", *row("        "),
+                  f"        kb_ = {rows.ptr} + ({rows.base});", "      }"]
+        key_row = f"kb_ + std::min<int64_t>(c0 + t, nk - 1) * {rows.stride}"  # past the last key: a real row
+        load = "vtc_load16(kr + {o})"
+    else:
+        lines += [
+            f"      alignas(64) float kp[{DECODE_KEY_BLOCK}][{dd}];",
+            "      {",
+            "        const int64_t rr = 0;", *row("        "),
+            "        for (int64_t t = 0; t < nk; ++t) {",
+            "          const int64_t r = r0 + t;",
+            "          #pragma omp simd",
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
+            "          }",
+            "        }",
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+            "      }"]
+        key_row = "kp[c0 + t]"
+        load = f"*(const {v16}*)(kr + {{o}})"
+    return lines + [
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        *[f"        const {v16} q{v} = *(const {v16}*)&qv[rr][{LANES * v}];" for v in range(dv)],
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) {{",
+        f"          {v16} part[{LANES}];",
+        f"          for (int t = 0; t < {LANES}; ++t) {{",
+        f"            const float* kr = {key_row};",
+        f"            {v16} a = q0 * {load.format(o=0)};",
+        *[f"            a = vtc_fma16(q{v}, {load.format(o=LANES * v)}, a);" for v in range(1, dv)],
+        "            part[t] = a;",
+        "          }",
+        f"          *({v16}*)&sc[rr][c0] = vtc_sum16(part);",
+        "        }",
+        "      }",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {", *row("        "),
+        "        #pragma omp simd",
+        "        for (int64_t t = 0; t < nk; ++t) {",
+        "          const int64_t r = r0 + t;",
+        "          const float acc_score = sc[rr][t];", *["  " + x for x in pre_s], f"          sc[rr][t] = {sx};",
+        "        }",
+        "        for (int64_t t = nk; t < nkp; ++t) sc[rr][t] = -INFINITY;",
+        "      }",
+    ]
+
+
+def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
+    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view
+    with a value dim of whole vectors) or packed through the mapping, then ``qg`` rows x the value dim
+    of accumulators in vector registers per step, P broadcast.  A block whose V holds inf or NaN adds
+    only keys with a probability (as the prefill)."""
+    ee, n = k.value_dim, k.r_extent
+    v16 = f"vtc_v{LANES}"
+    ep = -(-ee // LANES) * LANES
+    ev = ep // LANES
+    qg = max(x for x in range(1, g + 1) if g % x == 0 and x * ev <= ACCUMULATORS) if ev <= ACCUMULATORS else 1
+    rows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    lines = ["      {", "      const int64_t nk = r1 - r0;"]
+    if rows is not None:
+        lines += ["      const float* vb_;",
+                  "      {", "        const int64_t rr = 0;", *row("        "),
+                  f"        vb_ = {rows.ptr} + ({rows.base});", "      }"]
+
+        def vrow(t: str) -> str:
+            return f"(vb_ + ({t}) * {rows.stride})"
+    else:
+        lines += [
+            f"      alignas(64) float vp[{DECODE_KEY_BLOCK}][{ep}];",
+            "      {",
+            "        const int64_t rr = 0;", *row("        "),
+            "        for (int64_t t = 0; t < nk; ++t) {",
+            "          const int64_t r = r0 + t;",
+            "          #pragma omp simd",
+            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
+            "          }",
+            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
+            "        }",
+            "      }"]
+
+        def vrow(t: str) -> str:
+            return f"vp[{t}]"
+    return lines + [
+        f"      {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
+        "      for (int64_t t = 0; t < nk; ++t) {",
+        *[f"        chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        "      }",
+        "      bool v_bad = false;",
+        f"      for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
+        "      if (!v_bad) {",
+        f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
+        *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        f"            const float* vr = {vrow('t')};",
+        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
+        "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
+                                for j in range(qg) for v in range(ev)),
+        "          }",
+        *[f"          *({v16}*)&ov[q0 + {j}][{LANES * v}] = o{j}_{v};" for j in range(qg) for v in range(ev)],
+        "        }",
+        "      } else {  // only keys with a probability: a masked inf / NaN value row stays out",
+        "        for (int64_t q = 0; q < nr; ++q) {",
+        "          for (int64_t t = 0; t < nk; ++t) {",
+        "            const float p_ = sc[q][t];",
+        "            if (p_ == 0.0f) continue;",
+        f"            const float* vr = {vrow('t')};",
+        "            #pragma omp simd",
+        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        "          }",
+        "        }",
+        "      }",
+        "      }",
+    ]
+
+
+def shared_softmax(ep: int) -> list[str]:
+    """The online-softmax step of a key block for each row of the task, on whole vectors of ``sc``
+    (its entries past the block's last key are -inf): block max and NaN flag, rescale of what came
+    before, probabilities and their sum."""
+    v16 = f"vtc_v{LANES}"
+    return [
+        f"      typedef int vtc_i{LANES} __attribute__((vector_size({4 * LANES})));",
+        "      for (int64_t rr = 0; rr < nr; ++rr) {",
+        "        float* __restrict srow = sc[rr];",
+        f"        {v16} bm = vtc_splat16(-INFINITY);",
+        f"        vtc_i{LANES} bad = {{}};",
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) {{",
+        f"          const {v16} s_ = *(const {v16}*)&srow[c0];",
+        "          bm = s_ > bm ? s_ : bm; bad |= s_ != s_;",
+        "        }",
+        "        float bmax = -INFINITY; bool bnan = false;",
+        f"        for (int i = 0; i < {LANES}; ++i) {{ bmax = bm[i] > bmax ? bm[i] : bmax; bnan = bnan || bad[i]; }}",
+        "        const float mnew = bnan ? NAN : vtc_max(mx[rr], bmax);",
+        "        if (mnew == -INFINITY) {  // every score so far is -inf: nothing to add yet",
+        "          for (int64_t t = 0; t < nkp; ++t) srow[t] = 0.0f;",
+        "          continue;",
+        "        }",
+        "        const float corr = vtc_exp(mx[rr] - mnew);",
+        "        mx[rr] = mnew;",
+        "        #pragma omp simd",
+        "        for (int64_t t = 0; t < nkp; ++t) srow[t] = vtc_exp(srow[t] - mnew);",
+        f"        {v16} pacc = {{}};",
+        f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) pacc += *(const {v16}*)&srow[c0];",
+        "        float psum = 0.0f;",
+        f"        for (int i = 0; i < {LANES}; ++i) psum += pacc[i];",
+        "        sm[rr] = sm[rr] * corr + psum;",
+        "        if (corr != 1.0f) {",
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] *= corr;",
+        "        }",
+        "      }",
+    ]
