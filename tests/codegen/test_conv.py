@@ -340,7 +340,8 @@ PLANES = [
     (1, 6, 1, 3, 1, 1, 1, 28, 28, "channel_shuffle", "flat"),
     (16, 8, 1, 3, 1, 1, 1, 7, 7, "split", "flat"),  # batch 16, 7x7 maps: chunks across rows
     (2, 3, 2, 5, 1, 2, 1, 9, 17, "cat", "flat"),  # channel multiplier, a cat decided per plane
-    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: gathers
+    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: even lanes of two loads
+    (16, 3, 1, 3, 3, 1, 1, 10, 11, None, "rows"),  # stride 3: masked gathers
     (1, 3, 1, 3, 1, 2, 2, 5, 3, None, "flat"),  # dilation
     (1, 2, 1, 3, 1, 0, 1, 3, 127, None, "rows"),  # no padding: output rows shorter than input rows
     (3, 4, 1, 7, 1, 3, 1, 1, 1, None, "flat"),  # a 1x1 map: every tap but the centre in the padding
