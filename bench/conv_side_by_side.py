@@ -55,6 +55,10 @@ CASES = {  # name: (module, input shape)
     "shuffle_dw28": (lambda: _conv(58, 58, 3, groups=58), (1, 58, 28, 28)),
     "shuffle_dw_s2": (lambda: _conv(116, 116, 3, 2, groups=116), (1, 116, 28, 28)),
     "shuffle_last": (lambda: _conv(464, 1024, act=nn.ReLU), (1, 464, 7, 7)),
+    "wide_14": (lambda: _conv(464, 1024, act=nn.ReLU), (1, 464, 14, 14)),
+    "wide_7_b16": (lambda: _conv(512, 512, act=nn.ReLU), (16, 512, 7, 7)),
+    "wide_3x3_7": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 7, 7)),
+    "wide_3x3_14": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 14, 14)),
     "shuffle_stem": (lambda: _conv(3, 24, 3, 2, act=nn.ReLU), (1, 3, 224, 224)),
 }
 
