@@ -19,7 +19,8 @@ the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
 memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
-under gemm="auto" every convolution but the wide ones (``WIDE``) is generated.
+under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
+least ``WIDE_PIXELS`` output pixels is generated.
 """
 from __future__ import annotations
 

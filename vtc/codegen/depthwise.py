@@ -15,7 +15,12 @@ emitted plane by plane instead (OpenMP over image x channel):
   once per call for every (c, t);
 - **rows**: any stride or dilation: per output row, 16 columns at a time; a
   tap row outside the input is skipped, a tap column is a masked load
-  (stride 1) or a masked gather (stride > 1).
+  (stride 1), the even lanes of two masked loads (stride 2, ``vtc_dw_even``)
+  or a masked gather (stride > 2).
+
+The same emitter runs a max pool (vtc.codegen.pool, ``combine="max"``): the
+accumulator starts at -inf, a tap in the padding loads -inf, and a NaN lane of
+any tap is kept (``_mm512_max_ps`` alone would drop it).
 
 The sums go to a small per-thread buffer (a block of rows, in L1); then the
 kernel's own stores (the batch norm, activation, residual fused after the
