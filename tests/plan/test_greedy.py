@@ -179,16 +179,17 @@ def _qkv_through_cat(x, w, wd):
     to tokens-first and sliced; ReLU of q and k."""
     qkv = torch.nn.functional.conv2d(x, w)
     qkv = torch.cat([qkv, torch.nn.functional.conv2d(qkv, wd, padding=1, groups=qkv.shape[1])], dim=1)
-    t = qkv.reshape(1, -1, 12, 14 * 14).transpose(-1, -2)
+    t = qkv.reshape(1, -1, 12, 28 * 28).transpose(-1, -2)
     return torch.relu(t[..., :4]), torch.relu(t[..., 4:8])
 
 
 def test_a_cat_read_through_a_transpose_element_by_element_stays_physical():
     """Virtual, the cat in front of the transposed q/k reads is a choice per element at a non-unit inner
-    stride (gathered, CostModel.picked_gather_ns): greedy makes it physical (its producers store into it),
+    stride (gathered from 150 KB, more than L1: CostModel.picked_gather_ns): greedy makes it physical (its
+    producers store into it),
     so the ReLUs read a strided view; plan="all" reads through the cat."""
     g = torch.Generator().manual_seed(3)
-    x, w, wd = (torch.randn(s, generator=g) for s in ((1, 16, 14, 14), (24, 16, 1, 1), (24, 1, 3, 3)))
+    x, w, wd = (torch.randn(s, generator=g) for s in ((1, 16, 28, 28), (24, 16, 1, 1), (24, 1, 3, 3)))
     c, plan = compiled(_qkv_through_cat, (x, w, wd))
     cat = node(c.graph, "cat").name
     assert cat in plan.pushed or cat in plan.kept, plan.decisions

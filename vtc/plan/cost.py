@@ -406,6 +406,7 @@ class CostModel:
     # element in all, 1 thread (EfficientViT's q/k/v read through cat + view + permute by the ReLUs: 1.5 ms
     # per 200k elements, vs 0.09 ms on a physical cat)
     picked_gather_ns = 6.0
+    l1_bytes = 32 << 10  # sources this small are read from L1: their gathers cost no more than scalar loads
     # torch copying an input whose inner stride is not 0 or 1 (a kept op on a transposed view, a library making
     # its operand contiguous): its scalar loop, on top of the scalar load; measured ~2.9 ns per element in all,
     # 1 thread (EfficientViT's constant_pad_nd of the transposed v slice, 212k elements: 0.61 ms in torch vs
@@ -453,7 +454,7 @@ class CostModel:
             ns = acc.index_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
         else:
             ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
-            if acc.sourced_pieces > 1:
+            if acc.sourced_pieces > 1 and acc.source_bytes > self.l1_bytes:
                 ns += self.picked_gather_ns
         return numel * ns * 1e-9 / max(self.machine.threads, 1)
 
