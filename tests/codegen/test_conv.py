@@ -157,20 +157,27 @@ def test_channel_shuffle_conv_moves_nothing():
 
 def test_gemm_auto_leaves_wide_convolutions_to_torch_with_the_reason():
     """gemm="auto": a wide convolution (output channels x channels x taps per group >= conv.WIDE) on a
-    physical input runs through torch; a narrower one, or one behind a channel shuffle, is generated."""
+    physical input and a map of at least conv.WIDE_PIXELS runs through torch; a narrower one, one on a
+    small map, or one behind a channel shuffle, is generated."""
     g = gen(3)
     wide, narrow = rand((256, 64, 3, 3), g) * 0.1, rand((4, 3, 3, 3), g)
 
     def fn(x):
         return F.conv2d(x, wide, None, 1, 1), F.conv2d(x[:, :6], narrow, None, 1, 1, groups=2)
 
-    x = rand((1, 64, 3, 5), g)
+    x = rand((1, 64, 28, 29), g)
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     first, second = report(compiled)["gemm"]
     assert first["choice"] == "torch" and "wide" in first["why"] and "physical" in first["why"], first
-    assert first["shape"] == (1, 256, 15, 576)  # batch x group, M, output pixels, K = channels x taps
-    assert second["choice"] == "vtc" and second["shape"] == (2, 2, 15, 27), second
+    assert first["shape"] == (1, 256, 812, 576)  # batch x group, M, output pixels, K = channels x taps
+    assert second["choice"] == "vtc" and second["shape"] == (2, 2, 812, 27), second
+
+    small = rand((1, 64, 3, 5), g)
+    compiled = compile_cpu(fn, (small,), plan="all")
+    assert_matches_eager(compiled, fn, (small,), **ROW_TOL)
+    first, _ = report(compiled)["gemm"]
+    assert first["choice"] == "vtc" and "small map (3x5" in first["why"], first
 
     def shuffled(x):
         return F.conv2d(_shuffle(x), wide, None, 1, 1)
@@ -340,7 +347,8 @@ PLANES = [
     (1, 6, 1, 3, 1, 1, 1, 28, 28, "channel_shuffle", "flat"),
     (16, 8, 1, 3, 1, 1, 1, 7, 7, "split", "flat"),  # batch 16, 7x7 maps: chunks across rows
     (2, 3, 2, 5, 1, 2, 1, 9, 17, "cat", "flat"),  # channel multiplier, a cat decided per plane
-    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: gathers
+    (1, 4, 1, 3, 2, 1, 1, 17, 33, "channel_shuffle", "rows"),  # stride 2: even lanes of two loads
+    (16, 3, 1, 3, 3, 1, 1, 10, 11, None, "rows"),  # stride 3: masked gathers
     (1, 3, 1, 3, 1, 2, 2, 5, 3, None, "flat"),  # dilation
     (1, 2, 1, 3, 1, 0, 1, 3, 127, None, "rows"),  # no padding: output rows shorter than input rows
     (3, 4, 1, 7, 1, 3, 1, 1, 1, None, "flat"),  # a 1x1 map: every tap but the centre in the padding

@@ -15,8 +15,11 @@ from vtc import zoo
 # (the kept op) costs the same bytes as a copy kernel without its per-element index arithmetic.
 KEPT = {
     # node names as the fast capture (vtc.frontend.fx_capture) makes them: an eval-mode dropout is no clone
-    "llama_layer": {("expand_1", "expand"), ("clone_1", "clone"), ("clone_3", "clone")},
-    "gpt2": {("clone", "clone")} | {(f"clone_{k}", "clone") for k in range(1, 8)},  # every repeat/head clone
+    # a chain whose first op reads a physical tensor keeps that op where the rest would be a torch copy of a
+    # transposed view (priced with its scalar loop, CostModel.torch_strided_ns): the generated copy kernel runs it
+    "llama_layer": {("clone", "clone"), ("clone_1", "clone"), ("clone_3", "clone")},
+    "gpt2": {("clone", "clone"), ("permute", "permute"), ("permute_5", "permute")}
+    | {(f"clone_{k}", "clone") for k in (2, 3, 4, 6, 7)},  # every repeat/head clone or the permute in front
     "shufflenet": set(),  # channel shuffles pay as whole chains: one copy kernel per conv operand
 }
 

@@ -19,7 +19,8 @@ the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
 memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
-under gemm="auto" every convolution but the wide ones (``WIDE``) is generated.
+under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
+least ``WIDE_PIXELS`` output pixels is generated.
 """
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ CONV_OP = "aten.convolution.default"
 # 3.9 ms; stride 2, dilation, groups, shuffle or cat in front: 0.38-0.92 vs 0.44-0.99 ms), torch's faster
 # on wide ones (3x3 256->256 28x28: 7.7 vs 6.8 ms; 1x1 512->512 14x14 b4: 4.2 vs 3.6 ms)
 WIDE = 256 * 512
+# ... and only on maps of at least 28x28 output pixels: on small maps the generated one is faster even when wide
+# (1 thread, CPU time, load 9, conv + BN + ReLU, python -m bench.conv_side_by_side: 1x1 464->1024 7x7 0.66 vs
+# 0.87-0.90 ms, 14x14 2.25 vs 2.67; 1x1 512->512 7x7 b16 6.8 vs 9.1; 3x3 256->256 7x7 0.85 vs 1.18, 14x14 2.68
+# vs 2.94)
+WIDE_PIXELS = 28 * 28
 RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
@@ -154,6 +160,10 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         return pick("torch", "gemm='torch' forces torch's convolution")
     moved = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
     wide = geo["og"] * shape[3] >= WIDE
+    if wide and p < WIDE_PIXELS:
+        return pick("vtc", moved + f"a wide {geo['kh']}x{geo['kw']} convolution of {shape[3]} -> {geo['og']} on a "
+                                   f"small map ({geo['oh']}x{geo['ow']} output pixels): the implicit GEMM "
+                                   f"(epilogue fused) measured faster than torch's there")
     if not wide:
         return pick("vtc", moved + f"a {geo['kh']}x{geo['kw']} convolution of {shape[3]} -> {geo['og']} (channels x "
                                    f"taps per group) is not wide: the implicit GEMM (im2col packed by runs, "

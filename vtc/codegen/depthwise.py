@@ -15,7 +15,12 @@ emitted plane by plane instead (OpenMP over image x channel):
   once per call for every (c, t);
 - **rows**: any stride or dilation: per output row, 16 columns at a time; a
   tap row outside the input is skipped, a tap column is a masked load
-  (stride 1) or a masked gather (stride > 1).
+  (stride 1), the even lanes of two masked loads (stride 2, ``vtc_dw_even``)
+  or a masked gather (stride > 2).
+
+The same emitter runs a max pool (vtc.codegen.pool, ``combine="max"``): the
+accumulator starts at -inf, a tap in the padding loads -inf, and a NaN lane of
+any tap is kept (``_mm512_max_ps`` alone would drop it).
 
 The sums go to a small per-thread buffer (a block of rows, in L1); then the
 kernel's own stores (the batch norm, activation, residual fused after the
@@ -42,6 +47,14 @@ PRELUDE = r"""
 #if defined(__AVX512F__) && !defined(VTC_DEPTHWISE_PRELUDE)
 #define VTC_DEPTHWISE_PRELUDE
 #include <immintrin.h>
+// lanes l of src[2 * l] where bit 2 * l of `wide` is set, else fill: 16 taps at stride 2 from two
+// contiguous masked loads (their even lanes), no gather
+static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512 x0 = _mm512_mask_loadu_ps(fill, (__mmask16)(wide & 0xFFFFu), src);
+  const __m512 x1 = _mm512_mask_loadu_ps(fill, (__mmask16)(wide >> 16), src + 16);
+  return _mm512_permutex2var_ps(x0, even, x1);
+}
 #endif
 """
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
@@ -54,7 +67,7 @@ class DepthwiseSum:
 
     index: tuple[Expr, ...]  # the output index the sum was built at (batch, channel, row, column)
     plane: Scalar  # the input at (image, input channel, IH, IW): the plane read through its mapping
-    taps: tuple[Scalar, ...]  # weight of tap (a, b) at index a * kw + b, for this output channel
+    taps: tuple[Scalar, ...]  # weight of tap (a, b) at index a * kw + b, for this output channel (none for max)
     bias: Scalar | None
     kernel: tuple[int, int]
     stride: tuple[int, int]
@@ -62,6 +75,7 @@ class DepthwiseSum:
     dil: tuple[int, int]
     in_hw: tuple[int, int]
     out_hw: tuple[int, int]
+    combine: str = "fma"  # "fma": sum of weight x tap (a convolution); "max": max of the taps (a max pool)
 
 
 _SUMS: "weakref.WeakKeyDictionary[Scalar, DepthwiseSum]" = weakref.WeakKeyDictionary()
@@ -145,10 +159,28 @@ def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int] | N
 def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
     """Plane pl's batch and channel indices, its tap weights and bias."""
     kh, kw = dw.kernel
-    lines = [f"{ind}const int64_t i0 = pl / {k.domain[1]}, i1 = pl % {k.domain[1]};", f"{ind}float wt[{kh * kw}];"]
-    lines += [f"{ind}wt[{t}] = {em.scalar(s)};" for t, s in enumerate(dw.taps)]
+    lines = [f"{ind}const int64_t i0 = pl / {k.domain[1]}, i1 = pl % {k.domain[1]};"]
+    if dw.combine == "max":  # the accumulator starts at -inf, a tap in the padding loads -inf
+        return lines + [f"{ind}const __m512 bias = _mm512_set1_ps(-INFINITY), fill = bias;"]
+    lines += [f"{ind}float wt[{kh * kw}];", *[f"{ind}wt[{t}] = {em.scalar(s)};" for t, s in enumerate(dw.taps)]]
     bias = em.scalar(dw.bias) if dw.bias is not None else "0.0f"
-    return lines + [f"{ind}const __m512 bias = _mm512_set1_ps({bias});"]
+    return lines + [f"{ind}const __m512 bias = _mm512_set1_ps({bias}), fill = _mm512_setzero_ps();"]
+
+
+def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
+    """C adding tap t (its vector `load`) into acc; a max records NaN lanes in `nan` (torch propagates NaN,
+    _mm512_max_ps does not)."""
+    if dw.combine == "max":
+        return (f"{{ const __m512 v = {load}; nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); "
+                f"acc = _mm512_max_ps(acc, v); }}")
+    return f"acc = _mm512_fmadd_ps(_mm512_set1_ps(wt[{t}]), {load}, acc);"
+
+
+def _finish(dw: DepthwiseSum) -> list[str]:
+    """C starting (first item) and finishing (second) one vector of sums."""
+    if dw.combine == "max":
+        return ["__m512 acc = bias; __mmask16 nan = 0;", "acc = _mm512_mask_mov_ps(acc, nan, _mm512_set1_ps(NAN));"]
+    return ["__m512 acc = bias;", ""]
 
 
 def _epilogue(k: Kernel, em, total: Scalar, lo: str, hi: str, ind: str) -> list[str]:
@@ -180,11 +212,12 @@ def _cases(em, cases, leaves, emit, ind: str) -> list[str]:
     return out + [f"{ind}}}"]
 
 
-def _mask_table(name: str, n: int, body: list[str]) -> list[str]:
+def _mask_table(name: str, n: int, body: list[str], ctype: str = "__mmask16") -> list[str]:
     """A function-local table of n masks filled once (thread-safe static initialisation) by `body`."""
-    return [f"  struct Masks {{ __mmask16 m[{n}]; }};",
-            f"  static const Masks {name} = [] {{",
-            "    Masks tab{};",
+    kind = "Masks" if ctype == "__mmask16" else "Masks_" + ctype
+    return [f"  struct {kind} {{ {ctype} m[{n}]; }};",
+            f"  static const {kind} {name} = [] {{",
+            f"    {kind} tab{{}};",
             *["    " + x for x in body],
             "    return tab;",
             "  }();"]
@@ -197,6 +230,7 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
     (ph, pw), (dh, dd) = dw.pad, dw.dil
     taps, n = kh * kw, oh * ow
     chunks = -(-n // 16)
+    start, end = _finish(dw)
     offs = [(a * dh - ph) * w + (b * dd - pw) for a in range(kh) for b in range(kw)]
     tables = _mask_table("masks", chunks * taps, [
         f"for (int64_t c = 0; c < {chunks}; ++c)",
@@ -213,9 +247,10 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
         return [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
                 f"{ind}  const __mmask16* mk = masks.m + c * {taps};",
                 f"{ind}  const float* __restrict s = src + c * 16;",
-                f"{ind}  __m512 acc = bias;",
-                *[f"{ind}  acc = _mm512_fmadd_ps(_mm512_set1_ps(wt[{t}]), _mm512_maskz_loadu_ps(mk[{t}], s + ({offs[t]})), acc);"
+                f"{ind}  {start}",
+                *[f"{ind}  " + _combine(dw, t, f"_mm512_mask_loadu_ps(fill, mk[{t}], s + ({offs[t]}))")
                   for t in range(taps)],
+                f"{ind}  {end}",
                 f"{ind}  _mm512_store_ps(tmp + c * 16, acc);",
                 f"{ind}}}"]
 
@@ -231,6 +266,7 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
     kh, kw = dw.kernel
     (sh, sw), (ph, pw), (dh, dd) = dw.stride, dw.pad, dw.dil
     chunks = -(-ow // 16)
+    start, end = _finish(dw)
     rows = max(1, BLOCK // ow)
     tables = _mask_table("cols", chunks * kw, [
         f"for (int64_t c = 0; c < {chunks}; ++c)",
@@ -242,32 +278,39 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
         "    }",
         f"    tab.m[c * {kw} + b] = (__mmask16)m;",
         "  }"])
+    if sw == 2:  # the same masks spread to every other bit: which lanes of two contiguous loads to read
+        tables += _mask_table("wide", chunks * kw, [
+            f"for (int64_t i = 0; i < {chunks * kw}; ++i)",
+            "  for (int l = 0; l < 16; ++l) tab.m[i] |= ((cols.m[i] >> l) & 1u) << (2 * l);"],
+            ctype="unsigned")
 
     def load(b: int) -> str:
         off = f"c * {16 * sw} + ({b * dd - pw})"
         if sw == 1:
-            return f"_mm512_maskz_loadu_ps(mk[{b}], rp + {off})"
-        return f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), mk[{b}], lanes, rp + {off}, 4)"
+            return f"_mm512_mask_loadu_ps(fill, mk[{b}], rp + {off})"
+        if sw == 2:
+            return f"vtc_dw_even(fill, wide.m[c * {kw} + {b}], rp + {off})"
+        return f"_mm512_mask_i32gather_ps(fill, mk[{b}], lanes, rp + {off}, 4)"
 
     def emit(row: int, ind: str) -> list[str]:
         out = [f"{ind}for (int64_t y = r0; y < r1; ++y) {{",
                f"{ind}  for (int64_t c = 0; c < {chunks}; ++c) {{",
                f"{ind}    const __mmask16* mk = cols.m + c * {kw};",
-               f"{ind}    __m512 acc = bias;"]
+               f"{ind}    {start}"]
         for a in range(kh):
             out += [f"{ind}    if (const int64_t iy = y * {sh} + ({a * dh - ph}); iy >= 0 && iy < {h}) {{",
                     f"{ind}      const float* rp = src + iy * {row};",
-                    *[f"{ind}      acc = _mm512_fmadd_ps(_mm512_set1_ps(wt[{a * kw + b}]), {load(b)}, acc);"
-                      for b in range(kw)],
+                    *[f"{ind}      " + _combine(dw, a * kw + b, load(b)) for b in range(kw)],
                     f"{ind}    }}"]
-        return out + [f"{ind}    const int64_t left = {ow} - c * 16;",
+        return out + [f"{ind}    {end}",
+                      f"{ind}    const int64_t left = {ow} - c * 16;",
                       f"{ind}    _mm512_mask_storeu_ps(tmp + (y - r0) * {ow} + c * 16, "
                       f"(__mmask16)(left >= 16 ? 0xFFFFu : (1u << left) - 1u), acc);",
                       f"{ind}  }}",
                       f"{ind}}}"]
 
     body = [f"    alignas(64) float tmp[{rows * ow + 16}];"]
-    if sw > 1:
+    if sw > 2:
         body.append(f"    const __m512i lanes = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, "
                     f"11, 12, 13, 14, 15), _mm512_set1_epi32({sw}));")
     body += [f"    for (int64_t r0 = 0; r0 < {oh}; r0 += {rows}) {{",

@@ -45,6 +45,7 @@ from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
+from vtc.codegen.pool import POOL_OPS, pool_taps
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
@@ -239,6 +240,8 @@ class Lowering:
                 w = u.inputs[1]
                 if len(w.shape) == 4 and w.shape[2] * w.shape[3] > 1:
                     return True
+            if u.op in POOL_OPS and self.kind[u.name] == "pointwise" and pool_taps(u) > 1:
+                return True
         return False
 
     def _epilogues(self) -> dict[str, Node]:

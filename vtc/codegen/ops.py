@@ -403,3 +403,4 @@ def _batch_norm(ctx, args, out):
 
 
 from vtc.codegen import conv  # noqa: E402,F401  (registers "convolution": depthwise convolutions as pointwise)
+from vtc.codegen import pool  # noqa: E402,F401  (registers max_pool2d: windows as pointwise)

@@ -167,6 +167,7 @@ class Access:
     strided: Strided | None = None
     window_lines: float = float("inf")  # cache lines per element over a block of inner rows (see _window)
     window_bytes: float = float("inf")  # bytes of the distinct lines that block touches (reuse if it fits cache)
+    sourced_pieces: int = 1  # pieces that read a source (a cat of two: 2): more than one is a choice per element
 
     @property
     def type_i(self) -> bool:
@@ -224,7 +225,7 @@ def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
         return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window)
     chunk, stride, lines = _probe(m, itemsize, line)
     return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes, None,
-                  *_window(m, itemsize, line))
+                  *_window(m, itemsize, line), sum(p.source is not None for p in m.pieces))
 
 
 def structure(m: Mapping) -> tuple | None:
@@ -386,6 +387,9 @@ def fmt_seconds(s: float) -> str:
     return f"{s * 1e6:+.2f} µs"
 
 
+FILL_FIRST = ("aten.constant_pad_nd.default",)  # kept ops torch runs as a fill of the output, then a copy
+
+
 class CostModel:
     """Prices of data movement on one machine.
 
@@ -397,6 +401,17 @@ class CostModel:
 
     index_op_ns = 0.4  # one div/mod/select/min/max/load per element
     scalar_load_ns = 0.25  # an element that cannot come from a vector load (inner stride not 0 or 1)
+    # an element of a choice between sources (a cat) read at an inner stride not 0 or 1: the vectorised loop
+    # gathers every element of each side (no register-tiled transposed read applies); measured ~7.5 ns per
+    # element in all, 1 thread (EfficientViT's q/k/v read through cat + view + permute by the ReLUs: 1.5 ms
+    # per 200k elements, vs 0.09 ms on a physical cat)
+    picked_gather_ns = 6.0
+    l1_bytes = 32 << 10  # sources this small are read from L1: their gathers cost no more than scalar loads
+    # torch copying an input whose inner stride is not 0 or 1 (a kept op on a transposed view, a library making
+    # its operand contiguous): its scalar loop, on top of the scalar load; measured ~2.9 ns per element in all,
+    # 1 thread (EfficientViT's constant_pad_nd of the transposed v slice, 212k elements: 0.61 ms in torch vs
+    # 0.38 ms for the generated copy kernel, which also gathered through a cat)
+    torch_strided_ns = 2.0
     call_us = 1.0  # one torch call / kernel launch
     uncertain = 1.25  # pessimism on the traffic of accesses of unknown locality (scattered, indirect)
     chunk_penalty = 0.05  # extra traffic of "chunked" accesses (partly used lines at the run ends)
@@ -439,6 +454,8 @@ class CostModel:
             ns = acc.index_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
         else:
             ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
+            if acc.sourced_pieces > 1 and acc.source_bytes > self.l1_bytes:
+                ns += self.picked_gather_ns
         return numel * ns * 1e-9 / max(self.machine.threads, 1)
 
     # the operations the estimator prices
@@ -462,6 +479,8 @@ class CostModel:
         else:
             read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0),
                                                                                      itemsize)
+            if acc.stride not in (0, 1):  # TensorIterator's scalar loop over a non-contiguous input
+                read += numel * self.torch_strided_ns * 1e-9 / max(self.machine.threads, 1)
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
 
     def derive(self, m: Mapping) -> float:
@@ -779,6 +798,9 @@ class Estimator:
                 fresh = self.model.fresh(o.nbytes)
                 t = self.model.copy(o.numel, size, acc, generated=False) + fresh
                 how = "torch" + (", into fresh pages" if fresh else "")
+                if n.op in FILL_FIRST:  # torch fills the whole output, then copies the input into its part
+                    t += self.model.call_us * 1e-6 + self.model.write(o.numel, size)
+                    how += ", filled first"
             out.append(Term(("run", op, o.name), t, f"{op} runs and copies {_bytes(o.nbytes)} ({how}, "
                                                     f"{acc.describe()})"))
         return out

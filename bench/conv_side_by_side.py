@@ -1,0 +1,92 @@
+"""Single convolutions of the unit workloads timed side by side: eager, ONNX Runtime and vtc, per call.
+
+    PYTHONPATH=$PWD python -m bench.conv_side_by_side [evit_expand,shuffle_dw_s2,...]
+
+Each case is one convolution with what follows it in its unit (batch norm,
+activation), at the unit's shape (EfficientViT-B1 stage 3 at 28x28,
+ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
+(env, default 40) rounds, the first 5 dropped; the median is printed with
+the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
+times each call by the calling thread's CPU time (use with T=1 on a loaded
+machine, like bench/units_side_by_side.py).  A profile aid, not the benchmark.
+"""
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+T = int(os.environ.get("T", 1))
+torch.set_num_threads(T)
+clk = time.thread_time if os.environ.get("CPU") else time.perf_counter
+
+import vtc  # noqa: E402
+from bench.systems import Context, _eager, _onnxruntime  # noqa: E402
+
+
+def _conv(cin, cout, k=1, stride=1, groups=1, bn=True, act=None, bias=False):
+    layers = [nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=bias)]
+    if bn:
+        layers.append(nn.BatchNorm2d(cout))
+    if act is not None:
+        layers.append(act())
+    m = nn.Sequential(*layers).eval()
+    for b in m.modules():
+        if isinstance(b, nn.BatchNorm2d):
+            b.running_mean.normal_(0, 0.1)
+            b.running_var.uniform_(0.5, 1.5)
+    return m
+
+
+CASES = {  # name: (module, input shape)
+    "evit_qkv": (lambda: _conv(128, 384, bn=False, bias=True), (1, 128, 28, 28)),
+    "evit_expand": (lambda: _conv(128, 512, act=nn.Hardswish), (1, 128, 28, 28)),
+    "evit_point": (lambda: _conv(512, 128), (1, 512, 28, 28)),
+    "evit_dw5": (lambda: _conv(384, 384, 5, groups=384, bn=False), (1, 384, 28, 28)),
+    "evit_dw3": (lambda: _conv(512, 512, 3, groups=512, act=nn.Hardswish), (1, 512, 28, 28)),
+    "evit_group": (lambda: _conv(384, 384, groups=24, bn=False), (1, 384, 28, 28)),
+    "shuffle_pw28": (lambda: _conv(58, 58, act=nn.ReLU), (1, 58, 28, 28)),
+    "shuffle_pw14": (lambda: _conv(116, 116, act=nn.ReLU), (1, 116, 14, 14)),
+    "shuffle_pw7": (lambda: _conv(232, 232, act=nn.ReLU), (1, 232, 7, 7)),
+    "shuffle_dw28": (lambda: _conv(58, 58, 3, groups=58), (1, 58, 28, 28)),
+    "shuffle_dw_s2": (lambda: _conv(116, 116, 3, 2, groups=116), (1, 116, 28, 28)),
+    "shuffle_last": (lambda: _conv(464, 1024, act=nn.ReLU), (1, 464, 7, 7)),
+    "wide_14": (lambda: _conv(464, 1024, act=nn.ReLU), (1, 464, 14, 14)),
+    "wide_7_b16": (lambda: _conv(512, 512, act=nn.ReLU), (16, 512, 7, 7)),
+    "wide_3x3_7": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 7, 7)),
+    "wide_3x3_14": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 14, 14)),
+    "shuffle_stem": (lambda: _conv(3, 24, 3, 2, act=nn.ReLU), (1, 3, 224, 224)),
+}
+
+
+def main(names: list[str], rounds: int) -> None:
+    for name in names:
+        build, shape = CASES[name]
+        torch.manual_seed(0)
+        model, x = build(), torch.randn(shape)
+        ctx = Context(name, model, (x,), T, Path(tempfile.mkdtemp()))
+        c = vtc.compile(model, (x,))
+        with torch.no_grad():
+            err = (c(x) - model(x)).abs().max().item()
+        if err > 1e-3:
+            raise AssertionError(f"{name}: max error {err}")
+        fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
+        ts: dict[str, list[float]] = {s: [] for s in fns}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for s, f in fns.items():
+                    t0 = clk()
+                    f()
+                    ts[s].append(clk() - t0)
+        ms = {s: statistics.median(v[5:]) * 1e3 for s, v in ts.items()}
+        best = min(v for s, v in ms.items() if s != "vtc")
+        print(f"{name:14s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
+              f"   best other / vtc: {best / ms['vtc']:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(",") if len(sys.argv) > 1 else list(CASES), int(os.environ.get("N", 40)))
