@@ -189,25 +189,28 @@ def _shown_systems(data: dict) -> tuple[list[str], list[str]]:
 WHY = """\
 What vtc runs at the commit of this run (see README.md): pointwise ops and
 reductions become generated C++/OpenMP kernels that read virtual tensors
-through their composed mappings, with single-use producers inlined;
-bmm -> softmax -> bmm attention is one generated kernel reading Q, K and V
-through their mappings (GQA heads and the KV cache without expanded copies:
-the decode units and attn_gqa_* are where vtc leads); a GEMM whose operand
-torch would have to copy (and a skinny decode GEMM estimated faster), and every
-convolution but wide ones, are generated GEMMs that pack through the mapping
-(a convolution's im2col packed by runs with vector loads), with bias / norm /
-activation in their epilogue; depthwise convolutions are vector kernels plane
-by plane; a producer of a cat or KV-cache update (a GEMM included: the new V
-of a decode step) stores into its output, and the greedy planner now pushes the
-KV-cache updates as plan="all" does (greedy == all on the decode units).  The
-other GEMMs and convolutions run through torch on zero-copy views or after a
-copy kernel.  Where vtc loses: in the prefill units most of the time is large
-GEMMs, which vtc leaves to MKL (its own GEMM is 4-14% behind MKL there);
-the generated GEMM micro-kernel is a little below ONNX Runtime's MLAS on the
-C3k2 3x3 convolutions; in efficientvit_b1 (profiled at 1 thread) the 1x1 and
-depthwise convolutions take about twice ONNX Runtime's time and the q/k/v
-preparation reads a cat through a transpose element by element; attn_causal's
-fused kernel is slower than Inductor's and OpenVINO's (not profiled).
+through their composed mappings, with single-use producers inlined (an
+RMSNorm is one row kernel); bmm -> softmax -> bmm attention is one generated
+flash kernel reading Q, K and V through their mappings (prefill: 64 queries as
+vector lanes, key blocks a causal mask hides skipped; GQA decode: the heads of
+a KV group share every K/V read of the cache, keys split across threads when
+there are few groups): attn_causal, attn_gqa_* and the decode units are where
+vtc leads; a GEMM whose operand torch would have to copy (and a skinny decode
+GEMM estimated faster), and every convolution but wide ones on large maps, are
+generated GEMMs that pack through the mapping (a convolution's im2col packed
+by runs with vector loads), with bias / norm / activation in their epilogue;
+depthwise convolutions and max pools are vector kernels plane by plane; a
+producer of a cat or KV-cache update (a GEMM included: the new V of a decode
+step) stores into its output; the cost model prices a cat read element by
+element through a transpose, so greedy keeps EfficientViT's q/k/v cat physical
+(its convolutions store into it).  The other GEMMs and convolutions run
+through torch on zero-copy views or after a copy kernel.  Where vtc loses: in
+the prefill units most of the time is large GEMMs, which vtc leaves to MKL
+(its own float32 GEMM measured 0.82-0.98x of the faster library on 512-2048
+squares at 1 thread); the generated GEMM micro-kernel is a little below ONNX
+Runtime's MLAS on the C3k2 3x3 convolutions at batch 16; llama3_decode_b1 is
+close to Inductor max-autotune and changes sides between runs (1.06x in the
+previous run, not investigated).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
