@@ -80,6 +80,7 @@ class Lowering:
         self.graph, self.plan, self.gemm_mode = graph, plan, gemm
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.producer: dict[str, Node] = {o.name: n for n in graph.nodes for o in n.outputs}
+        self._nodes: dict[str, Node] = {n.name: n for n in graph.nodes}
         self.users = graph.users()
         self.outputs = {v.name for v in graph.outputs}
         self.why_torch: dict[str, str] = {}  # node -> why a known op still runs through torch
@@ -252,25 +253,30 @@ class Lowering:
         shifted taps) is never stored: the GEMM kernel stores that kernel's value of its accumulator.
         """
         out: dict[str, Node] = {}
-        nodes = {n.name: n for n in self.graph.nodes}
         for g in self.graph.nodes:
             if self.kind[g.name] != "gemm":
                 continue
             o = g.outputs[0]
-            if o.name in self.outputs or o.name in self.index_names:
-                continue
-            readers = self.readers(o.name)
-            if len(readers) != 1:
-                continue
-            r = next(iter(readers))
-            node = nodes.get(r)
-            if node is None or self.kind[r] != "pointwise" or node.outputs[0].name in self.inline:
-                continue
-            if node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
+            node = self._only_pointwise_kernel_reading(o.name)
+            if node is None or node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
                 continue
             if self._reads_only_at_its_index(o.name, node):
-                out[r] = g
+                out[node.name] = g
         return out
+
+    def _only_pointwise_kernel_reading(self, name: str) -> Node | None:
+        """The pointwise kernel (not inlined) that is the one reader of value `name`, when `name` is
+        not a graph output or an index tensor; else None."""
+        if name in self.outputs or name in self.index_names:
+            return None
+        readers = self.readers(name)
+        if len(readers) != 1:
+            return None
+        r = next(iter(readers))
+        if self.kind.get(r) != "pointwise":
+            return None
+        node = self._nodes[r]
+        return None if node.outputs[0].name in self.inline else node
 
     def _row_epilogues(self) -> dict[str, Node]:
         """Pointwise kernels computed in the last pass of the reduction they read (rms_norm: x * rsqrt(mean(x²) + eps) * w).
@@ -281,26 +287,18 @@ class Lowering:
         read again while it is still in cache, and the reduced tensor is never stored.
         """
         out: dict[str, Node] = {}
-        nodes = {n.name: n for n in self.graph.nodes}
         for n in self.graph.nodes:
             if self.kind[n.name] != "row" or len(n.outputs) != 1:
                 continue
-            o = n.outputs[0]
-            if o.name in self.outputs or o.name in self.index_names:
-                continue
-            readers = self.readers(o.name)
-            if len(readers) != 1:
-                continue
-            r = next(iter(readers))
-            node = nodes.get(r)
-            if (node is None or self.kind[r] != "pointwise" or node.outputs[0].name in self.inline
-                    or r in self.epilogue or r in out or node.outputs[0].shape != n.inputs[0].shape):
+            node = self._only_pointwise_kernel_reading(n.outputs[0].name)
+            if (node is None or node.name in self.epilogue or node.name in out
+                    or node.outputs[0].shape != n.inputs[0].shape):
                 continue
             try:
                 self.row_kernel(n, then=node)
             except NotSupported:
                 continue
-            out[r] = n
+            out[node.name] = n
         return out
 
     def _reads_only_at_its_index(self, name: str, node: Node) -> bool:
