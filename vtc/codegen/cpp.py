@@ -42,6 +42,17 @@ from vtc.codegen.lanes import lane_row_kernel
 from vtc.index.expr import Expr
 from vtc.index.mapping import linear_offset
 
+# the head of a GEMM's parallel region (C lines): this thread's id `tid` in a team of `nth` of at most `nt`
+OMP_TEAM = (
+    "  #pragma omp parallel num_threads(nt) if(nt > 1)",
+    "  {",
+    "#if defined(_OPENMP)",
+    "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();",
+    "#else",
+    "    const int64_t tid = 0, nth = 1;",
+    "#endif",
+)
+
 PARALLEL_MIN_WORK = 1 << 15  # elements (times r) below which a kernel runs on one thread
 
 PRELUDE = r"""

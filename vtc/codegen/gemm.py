@@ -607,7 +607,7 @@ def generate(k: Kernel) -> str:
     MR x NR tiles of the block.  Blocks are made a multiple of the thread count by splitting the larger
     of M and N, so both threads get the same work.
     """
-    from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_order, ctype
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, ctype
 
     g: GemmOperands = k.gemm
     if g.dtype == gemm_bf16.BF16:
@@ -642,13 +642,7 @@ def generate(k: Kernel) -> str:
         "    }",
         "  }",
         "  const int64_t units = BATCH * tn * tm;",
-        "  #pragma omp parallel num_threads(nt) if(nt > 1)",
-        "  {",
-        "#if defined(_OPENMP)",
-        "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();",
-        "#else",
-        "    const int64_t tid = 0, nth = 1;",
-        "#endif",
+        *OMP_TEAM,
         "    float* __restrict ap = vtc_gemm_scratch(0, mc * kc);",
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
         "    const int64_t u1 = units * (tid + 1) / nth;",

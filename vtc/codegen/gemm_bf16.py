@@ -364,18 +364,14 @@ def _split(lines_m: str) -> list[str]:
 def _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o) -> list[str]:
     """Skinny: each thread takes N chunks of 64 columns; A's rows read in place when unit stride along k,
     else packed once per chunk."""
+    from vtc.codegen.cpp import OMP_TEAM
+
     a_in_place = ska == 1
     return [
         "  int64_t mc = M, nc = 64, tm = 1, tn = (N + nc - 1) / nc;",
         *_split("false"),
         "  const int64_t units = BATCH * tn;",
-        "  #pragma omp parallel num_threads(nt) if(nt > 1)",
-        "  {",
-        "#if defined(_OPENMP)",
-        "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();",
-        "#else",
-        "    const int64_t tid = 0, nth = 1;",
-        "#endif",
+        *OMP_TEAM,
         "    vtc_bf16* __restrict ap = (vtc_bf16*)vtc_gemm_scratch(0, (M * K + 1) / 2);",
         "    int64_t packed = -1;  // the batch whose A rows are in ap",
         "    for (int64_t u = units * tid / nth; u < units * (tid + 1) / nth; ++u) {",
@@ -399,6 +395,8 @@ def _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o) -> list[str]:
 def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str]:
     """Packed panels: per N chunk all of B's K once, per MC block and KC slice A, a float32 block rounded at
     the end."""
+    from vtc.codegen.cpp import OMP_TEAM
+
     return [
         "  const int64_t KQ = (K + 1) / 2;  // k pairs",
         f"  int64_t mc = VTC_MC, nc = std::max<int64_t>(VTC_NR, std::min<int64_t>(1024, {PANEL_BYTES} / (4 * KQ) / VTC_NR * VTC_NR));",
@@ -407,13 +405,7 @@ def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         *_split("M >= N && M >= 2 * nt * VTC_MR"),
         "  const int64_t units = BATCH * tn * tm;",
-        "  #pragma omp parallel num_threads(nt) if(nt > 1)",
-        "  {",
-        "#if defined(_OPENMP)",
-        "    const int64_t tid = omp_get_thread_num(), nth = omp_get_num_threads();",
-        "#else",
-        "    const int64_t tid = 0, nth = 1;",
-        "#endif",
+        *OMP_TEAM,
         "    uint32_t* __restrict ap = (uint32_t*)vtc_gemm_scratch(0, mc * kq);",
         "    uint32_t* __restrict bp = (uint32_t*)vtc_gemm_scratch(1, KQ * ((nc + VTC_NR - 1) / VTC_NR * VTC_NR));",
         "    float* __restrict acc = vtc_gemm_scratch(2, mc * nc);",
