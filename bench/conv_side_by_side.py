@@ -5,13 +5,13 @@
 Each case is one convolution with what follows it in its unit (batch norm,
 activation), at the unit's shape (EfficientViT-B1 stage 3 at 28x28,
 ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
-(env, default 40) rounds, the first 5 dropped; the median is printed with
+(env, default 40) rounds after warm-up calls (bench.gemm_side_by_side.time_side_by_side: a round
+repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
 machine, like bench/units_side_by_side.py).  A profile aid, not the benchmark.
 """
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -25,6 +25,7 @@ torch.set_num_threads(T)
 clk = time.thread_time if os.environ.get("CPU") else time.perf_counter
 
 import vtc  # noqa: E402
+from bench.gemm_side_by_side import time_side_by_side  # noqa: E402
 from bench.systems import Context, _eager, _onnxruntime  # noqa: E402
 
 
@@ -75,14 +76,9 @@ def main(names: list[str], rounds: int) -> None:
         if err > 1e-3:
             raise AssertionError(f"{name}: max error {err}")
         fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
-        ts: dict[str, list[float]] = {s: [] for s in fns}
         with torch.no_grad():
-            for _ in range(rounds):
-                for s, f in fns.items():
-                    t0 = clk()
-                    f()
-                    ts[s].append(clk() - t0)
-        ms = {s: statistics.median(v[5:]) * 1e3 for s, v in ts.items()}
+            times = time_side_by_side(fns, rounds, clk)
+        ms = {s: t["median_ms"] for s, t in times.items()}
         best = min(v for s, v in ms.items() if s != "vtc")
         print(f"{name:14s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
               f"   best other / vtc: {best / ms['vtc']:.2f}x", flush=True)

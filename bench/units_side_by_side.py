@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python bench/units_side_by_side.py c3k2_b1,shufflenet_unit_b16 [eager,inductor,onnxruntime,vtc-auto]
 
 ``vtc-<gemm>`` is vtc.compile with gemm=<gemm> (auto, vtc, torch).  Calls are
-interleaved system by system, N (env, default 25) rounds, the first 5 dropped;
+interleaved system by system, N (env, default 25) rounds after warm-up calls
+(bench.gemm_side_by_side.time_side_by_side: a round repeats a fast call to at least 20 ms);
 min and median are printed with the speed-up of vtc over the best other
 system.  With CPU=1 each call is timed by the calling thread's CPU time
 (``time.thread_time``), which only makes sense with T=1 (env, threads, default
@@ -13,7 +14,6 @@ threads are dominated by OpenMP threads waiting for their core, and CPU time at
 1 thread is the comparison that still holds.  `vtc bench` remains the benchmark.
 """
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +26,7 @@ torch.set_num_threads(T)
 clk = time.thread_time if os.environ.get("CPU") else time.perf_counter
 
 import vtc  # noqa: E402
+from bench.gemm_side_by_side import time_side_by_side  # noqa: E402
 from bench.systems import Context, _eager, _inductor, _onnxruntime, _openvino  # noqa: E402
 from bench.workloads import get  # noqa: E402
 
@@ -52,17 +53,12 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
                 if err > 1e-3:
                     raise AssertionError(f"{name} {s}: max error {err}")
                 fns[s] = (lambda c: lambda: c(*inputs))(c)
-        ts: dict[str, list[float]] = {s: [] for s in fns}
         with torch.no_grad():
-            for _ in range(rounds):
-                for s, f in fns.items():
-                    t0 = clk()
-                    f()
-                    ts[s].append(clk() - t0)
-        for agg in (min, statistics.median):
-            ms = {s: agg(v[5:]) * 1e3 for s, v in ts.items()}
+            times = time_side_by_side(fns, rounds, clk)
+        for agg in ("min", "median"):
+            ms = {s: t[f"{agg}_ms"] for s, t in times.items()}
             best = min(v for s, v in ms.items() if not s.startswith("vtc"))
-            print(f"{name:20s} {agg.__name__:6s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
+            print(f"{name:20s} {agg:6s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
                   "   best other / vtc: " + " ".join(f"{best / v:.2f}x" for s, v in ms.items() if s.startswith("vtc")),
                   flush=True)
 

@@ -340,17 +340,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
             "          #pragma omp simd",
             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
             "          }"]),
-        *([] if vrows else [
-            "          #pragma omp simd",
-            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
-            "          }",
-            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]),
+        *([] if vrows else _pack_value_row(pre_v, vx, ee, ep)),
         "        }",
-        f"        {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
-        "        for (int64_t t = 0; t < nk; ++t) {",
-        *[f"          chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
-        "        }",
-        f"        for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
+        *_value_check(vrow, ev, "        "),
         *([] if krows else [
             f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
         "      }",
@@ -531,22 +523,14 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
             "          const int64_t r = r0 + t;",
-            "          #pragma omp simd",
-            f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
-            "          }",
-            *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else []),
+            *_pack_value_row(pre_v, vx, ee, ep),
             "        }",
             "      }"]
 
         def vrow(t: str) -> str:
             return f"vp[{t}]"
     return lines + [
-        f"      {v16} chk = {{}};  // 0 * v is 0 but for inf and NaN",
-        "      for (int64_t t = 0; t < nk; ++t) {",
-        *[f"        chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
-        "      }",
-        "      bool v_bad = false;",
-        f"      for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;",
+        *_value_check(vrow, ev, "      ", declare=True),
         "      if (!v_bad) {",
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
@@ -572,6 +556,28 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         "      }",
         "      }",
     ]
+
+
+def _pack_value_row(pre_v: list[str], vx: str, ee: int, ep: int) -> list[str]:
+    """C lines (inside the loop over the block's keys t, key r) packing value row r through its mapping
+    into ``vp[t]``, zero-padded from the value dim ``ee`` to whole vectors ``ep``."""
+    return [
+        "          #pragma omp simd",
+        f"          for (int64_t e = 0; e < {ee}; ++e) {{", *["  " + x for x in pre_v], f"            vp[t][e] = {vx};",
+        "          }",
+        *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]
+
+
+def _value_check(vrow, ev: int, ind: str, declare: bool = False) -> list[str]:
+    """C lines setting ``v_bad`` when one of the block's ``nk`` value rows (``vrow(t)``, ``ev`` vectors each)
+    holds inf or NaN (0 * v is 0 but for those); ``declare``: ``v_bad`` is declared here too."""
+    return [
+        f"{ind}vtc_v{LANES} chk = {{}};  // 0 * v is 0 but for inf and NaN",
+        f"{ind}for (int64_t t = 0; t < nk; ++t) {{",
+        *[f"{ind}  chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        f"{ind}}}",
+        *([f"{ind}bool v_bad = false;"] if declare else []),
+        f"{ind}for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;"]
 
 
 def shared_softmax(ep: int) -> list[str]:
