@@ -99,7 +99,8 @@ class Lowering:
         self._readers: dict[str, frozenset[str]] = {}
         self._decide()
         self.epilogue: dict[str, Node] = self._epilogues()  # pointwise kernel node -> the GEMM it finishes
-        self.row_epilogue: dict[str, Node] = self._row_epilogues()  # pointwise kernel node -> the reduction it finishes
+        # pointwise kernel node -> (the reduction it finishes, the row kernel computing both, built once)
+        self.row_epilogue: dict[str, tuple[Node, Kernel]] = self._row_epilogues()
 
     # -- classification -------------------------------------------------------
     def _classify(self, n: Node) -> str:
@@ -278,7 +279,7 @@ class Lowering:
         node = self._nodes[r]
         return None if node.outputs[0].name in self.inline else node
 
-    def _row_epilogues(self) -> dict[str, Node]:
+    def _row_epilogues(self) -> dict[str, tuple[Node, Kernel]]:
         """Pointwise kernels computed in the last pass of the reduction they read (rms_norm: x * rsqrt(mean(x²) + eps) * w).
 
         A row kernel with one reduced output (sum, mean, amax, var, ...) whose one reader is a pointwise
@@ -286,7 +287,7 @@ class Lowering:
         inlined pointwise ops), stores that kernel's value for every element of the row instead: the row is
         read again while it is still in cache, and the reduced tensor is never stored.
         """
-        out: dict[str, Node] = {}
+        out: dict[str, tuple[Node, Kernel]] = {}
         for n in self.graph.nodes:
             if self.kind[n.name] != "row" or len(n.outputs) != 1:
                 continue
@@ -295,10 +296,9 @@ class Lowering:
                     or node.outputs[0].shape != n.inputs[0].shape):
                 continue
             try:
-                self.row_kernel(n, then=node)
+                out[node.name] = (n, self.row_kernel(n, then=node))
             except NotSupported:
                 continue
-            out[node.name] = n
         return out
 
     def _reads_only_at_its_index(self, name: str, node: Node) -> bool:
@@ -640,7 +640,7 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
     """
     low = Lowering(graph, plan, gemm)
     epilogued = {g.name for g in low.epilogue.values()}
-    row_epilogued = {r.name for r in low.row_epilogue.values()}
+    row_epilogued = {r.name for r, _ in low.row_epilogue.values()}
     steps: list = []
     done: set[str] = set()
 
@@ -670,7 +670,7 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
             steps.append(("kernel", _step(low, low._finish(fused))))
             continue
         if k == "pointwise" and n.name in low.row_epilogue:
-            steps.append(("kernel", _step(low, low.row_kernel(low.row_epilogue[n.name], then=n))))
+            steps.append(("kernel", _step(low, low.row_epilogue[n.name][1])))
             continue
         if k == "pointwise":
             if n.outputs[0].name not in low.inline:
