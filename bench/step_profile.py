@@ -79,16 +79,16 @@ def main(name: str, plans: list[str], top: int) -> None:
     keys = sorted({k for p in plans for k in med[p]}, key=lambda k: -max(med[p].get(k, 0) for p in plans))
     for k in keys[:top]:
         print("  " + "  ".join(f"{med[p].get(k, float('nan')):8.3f}" for p in plans) + f"  {k[:110]}")
+    differ = set()  # movement ops kept / pushed under some plans but not all
     for kind in ("kept", "pushed"):
         sets = {p: set(getattr(comps[p]._first.plan, kind)) for p in plans}
+        differ |= set.union(*sets.values()) - set.intersection(*sets.values())
         for p in plans:
             only = sorted(sets[p] - set.intersection(*sets.values()))
             if only:
                 print(f"  {kind} only under {p}: {only}")
-    g = comps[plans[0]]._first.plan
-    for d in g.decisions:
-        if (d.op in set.symmetric_difference(*[set(comps[p]._first.plan.kept) for p in plans])
-                or d.op in set.symmetric_difference(*[set(comps[p]._first.plan.pushed) for p in plans])):
+    for d in comps[plans[0]]._first.plan.decisions:
+        if d.op in differ:
             print(f"  [{plans[0]}] {d}"[:400])
 
 

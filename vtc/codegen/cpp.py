@@ -39,7 +39,7 @@ from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, 
 from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
-from vtc.index.expr import Expr
+from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
 # the head of a GEMM's parallel region (C lines): this thread's id `tid` in a team of `nth` of at most `nt`
@@ -361,6 +361,68 @@ def _strided_inner_read(k: Kernel, em: _Emitter) -> bool:
     return False
 
 
+INNER_MERGE_BELOW = 1024  # a pointwise kernel's inner loop takes in the dim before it while shorter than this
+
+
+def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
+    """How many trailing domain dims the inner loop of pointwise kernel k walks as one (at least 1).
+
+    An NCHW kernel over 28 x 28 maps would run 28-element inner loops (a short vector loop and the row's
+    index arithmetic per 28 elements).  Dims i_j, ..., i_last merge when every buffer offset of the kernel
+    (loads and stores) is ``c * (i_j * stride_j + ... + i_last)`` plus terms without them, with stride_j the
+    product of the later dims' sizes, and no other expression (a piece choice, an index load, an iota)
+    mentions them: then i_last running over the merged extent with the others 0 is the same offsets.
+    While the inner loop is shorter than ``INNER_MERGE_BELOW``, and leaving 8 rows for the threads.
+    """
+    from vtc.codegen.lower import scalars_of
+    from vtc.index.expr import free_vars
+
+    shape = k.domain
+    offsets, others = [], []
+    for s in scalars_of(k):
+        if s.op == "load":
+            offsets.append(linear_offset(s.args[1], em.shapes[s.args[0]]))
+        else:
+            others += [a for a in s.args if isinstance(a, Expr)]
+    for st in k.stores:
+        offsets.append(linear_offset(st.index, em.shapes[st.buffer.name]))
+        if st.when is not None:
+            others.append(st.when)
+    used_elsewhere = set().union(*(free_vars(e) for e in others))
+
+    def coefficients(e: Expr, merged: list[str]) -> dict[str, int] | None:
+        c, terms = _terms(e)
+        out = {}
+        for atom, coeff in terms.items():
+            if atom.op == "var" and atom.args[0] in merged:
+                out[atom.args[0]] = coeff
+            elif free_vars(atom) & set(merged):
+                return None
+        return out
+
+    n, m = math.prod(shape), 1
+    while m < len(shape) and math.prod(shape[-m:]) < INNER_MERGE_BELOW:
+        merged = [f"i{d}" for d in range(len(shape) - m - 1, len(shape))]
+        inner = math.prod(shape[-m - 1:])
+        if used_elsewhere & set(merged) or (n >= PARALLEL_MIN_WORK and n // inner < 8):
+            break
+        fits = True
+        for e in offsets:
+            co = coefficients(e, merged)
+            if co is None:
+                fits = False
+                break
+            unit = co.get(merged[-1], 0)
+            if any(co.get(v, 0) != unit * math.prod(shape[d + 1:])
+                   for v, d in zip(merged[:-1], range(len(shape) - m - 1, len(shape) - 1))):
+                fits = False
+                break
+        if not fits:
+            break
+        m += 1
+    return m
+
+
 def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     shape = k.domain
     n = math.prod(shape)
@@ -385,9 +447,12 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
                   f"++{names[-1]}) {{"]
         close, indent = ["      }", "    }", "  }"], "        "
     else:
-        rows, last = n // shape[-1] if shape[-1] else 0, shape[-1]
+        m = _merged_inner_dims(k, em)
+        last = math.prod(shape[-m:])
+        rows = n // last if last else 0
         lines = [par, f"  for (int64_t o = 0; o < {rows}; ++o) {{"]
-        lines += _decompose(names[:-1], shape[:-1], "o", "    ")
+        lines += _decompose(names[:-m], shape[:-m], "o", "    ")
+        lines += [f"    const int64_t {v} = 0;" for v, size in zip(names[-m:-1], shape[-m:-1]) if size > 1]
         lines += em.hoist_index_loads(k, names[-1], "    ")
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
         close, indent = ["    }", "  }"], "      "
