@@ -6,7 +6,9 @@ order (each once), all contiguous; and the thread count (torch's, passed by
 the executor, since OpenMP's setting is per calling thread).  Loop structure:
 
 - pointwise: ``parallel for`` over the rows (all dims but the last), the row
-  index split into i0, i1, ...; an ``omp simd`` loop over the last dim;
+  index split into i0, i1, ...; an ``omp simd`` loop over the last dim, or over
+  the last few as one where every offset allows (an NCHW kernel walks whole
+  H x W maps: ``_merged_inner_dims``);
 - row kernels (reductions, softmax, norms): ``parallel for`` over the kept
   dims; per reduction pass an inner loop over r (``simd reduction`` where the
   combine is associative), then the per-element and per-row stores.  Rows
