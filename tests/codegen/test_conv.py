@@ -12,6 +12,8 @@ convolution that is not depthwise is left to torch with the reason recorded.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -406,3 +408,6 @@ def test_depthwise_conv_plane_by_plane(case):
     assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
     src = _sources(compiled)
     assert {"flat": "masks.m" in src, "rows": "cols.m" in src, "generic": "_mm512" not in src}[emitted], src
+    if emitted != "generic":  # the per-channel scale and shift are read once per plane, before its rows
+        plane = src[src.index("for (int64_t pl = 0"):src.index("dw_sum = tmp")]
+        assert re.search(r"const float t\d+ = .*\n\s*for \(int64_t i2 = ", plane), plane

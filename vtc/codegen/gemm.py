@@ -871,7 +871,8 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
     if value.op != "acc":
         em.forget()
-        lines += _row_temps(em, value, nv, ind + "  ")
+        # computed once per row (a batch norm's w / sqrt(var + eps) per element took a third of a 1x1 conv)
+        lines += em.hoist_invariant([value], {nv}, ind + "  ")
         temps = em.hoist([value], inner)
         lines += [f"{ind}  #pragma omp simd",
                   f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
@@ -896,49 +897,6 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
                   f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
                   f"{ind}  }}"]
     return lines + [f"{ind}}}"]
-
-
-def _row_temps(em, value: Scalar, nv: str, ind: str) -> list[str]:
-    """Temps, before an epilogue row's column loop, for the largest subexpressions of `value` that do not
-    change along the row: neither the product nor the column index `nv` in them (a batch norm's per-channel
-    scale ``w / sqrt(var + eps)`` and shift in a convolution's epilogue).  Computed once per row instead of
-    once per element (a sqrt and a division per element took a third of a 1x1 convolution's time).  Not
-    below a piece choice, whose untaken side may read out of range; constants stay literals."""
-    vars_of: dict[int, frozenset] = {}
-
-    def free(x: Scalar) -> frozenset:
-        if id(x) not in vars_of:
-            if x.op == "acc":
-                out = frozenset({nv, ACC})  # the product changes along the row
-            elif x.op == "load":
-                out = frozenset().union(*(free_vars(e) for e in x.args[1]))
-            elif x.op in ("iota", "pick"):
-                out = free_vars(x.args[0])
-            else:
-                out = frozenset()
-            out = out.union(*(free(a) for a in x.args if isinstance(a, Scalar)))
-            vars_of[id(x)] = out
-        return vars_of[id(x)]
-
-    lines: list[str] = []
-
-    def visit(x: Scalar) -> None:
-        if x.op == "const" or id(x) in em.temps:
-            return
-        if nv not in free(x):
-            name = f"t{len(em.temps)}"
-            lines.append(f"{ind}const {ctype(x.dtype)} {name} = {em.scalar(x)};")
-            em.temps[id(x)] = name
-            return
-        if x.op != "pick":
-            for a in x.args:
-                if isinstance(a, Scalar):
-                    visit(a)
-
-    from vtc.codegen.cpp import ctype
-
-    visit(value)
-    return lines
 
 
 def _column_run(when: Expr | None, nv: str, n: int) -> tuple[int, int] | None:
