@@ -12,6 +12,8 @@ convolution that is not depthwise is left to torch with the reason recorded.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -227,6 +229,33 @@ def test_bn_activation_and_residual_run_in_the_gemm_epilogue():
     assert report(compiled)["peak_memory_bytes"] == 2 * 6 * 9 * 9 * 4  # the output only: no intermediate buffer
 
 
+# (batch, in channels, out channels, kernel, height, width)
+BN_EPILOGUE = [(1, 2, 1, 1, 1, 1), (1, 3, 17, 3, 5, 7), (16, 17, 3, 1, 3, 17), (1, 127, 130, 1, 3, 3),
+               (16, 5, 127, 3, 4, 1)]
+
+
+@pytest.mark.parametrize("case", BN_EPILOGUE, ids=lambda c: "b{}c{}o{}k{}_{}x{}".format(*c))
+def test_batch_norm_scale_is_computed_once_per_output_channel(case):
+    """conv -> batch norm -> ReLU: the per-channel scale w / sqrt(var + eps) and shift are row temps of the
+    GEMM epilogue, computed before its column loop (gemm._row_temps), not once per output element."""
+    b, c, o, k, h, w = case
+    g = gen(sum(case))
+    weight = rand((o, c, k, k), g)
+    mean, var, gamma, beta = rand((o,), g), rand((o,), g, positive=True), rand((o,), g), rand((o,), g)
+
+    def fn(x):
+        return torch.relu(F.batch_norm(F.conv2d(x, weight, None, 1, k // 2), mean, var, gamma, beta, False))
+
+    x = rand((b, c, h, w), g)
+    compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    [(kind, _)] = _kernel_nodes(compiled)
+    src = _sources(compiled)
+    epilogue = src[src.index("const int64_t i1 = m0 + ii;"):]
+    assert kind == "gemm" and "std::sqrt" in epilogue
+    assert epilogue.index("std::sqrt") < epilogue.index("#pragma omp simd"), epilogue[:600]
+
+
 def test_linear_epilogue_and_where_it_must_not_apply():
     g = gen(22)
     w, b = rand((40, 33), g), rand((40,), g)
@@ -294,6 +323,10 @@ PACKED = [
     (2, 5, 7, 1, 1, 0, 1, 1, 3, 17, "cat", "run"),  # 1x1 over a cat: the piece decided per row
     (1, 5, 4, (1, 3), 1, (0, 1), 1, 1, 5, 40, "pad", "loop"),  # the pad's zeros are a choice inside the run
     (16, 6, 8, 3, 1, 1, 1, 1, 17, 17, None, "shifted"),
+    # more output pixels than one column block of the pack (conv.PACK_COLS): blocks of 256, then the rest
+    (1, 4, 17, 3, 1, 1, 1, 1, 23, 23, "channel_shuffle", "shifted"),
+    (16, 3, 5, 1, 1, 0, 1, 1, 17, 31, "cat", "run"),
+    (1, 4, 3, 3, 1, 1, 1, 1, 127, 3, "pad", "loop"),
 ]
 
 
@@ -375,3 +408,6 @@ def test_depthwise_conv_plane_by_plane(case):
     assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
     src = _sources(compiled)
     assert {"flat": "masks.m" in src, "rows": "cols.m" in src, "generic": "_mm512" not in src}[emitted], src
+    if emitted != "generic":  # the per-channel scale and shift are read once per plane, before its rows
+        plane = src[src.index("for (int64_t pl = 0"):src.index("dw_sum = tmp")]
+        assert re.search(r"const float t\d+ = .*\n\s*for \(int64_t i2 = ", plane), plane

@@ -336,3 +336,24 @@ def test_auto_generates_skinny_rows_against_a_weight_and_keeps_torch_on_large_sq
     assert r[0]["vtc_us"] <= r[0]["torch_us"] and r[1]["vtc_us"] > r[1]["torch_us"]
     assert "estimated faster" in r[0]["why"] and r[0]["copy_bytes"] == 0
     assert len(_gemm_kernels(c)) == 1
+
+
+@pytest.mark.parametrize("m", [2, 3, 17, 127, 300])  # two rows at least: both pieces of the cat
+def test_epilogue_row_terms_through_a_piece_choice(m):
+    """A per-row factor of the epilogue read through a cat (a piece choice on the row index alone) is a row
+    temp, computed before the column loop as the whole choice; a per-column bias stays in the loop."""
+    g = gen(m)
+    h = m // 2
+    s1, s2, w, bias = rand((h, 1), g), rand((m - h, 1), g), rand((33, 17), g), rand((17,), g)
+
+    def fn(a):
+        return torch.tanh(a @ w * torch.cat([s1, s2]) + bias)
+
+    a = rand((m, 33), g)
+    compiled = _check(fn, (a,), plan="all", gemm="vtc")
+    assert [k.kind for k in kernels(compiled)] == ["gemm"]
+    src = "\n".join(generate_gemm(k) for k in _gemm_kernels(compiled))
+    epilogue = src[src.index("for (int64_t ii = 0; ii < mb; ++ii) {", src.index("k0 > 0);")):]
+    row, column = epilogue.split("#pragma omp simd", 1)
+    assert row.count("const float t") == 1 and " ? " in row, row  # the cat's choice, once per row
+    assert "(acc_gemm * t0)" in column and "[i1]" in column, column  # the bias, per column

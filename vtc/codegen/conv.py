@@ -48,6 +48,8 @@ WIDE = 256 * 512
 # 0.87-0.90 ms, 14x14 2.25 vs 2.67; 1x1 512->512 7x7 b16 6.8 vs 9.1; 3x3 256->256 7x7 0.85 vs 1.18, 14x14 2.68
 # vs 2.94)
 WIDE_PIXELS = 28 * 28
+PACK_COLS = 256  # im2col columns packed at a time (a multiple of every NR; 4-5% faster than the whole block
+#   for 3x3 32->32 and 1x1 128->128 at 40x40, batch 16, 1 thread: bench/results/gemmspeed-2026-11-29.json)
 RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
@@ -312,6 +314,11 @@ class Im2colPack:
         """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
         geo = self.geo
         out = self._mask_table(ind) if self.shifted else []
+        # PACK_COLS columns at a time: a panel row goes to PACK_COLS / NR panels, not to all of the block's
+        # (each store to another panel is a line taken from L2; a few streams stay in L1)
+        out += [f"{ind}for (int64_t jb = 0; jb < nb; jb += {PACK_COLS}) {{",
+                f"{ind}  const int64_t je = std::min<int64_t>(nb, jb + {PACK_COLS});"]
+        ind, outer = ind + "  ", ind
         out += [f"{ind}for (int64_t pp = 0; pp < kb; ++pp) {{", f"{ind}  const int64_t r = k0 + pp;"]
         if not self.flat:
             kh, kw, ow = geo["kh"], geo["kw"], geo["ow"]
@@ -320,7 +327,7 @@ class Im2colPack:
                     f"{ind}  const int64_t cv_olo = std::max<int64_t>(0, vtc_ceil_div(-cv_dw, {sw}));",
                     f"{ind}  const int64_t cv_ohi = std::min<int64_t>({ow}, vtc_ceil_div({geo['wd']} - cv_dw, {sw}));"]
         out += self._cases(em, self.value, ind + "  ")
-        return out + [f"{ind}}}"]
+        return out + [f"{ind}}}", f"{outer}}}"]
 
     def _cases(self, em, s: K.Scalar, ind: str) -> list[str]:
         """An if / else per piece choice of s whose predicate is the same along a run, then the runs."""
@@ -338,7 +345,7 @@ class Im2colPack:
         run = self._plain_run(em, s)
         em.forget()
         i2, i3 = ind + "  ", ind + "    "
-        out = [f"{ind}for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+        out = [f"{ind}for (int64_t jr = jb; jr < je; jr += VTC_NR) {{",
                f"{i2}float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
                f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
         if self.flat:
@@ -358,7 +365,7 @@ class Im2colPack:
                        f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
                        f"{ind}  const int64_t cv_ih = cv_dh, cv_iw = cv_dw, cv_a = (r / {kw}) % {kh}, cv_b = r % {kw};",
                        f"{ind}  const float* __restrict src = {run};",
-                       f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
+                       f"{ind}  for (int64_t jr = jb; jr < je; jr += VTC_NR) {{",
                        f"{ind}    float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
                        f"{ind}    const int64_t q = n0 + jr;",
                        f"{ind}    for (int64_t hh = 0; hh < VTC_NR / 16; ++hh) {{",

@@ -239,6 +239,50 @@ class _Emitter:
                 self.temps[id(s)] = name
         return lines
 
+    def hoist_invariant(self, roots: list[Scalar], varying: set[str], indent: str) -> list[str]:
+        """Temps, emitted before a loop, for the largest subexpressions of `roots` that do not change in it:
+        none of the index variables in `varying` in them, no accumulator, no scalar that already has a
+        temp (a per-element value such as a depthwise sum).  E.g. a batch norm's per-channel scale
+        ``w / sqrt(var + eps)`` in the epilogue of a convolution, computed once per output channel
+        instead of once per element.  Never below a piece choice (its untaken side may read out of
+        range; a choice that does not vary is hoisted whole, still evaluating one side); constants
+        stay literals."""
+        from vtc.index.expr import free_vars
+
+        found: dict[int, bool] = {}  # id -> varies in the loop
+        pinned = set(self.temps)
+
+        def varies(x: Scalar) -> bool:
+            if id(x) not in found:
+                if id(x) in pinned or x.op == "acc":
+                    out = True
+                elif x.op == "load":
+                    out = any(free_vars(e) & varying for e in x.args[1])
+                elif x.op in ("iota", "pick"):
+                    out = bool(free_vars(x.args[0]) & varying)
+                else:
+                    out = False
+                found[id(x)] = any([out, *(varies(a) for a in x.args if isinstance(a, Scalar))])
+            return found[id(x)]
+
+        lines: list[str] = []
+
+        def visit(x: Scalar) -> None:
+            if x.op == "const" or id(x) in self.temps:
+                return
+            if not varies(x):
+                name = f"t{len(self.temps)}"
+                lines.append(f"{indent}const {ctype(x.dtype)} {name} = {self.scalar(x)};")
+                self.temps[id(x)] = name
+            elif x.op != "pick":
+                for a in x.args:
+                    if isinstance(a, Scalar):
+                        visit(a)
+
+        for r in roots:
+            visit(r)
+        return lines
+
     def forget(self) -> None:
         self.temps.clear()
 

@@ -189,11 +189,13 @@ def _epilogue(k: Kernel, em, total: Scalar, lo: str, hi: str, ind: str) -> list[
     em.forget()
     em.temps[id(total)] = "dw_sum"
     inner = ind + "    "
+    plane = em.hoist_invariant([st.value for st in k.stores], {"i2", "i3"}, ind)  # a batch norm's scale
     temps = em.hoist([st.value for st in k.stores], inner)
     stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
               for st in k.stores]
     em.forget()
-    return [f"{ind}for (int64_t i2 = {lo}; i2 < {hi}; ++i2) {{",
+    return [*plane,
+            f"{ind}for (int64_t i2 = {lo}; i2 < {hi}; ++i2) {{",
             f"{ind}  #pragma omp simd",
             f"{ind}  for (int64_t i3 = 0; i3 < {ow}; ++i3) {{",
             f"{inner}const float dw_sum = tmp[(i2 - {lo}) * {ow} + i3];",

@@ -871,6 +871,8 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
     if value.op != "acc":
         em.forget()
+        # computed once per row (a batch norm's w / sqrt(var + eps) per element took a third of a 1x1 conv)
+        lines += em.hoist_invariant([value], {nv}, ind + "  ")
         temps = em.hoist([value], inner)
         lines += [f"{ind}  #pragma omp simd",
                   f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
