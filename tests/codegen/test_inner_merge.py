@@ -1,4 +1,5 @@
-"""A pointwise kernel's inner loop takes in the dims before it where every offset allows (``_merged_inner_dims``).
+"""A pointwise kernel's inner loop takes in the dims before it where every offset allows (``_merged_inner_dims``),
+and what does not change along it is computed once before it (``_Emitter.hoist_invariant``).
 
 NCHW kernels over small maps (ShuffleNet's channel shuffle over 28 x 28) would otherwise run a W-element vector loop
 per row.  Each case is checked against eager, and the merge is checked in the generated source: the cases that must
@@ -60,3 +61,17 @@ def test_offsets_that_do_not_walk_whole_maps_keep_the_row_loop(case):
     compiled = check(fn, (x, y), **POINTWISE_TOL)
     (k,) = kernels(compiled)
     assert _merged_inner_dims(k, _Emitter(k)) == 1
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (1, 17, 1, 127), (16, 3, 4, 4)])
+def test_per_channel_terms_are_computed_once_per_row(shape):
+    """A batch norm in a pointwise kernel: its per-channel sqrt is a temp before the inner loop
+    (``_Emitter.hoist_invariant``), not an operation per element; results as eager's."""
+    g = gen(73)
+    c = shape[1]
+    x, m, v = rand(shape, g), rand((c, 1, 1), g), rand((c, 1, 1), g).abs() + 0.5
+    compiled = check(lambda x, m, v: torch.relu((x - m) / torch.sqrt(v + 1e-5) * 1.5), (x, m, v), **POINTWISE_TOL)
+    (k,) = kernels(compiled)
+    src = generate(k)
+    loop = src.index("#pragma omp simd")
+    assert "std::sqrt" in src[:loop] and "std::sqrt" not in src[loop:]

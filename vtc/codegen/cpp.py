@@ -8,7 +8,8 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
 - pointwise: ``parallel for`` over the rows (all dims but the last), the row
   index split into i0, i1, ...; an ``omp simd`` loop over the last dim, or over
   the last few as one where every offset allows (an NCHW kernel walks whole
-  H x W maps: ``_merged_inner_dims``);
+  H x W maps: ``_merged_inner_dims``), with what does not change along it (a
+  batch norm's per-channel scale) computed once before it;
 - row kernels (reductions, softmax, norms): ``parallel for`` over the kept
   dims; per reduction pass an inner loop over r (``simd reduction`` where the
   combine is associative), then the per-element and per-row stores.  Rows
@@ -492,6 +493,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
                   f"      for (int64_t {names[-1]} = tb * {TILE}; {names[-1]} < std::min<int64_t>(tb * {TILE} + {TILE}, {b}); "
                   f"++{names[-1]}) {{"]
         close, indent = ["      }", "    }", "  }"], "        "
+        em.forget()
     else:
         m = _merged_inner_dims(k, em)
         last = math.prod(shape[-m:])
@@ -500,9 +502,10 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines += _decompose(names[:-m], shape[:-m], "o", "    ")
         lines += [f"    const int64_t {v} = 0;" for v, size in zip(names[-m:-1], shape[-m:-1]) if size > 1]
         lines += em.hoist_index_loads(k, names[-1], "    ")
+        em.forget()
+        lines += em.hoist_invariant([s.value for s in k.stores], {names[-1]}, "    ")  # e.g. a per-channel scale
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
         close, indent = ["    }", "  }"], "      "
-    em.forget()
     lines += em.hoist([s.value for s in k.stores], indent)
     lines += [_store(em, s, indent) for s in k.stores]
     return lines + close
