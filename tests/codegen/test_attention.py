@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from bench.workloads import gemma2, llama3
 
+from vtc.codegen.cpp import generate
+
 from .util import compile_cpu, executor, gen, kernels, rand, report, steps
 
 TOL = dict(rtol=1e-4, atol=2e-5)
@@ -357,3 +359,33 @@ def test_gemma2_local_prefill_layer():
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
     assert len(attention_kernels(compiled)) == 1
+
+
+@pytest.mark.parametrize("d, b, packed", [(1, 1, False), (3, 16, False), (17, 1, True), (40, 16, False), (300, 1, True),
+                                          (80, 1, False), (127, 16, True), (127, 1, False)])
+def test_gqa_decode_with_any_head_dim_uses_the_vector_micro_kernels(d, b, packed):
+    """GQA decode with a head dim that is not a multiple of the vector width: q zero-padded, the last vector
+    of a K / V row read in place is a masked load (nothing past the row is read), a packed row (K through a
+    scale, V through a cat) zero-padded; the value dim differs from the head dim."""
+    e = d + 5 if d < 100 else d
+
+    def fn(q, k, v, v_new):
+        keys = repeat_kv(k * 0.5 if packed else k, 4)
+        values = repeat_kv(torch.cat([v, v_new], dim=2) if packed else v, 4)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * d ** -0.5
+        pos, kv = torch.tensor([k.shape[2] - 3]), torch.arange(k.shape[2])
+        scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+    g = gen(31 + d)
+    t = 131
+    inputs = (rand((b, 8, 1, d), g), rand((b, 2, t, d), g), rand((b, 2, t - 1 if packed else t, e), g),
+              rand((b, 2, 1 if packed else 0, e), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.shared_rows == 4 and not k.tiled
+    src = generate(k)
+    assert "vtc_sum16(part)" in src and "reduction(+:a0" not in src  # not the omp simd dot products
+    masked_loads = src.count("vtc_load16_n(") - 1  # less the prelude's definition
+    assert (masked_loads > 0) == (not packed and (d % 16 != 0 or e % 16 != 0)), masked_loads

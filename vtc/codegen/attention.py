@@ -40,11 +40,12 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
     or window predicate hides skipped);
   * **GQA decode** (``shared_rows``: the query heads of a group read the same
     K and V rows): one task per group, K and V read in place where strided,
-    16 scores per permute tree, register-blocked PV (``flash.shared_*``; a
-    head dim that is not a multiple of 16 uses ``omp simd`` loops instead);
+    16 scores per permute tree, register-blocked PV (``flash.shared_*``; any
+    head / value dim: rows padded to whole vectors, a row's last vector read
+    by a masked load);
   * otherwise blocks of ``ROW_BLOCK`` rows, dot products and PV by ``omp simd``.
 
-  Keys go in blocks of ``KEY_BLOCK`` (``flash.DECODE_KEY_BLOCK`` for GQA
+  Keys go in blocks of ``KEY_BLOCK`` (``flash.decode_key_block`` for GQA
   decode).  With fewer row blocks than twice the threads (decode of a small
   batch) the keys of a row block are split across tasks (flash-decoding,
   ``SPLIT_KEYS`` keys at least each) and the partial results merged.
@@ -462,10 +463,10 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
     rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
-    # the GQA group's rows with a head dim of whole vectors: micro-kernels of vtc.codegen.flash
-    vector_shared = bool(shared) and dd % flash.LANES == 0 and max(dd, ee) <= flash.MAX_DIM
-    kb = flash.DECODE_KEY_BLOCK if vector_shared else kb
-    ep = -(-ee // flash.LANES) * flash.LANES if vector_shared else ee  # value dim padded to whole vectors
+    # the GQA group's rows: micro-kernels of vtc.codegen.flash
+    kb = flash.decode_key_block(k) if shared else kb
+    dp = -(-dd // flash.LANES) * flash.LANES if shared else dd  # head dim padded to whole vectors
+    ep = -(-ee // flash.LANES) * flash.LANES if shared else ee  # value dim padded to whole vectors
     # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
     # makes them kernel arguments)
     nblk = f"(({rows} + {rb - 1}) / {rb})"
@@ -499,7 +500,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    const int64_t blk = task / nsplit, r_lo = task % nsplit * span;",
         f"    const int64_t r_hi = std::min<int64_t>({n}, r_lo + span);",
         f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
-        f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
+        f"    alignas(64) float qv[{rb}][{dp}] = {{}};",
         f"    alignas(64) float ov[{rb}][{ep}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
@@ -510,8 +511,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
-        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if vector_shared else
-          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
+        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
@@ -523,7 +523,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
-        *(flash.shared_softmax(ep) if vector_shared else [
+        *(flash.shared_softmax(ep) if shared else [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         "        float* __restrict srow = sc[rr];",
         "        float bmax = -INFINITY; bool bnan = false;",
@@ -547,8 +547,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "        }",
         "      }"]),
         # PV of every (key, row) of the block
-        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if vector_shared else
-          _shared_pv(row, rb, ee, pre_v, vx) if shared else [
+        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if shared else [
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {",
             "          const float p_ = sc[rr][r - r0];",
@@ -599,35 +598,3 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "  }",
     ]
 
-
-def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Scores when the block's rb rows share K (each K element read once for all of them) and the head
-    dim is not a multiple of the vector width: ``omp simd`` reductions (else ``flash.shared_scores``)."""
-    accs = [f"a{u}" for u in range(rb)]
-    lines = ["      for (int64_t r = r0; r < r1; ++r) {",
-             "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
-             "        {",
-             "          const int64_t rr = 0;", *row("          "),
-             f"          #pragma omp simd reduction(+:{','.join(accs)})",
-             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            const float kv_ = {kx};",
-             *[f"            {a} += qv[{u}][d] * kv_;" for u, a in enumerate(accs)],
-             "          }",
-             "        }"]
-    for u, a in enumerate(accs):
-        lines += ["        {", f"          const int64_t rr = {u};", *row("          "), f"          const float acc_score = {a};",
-                  *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
-    return lines + ["      }"]
-
-
-def _shared_pv(row, rb: int, ee: int, pre_v, vx) -> list[str]:
-    """PV when the block's rb rows share V: each V element is read once for all of them."""
-    ps = [f"p{u}" for u in range(rb)]
-    return ["      for (int64_t r = r0; r < r1; ++r) {",
-            "        " + "const float " + ", ".join(f"{p} = sc[{u}][r - r0]" for u, p in enumerate(ps)) + ";",
-            "        if (" + " && ".join(f"{p} == 0.0f" for p in ps) + ") continue;  // masked for every row",
-            "        const int64_t rr = 0;", *row("        "),
-            "        #pragma omp simd",
-            f"        for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"          const float vv_ = {vx};",
-            *[f"          ov[{u}][e] += {p} * vv_;" for u, p in enumerate(ps)],
-            "        }",
-            "      }"]

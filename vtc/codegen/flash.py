@@ -66,6 +66,13 @@ MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enou
 QUERY_TILE = 4 * LANES
 
 
+def decode_key_block(k) -> int:
+    """Keys per online-softmax step of a GQA-decode task: ``DECODE_KEY_BLOCK``, fewer (whole vectors) for a
+    head / value dim above ``MAX_DIM``, so that a packed block stays as small on the stack."""
+    dim = max(k.head_dim, k.value_dim)
+    return DECODE_KEY_BLOCK if dim <= MAX_DIM else max(LANES, DECODE_KEY_BLOCK * MAX_DIM // dim // LANES * LANES)
+
+
 def _sum16_masks() -> str:
     """C declarations of the permute indices of ``vtc_sum16``'s four levels (a{1..4}, b{1..4}).
 
@@ -108,6 +115,16 @@ static inline vtc_v16 vtc_fma16(vtc_v16 a, vtc_v16 b, vtc_v16 c) {
 #endif
 }
 static inline vtc_v16 vtc_load16(const float* p) { vtc_v16 r; __builtin_memcpy(&r, p, 64); return r; }
+// p[0..n) in lanes 0..n-1 and zeros above (n < 16): nothing past p[n - 1] is read (the tail of a row)
+static inline vtc_v16 vtc_load16_n(const float* p, int n) {
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#else
+  vtc_v16 r = {};
+  __builtin_memcpy(&r, p, 4 * n);
+  return r;
+#endif
+}
 static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast load where x is in memory)
 #if defined(__AVX512F__)
   return (vtc_v16)_mm512_set1_ps(x);
@@ -155,6 +172,13 @@ class Rows:
     ptr: str  # the C pointer of the buffer
     base: str  # C offset of key r0's row (the enclosing code defines r0 and the row variables)
     stride: int
+
+
+def row_vector(ptr: str, v: int, dim: int) -> str:
+    """C expression of vector `v` (floats 16v .. 16v + 15) of a row of `dim` floats at `ptr`: a plain load,
+    or for the row's last, partial vector a masked one (zeros above the row's end, nothing past it read)."""
+    rest = dim - LANES * v
+    return f"vtc_load16({ptr} + {LANES * v})" if rest >= LANES else f"vtc_load16_n({ptr} + {LANES * v}, {rest})"
 
 
 def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
@@ -281,7 +305,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     lows, highs = key_range(k.score)
     # K and V rows read in place where they are strided views (else packed per key block through the mapping)
     krows = in_place(k.k, em, "d", dd, n)
-    vrows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    vrows = in_place(k.v, em, "e", ee, n)
+    vdim = ee if vrows else ep  # floats of a value row that may be read (a packed row is zero-padded)
 
     def krow(t: int) -> str:  # key t0 + t of the block (a real row past the last key: its scores are unused)
         return f"(kb_ + std::min<int64_t>(t0 + {t}, nk - 1) * {krows.stride})" if krows else f"kp[t0 + {t}]"
@@ -342,7 +367,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
             "          }"]),
         *([] if vrows else _pack_value_row(pre_v, vx, ee, ep)),
         "        }",
-        *_value_check(vrow, ev, "        "),
+        *_value_check(vrow, vdim, "        "),
         *([] if krows else [
             f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
         "      }",
@@ -399,7 +424,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
           for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         "            const float* vr = " + vrow("t") + ";",
-        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
         *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -415,7 +440,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "            if (p_ == 0.0f) continue;",
         "            const float* vr = " + vrow("t") + ";",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * vr[e];",
         "          }",
         "        }",
         "      }",
@@ -444,11 +469,14 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
     else the block is packed through its mapping (``kp[key][d]``).  Per row and 16 keys: per key the
     products with q summed over the head dim's vectors into one vector of partial sums, and
     ``vtc_sum16`` turns the 16 vectors into the 16 scores (no horizontal sum per key).  Then the score
-    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  Needs a head
-    dim that is a multiple of LANES (``sc``, ``qv``, ``r0``, ``r1`` and ``nr`` come from the caller).
+    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  A head dim that
+    is not a multiple of LANES: ``qv`` is zero-padded to whole vectors, the last vector of a K row read
+    in place is a masked load and a packed row is zero-padded (``sc``, ``qv``, ``r0``, ``r1`` and ``nr``
+    come from the caller).
     """
     dd, n = k.head_dim, k.r_extent
-    v16, dv = f"vtc_v{LANES}", dd // LANES
+    dv = -(-dd // LANES)
+    v16, dp = f"vtc_v{LANES}", dv * LANES
     rows = in_place(k.k, em, "d", dd, n)
     lines = [f"      const int64_t nk = r1 - r0, nkp = (nk + {LANES - 1}) / {LANES} * {LANES};"]
     if rows is not None:
@@ -456,10 +484,12 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
                   "      {", "        const int64_t rr = 0;", *row("        "),
                   f"        kb_ = {rows.ptr} + ({rows.base});", "      }"]
         key_row = f"kb_ + std::min<int64_t>(c0 + t, nk - 1) * {rows.stride}"  # past the last key: a real row
-        load = "vtc_load16(kr + {o})"
+
+        def load(v: int) -> str:
+            return row_vector("kr", v, dd)
     else:
         lines += [
-            f"      alignas(64) float kp[{DECODE_KEY_BLOCK}][{dd}];",
+            f"      alignas(64) float kp[{decode_key_block(k)}][{dp}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
@@ -467,11 +497,14 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
             "          #pragma omp simd",
             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
             "          }",
+            *([f"          for (int64_t d = {dd}; d < {dp}; ++d) kp[t][d] = 0.0f;"] if dp != dd else []),
             "        }",
-            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dp}; ++d) kp[t][d] = 0.0f;",
             "      }"]
         key_row = "kp[c0 + t]"
-        load = f"*(const {v16}*)(kr + {{o}})"
+
+        def load(v: int) -> str:
+            return f"*(const {v16}*)(kr + {LANES * v})"
     return lines + [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         *[f"        const {v16} q{v} = *(const {v16}*)&qv[rr][{LANES * v}];" for v in range(dv)],
@@ -479,8 +512,8 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
         f"          {v16} part[{LANES}];",
         f"          for (int t = 0; t < {LANES}; ++t) {{",
         f"            const float* kr = {key_row};",
-        f"            {v16} a = q0 * {load.format(o=0)};",
-        *[f"            a = vtc_fma16(q{v}, {load.format(o=LANES * v)}, a);" for v in range(1, dv)],
+        f"            {v16} a = q0 * {load(0)};",
+        *[f"            a = vtc_fma16(q{v}, {load(v)}, a);" for v in range(1, dv)],
         "            part[t] = a;",
         "          }",
         f"          *({v16}*)&sc[rr][c0] = vtc_sum16(part);",
@@ -498,8 +531,8 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
 
 
 def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
-    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view
-    with a value dim of whole vectors) or packed through the mapping, then ``qg`` rows x the value dim
+    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view;
+    the last vector of a row a masked load) or packed through the mapping, then ``qg`` rows x the value dim
     of accumulators in vector registers per step, P broadcast.  A block whose V holds inf or NaN adds
     only keys with a probability (as the prefill)."""
     ee, n = k.value_dim, k.r_extent
@@ -507,7 +540,8 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
     ep = -(-ee // LANES) * LANES
     ev = ep // LANES
     qg = max(x for x in range(1, g + 1) if g % x == 0 and x * ev <= ACCUMULATORS) if ev <= ACCUMULATORS else 1
-    rows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    rows = in_place(k.v, em, "e", ee, n)
+    vdim = ee if rows else ep  # floats of a value row that may be read (a packed row is zero-padded)
     lines = ["      {", "      const int64_t nk = r1 - r0;"]
     if rows is not None:
         lines += ["      const float* vb_;",
@@ -518,7 +552,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
             return f"(vb_ + ({t}) * {rows.stride})"
     else:
         lines += [
-            f"      alignas(64) float vp[{DECODE_KEY_BLOCK}][{ep}];",
+            f"      alignas(64) float vp[{decode_key_block(k)}][{ep}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
@@ -530,13 +564,13 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         def vrow(t: str) -> str:
             return f"vp[{t}]"
     return lines + [
-        *_value_check(vrow, ev, "      ", declare=True),
+        *_value_check(vrow, vdim, "      ", declare=True),
         "      if (!v_bad) {",
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         f"            const float* vr = {vrow('t')};",
-        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
         *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -550,7 +584,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         "            if (p_ == 0.0f) continue;",
         f"            const float* vr = {vrow('t')};",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * vr[e];",
         "          }",
         "        }",
         "      }",
@@ -568,13 +602,13 @@ def _pack_value_row(pre_v: list[str], vx: str, ee: int, ep: int) -> list[str]:
         *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]
 
 
-def _value_check(vrow, ev: int, ind: str, declare: bool = False) -> list[str]:
-    """C lines setting ``v_bad`` when one of the block's ``nk`` value rows (``vrow(t)``, ``ev`` vectors each)
+def _value_check(vrow, vdim: int, ind: str, declare: bool = False) -> list[str]:
+    """C lines setting ``v_bad`` when one of the block's ``nk`` value rows (``vrow(t)``, ``vdim`` floats each)
     holds inf or NaN (0 * v is 0 but for those); ``declare``: ``v_bad`` is declared here too."""
     return [
         f"{ind}vtc_v{LANES} chk = {{}};  // 0 * v is 0 but for inf and NaN",
         f"{ind}for (int64_t t = 0; t < nk; ++t) {{",
-        *[f"{ind}  chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        *[f"{ind}  chk += {row_vector(vrow('t'), v, vdim)} * 0.0f;" for v in range(-(-vdim // LANES))],
         f"{ind}}}",
         *([f"{ind}bool v_bad = false;"] if declare else []),
         f"{ind}for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;"]
