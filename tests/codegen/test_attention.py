@@ -389,3 +389,18 @@ def test_gqa_decode_with_any_head_dim_uses_the_vector_micro_kernels(d, b, packed
     assert "vtc_sum16(part)" in src and "reduction(+:a0" not in src  # not the omp simd dot products
     masked_loads = src.count("vtc_load16_n(") - 1  # less the prelude's definition
     assert (masked_loads > 0) == (not packed and (d % 16 != 0 or e % 16 != 0)), masked_loads
+
+
+@pytest.mark.parametrize("s, d, b, lanes", [(8, 40, 1, 16), (17, 48, 16, 32), (33, 40, 1, 64)])
+def test_prefill_tile_lanes_follow_the_query_count(s, d, b, lanes):
+    """A short prefill chunk runs on 16 or 32 query lanes (not 64 with idle ones), chosen at run time so that
+    the kernel text is the same for every query count; a value dim of 3 vectors (40, 48: PV steps of 4
+    queries, a divisor of the tile) with V read in place, a partial last vector masked."""
+    fn = attention(2, "causal", None, "mul")
+    inputs = _inputs(2, b, s, s + 23, d, "causal", seed=s)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    src = generate(k)
+    assert k.tiled and "if (qn == 16) {" in src and "} else if (qn == 32) {" in src, src

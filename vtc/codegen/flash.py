@@ -62,7 +62,9 @@ ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 reg
 MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
 # queries per prefill task: four vectors of lanes (each K and V row read for 64 queries; 32 took ~1.4x the
 # time of attn_causal).  One tile for every query count, so that the kernel text does not change with the
-# prompt length (vtc.runtime.generic: a new length reuses the kernel); a short prompt computes idle lanes.
+# prompt length (vtc.runtime.generic: a new length reuses the kernel); a tile with at most 16 or 32 queries
+# (a short chunk, the last tile) runs on one or two vectors of lanes, chosen at run time (a score
+# micro-kernel for each).
 QUERY_TILE = 4 * LANES
 
 
@@ -292,12 +294,10 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     heads, per_head = k.domain
     n, dd, ee = k.r_extent, k.head_dim, k.value_dim
     qt_n = QUERY_TILE
-    nqv = qt_n // LANES
     kb = KEY_BLOCK
-    kg = ACCUMULATORS // nqv  # keys per score micro-kernel step
     ep = -(-ee // LANES) * LANES  # value dim padded to whole vectors
     ev = ep // LANES
-    qg = max(1, min(qt_n, ACCUMULATORS // ev))  # queries per PV micro-kernel step
+    qg = 1 << (ACCUMULATORS // ev).bit_length() - 1  # queries per PV micro-kernel step (divides the tile)
     out = k.stores[0]
     v16 = f"vtc_v{LANES}"
     chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
@@ -324,7 +324,24 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     r_end = f"std::min<int64_t>({{(int64_t){n}, {hi}}})" if highs else f"{n}"
     r_beg = f"std::max<int64_t>({{(int64_t)0, {lo}}}) / {kb} * {kb}" if lows else "0"
 
-    score_acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+
+    def score_kernel(nqv: int) -> list[str]:  # scores of the block on nqv vectors of query lanes
+        kg = ACCUMULATORS // nqv  # keys per step
+        acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+        return [
+            f"        for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
+            f"          {v16} " + ", ".join(f"{a} = {{}}" for a in acc) + ";",
+            *[f"          const float* kr{t} = {krow(t)};" for t in range(kg)],
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{",
+            *[f"            const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
+            *[f"            const float k{t} = kr{t}[d];" for t in range(kg)],
+            "            " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
+                                    for t in range(kg) for v in range(nqv)),
+            "          }",
+            *[f"          *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+            "        }"]
+
+    kg = ACCUMULATORS  # keys per step of the one-vector micro-kernel (a multiple of the others' steps)
     lines = [
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
@@ -338,6 +355,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"    alignas(64) float ov[{qt_n}][{ep}];",
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
         f"    alignas(64) int bn[{qt_n}];",
+        f"    const int64_t qn = nr <= {LANES} ? {LANES} : nr <= {2 * LANES} ? {2 * LANES} : {qt_n};  // lanes in use",
         "    {  // pack Qᵀ: qt[d][q] = Q(m_lo + q, d), zeros past the last query",
         "      for (int64_t q = 0; q < nr; ++q) {",
         "        const int64_t i1 = m_lo + q;",
@@ -371,17 +389,13 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         *([] if krows else [
             f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
         "      }",
-        # scores: kg keys x nqv query vectors per step
-        f"      for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
-        f"        {v16} " + ", ".join(f"{a} = {{}}" for a in score_acc) + ";",
-        *[f"        const float* kr{t} = {krow(t)};" for t in range(kg)],
-        f"        for (int64_t d = 0; d < {dd}; ++d) {{",
-        *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
-        *[f"          const float k{t} = kr{t}[d];" for t in range(kg)],
-        "          " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
-                              for t in range(kg) for v in range(nqv)),
-        "        }",
-        *[f"        *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+        # scores: keys x the query vectors in use per step
+        f"      if (qn == {LANES}) {{",
+        *score_kernel(1),
+        f"      }} else if (qn == {2 * LANES}) {{",
+        *score_kernel(2),
+        "      } else {",
+        *score_kernel(4),
         "      }",
         # the score chain per (key, query), vectorised over the queries
         "      for (int64_t t = 0; t < nk; ++t) {",
@@ -391,19 +405,19 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "          const int64_t i1 = m_lo + q;",
         "          const float acc_score = st[t][q];", *["  " + x for x in pre_s], f"          st[t][q] = {sx};",
         "        }",
-        f"        for (int64_t q = nr; q < {qt_n}; ++q) st[t][q] = -INFINITY;",
+        "        for (int64_t q = nr; q < qn; ++q) st[t][q] = -INFINITY;",
         "      }",
         # online softmax, one query per lane
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{ bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }}",
+        "      for (int64_t q = 0; q < qn; ++q) { bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }",
         "      for (int64_t t = 0; t < nk; ++t) {",
         "        #pragma omp simd",
-        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        for (int64_t q = 0; q < qn; ++q) {",
         "          const float s_ = st[t][q]; bm[q] = s_ > bm[q] ? s_ : bm[q]; bn[q] |= s_ != s_;",
         "        }",
         "      }",
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "      for (int64_t q = 0; q < qn; ++q) {",
         "        const float mnew = bn[q] ? NAN : vtc_max(mx[q], bm[q]);",
         "        cr[q] = mnew == -INFINITY ? 1.0f : vtc_exp(mx[q] - mnew);  // rescales what came before",
         "        mu[q] = mnew == -INFINITY ? 0.0f : mnew;  // every score so far -inf: probabilities 0",
@@ -411,12 +425,12 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "      }",
         "      for (int64_t t = 0; t < nk; ++t) {",
         "        #pragma omp simd",
-        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        for (int64_t q = 0; q < qn; ++q) {",
         "          const float p_ = vtc_exp(st[t][q] - mu[q]); st[t][q] = p_; ps[q] += p_;",
         "        }",
         "      }",
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
+        "      for (int64_t q = 0; q < qn; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
         # PV: qg queries x the value dim per step
         "      if (!v_bad) {",
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
