@@ -404,3 +404,82 @@ def test_prefill_tile_lanes_follow_the_query_count(s, d, b, lanes):
     (k,) = attention_kernels(compiled)
     src = generate(k)
     assert k.tiled and "if (qn == 16) {" in src and "} else if (qn == 32) {" in src, src
+
+
+MIN = torch.finfo(torch.float32).min
+
+
+def hf_attention(ratio: int):
+    """transformers' eager attention: GQA, scale, an additive mask of 0 / finfo.min (a graph input)."""
+    def fn(q, k, v, mask):
+        scores = torch.matmul(q, repeat_kv(k, ratio).transpose(2, 3)) * q.shape[3] ** -0.5
+        return torch.matmul(torch.softmax(scores + mask, dim=-1), repeat_kv(v, ratio))
+    return fn
+
+
+def hf_mask(b: int, s: int, t: int, first: int, window: int | None = None, empty_row: int | None = None):
+    """[b, 1, s, t] additive mask of queries at positions first.. over t keys: 0 where seen, finfo.min where
+    hidden (causal, a sliding window); `empty_row`: that query sees nothing (torch: uniform over all keys)."""
+    pos, kv = torch.arange(s)[:, None] + first, torch.arange(t)[None, :]
+    hidden = kv > pos
+    if window is not None:
+        hidden |= kv <= pos - window
+    if empty_row is not None:
+        hidden[empty_row] = True
+    return torch.zeros(b, 1, s, t).masked_fill(hidden, MIN)
+
+
+@pytest.mark.parametrize("ratio, b, s, t, first, window, empty_row", [
+    (1, 1, 70, 400, 20, None, None),  # prefill: key blocks past the tile's last query hidden
+    (2, 16, 17, 300, 150, 40, None),  # sliding window: blocks before the window hidden, batch 16
+    (4, 1, 1, 1500, 100, None, None),  # decode, keys split across threads: the second split all hidden
+    (4, 2, 1, 700, 300, None, None),  # decode, one task per group
+])
+def test_finfo_min_masks_skip_hidden_key_blocks(ratio, b, s, t, first, window, empty_row):
+    """An additive finfo.min mask (a graph input: unknown at compile time) hides whole key blocks: they are
+    skipped at run time.  The cache past the last seen position holds NaN (uninitialised slots): skipped,
+    it does not reach the output, which equals torch on a clean cache (torch gives NaN on the dirty one)."""
+    fn = hf_attention(ratio)
+    g = gen(41 + s)
+    d = 64
+    q, k, v = rand((b, 2 * ratio, s, d), g), rand((b, 2, t, d), g), rand((b, 2, t, d), g)
+    mask = hf_mask(b, s, t, first, window, empty_row)
+    end = -(-(first + s) // 128) * 128  # the first whole decode key block past every query's last key
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[:, :, end:], v_bad[:, :, end:] = float("nan"), float("nan")
+    if window is not None:  # and before every query's window
+        k_bad[:, :, :64], v_bad[:, :, :64] = float("nan"), float("inf")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        compiled = compile_cpu(fn, (q, k_bad, v_bad, mask))
+        got = compiled(q, k_bad, v_bad, mask)
+    finally:
+        torch.set_num_threads(saved)
+    assert_one_attention_kernel(compiled)
+    torch.testing.assert_close(got, fn(q, k, v, mask), **TOL)
+    assert fn(q, k_bad, v_bad, mask).isnan().any()  # torch spreads the hidden NaN
+
+
+@pytest.mark.parametrize("b, s, t, empty_row, threads", [(1, 70, 300, 66, 2), (16, 17, 140, 3, 1),
+                                                         (1, 1, 1500, 0, 2), (1, 1, 1500, 0, 1)],
+                         ids=["prefill", "prefill_b16", "decode_split", "decode"])
+def test_finfo_min_mask_row_with_every_key_hidden_is_torchs_uniform_softmax(b, s, t, empty_row, threads):
+    """A query whose every key is hidden by finfo.min: torch gives a uniform softmax over all the keys (the
+    mean of V), not 0 or NaN.  Key blocks are skipped for the other rows, so the kernel sees that row's max
+    stay at finfo.min and runs the tile (or, keys split across threads, the kernel) again without skipping."""
+    fn = hf_attention(4)
+    g = gen(43 + s)
+    q, k, v = rand((b, 8, s, 32), g), rand((b, 2, t, 32), g), rand((b, 2, t, 32), g)
+    mask = hf_mask(b, s, t, 5, None, empty_row)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compiled = compile_cpu(fn, (q, k, v, mask))
+        got = compiled(q, k, v, mask)
+    finally:
+        torch.set_num_threads(saved)
+    assert_one_attention_kernel(compiled)
+    want = fn(q, k, v, mask)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got[:, :, empty_row], repeat_kv(v, 4).mean(2), **TOL)

@@ -457,8 +457,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         for root, indent in parts:
             em.forget()
             texts += [em.hoist([root], indent), em.scalar(root)]
+        mask = flash.additive_mask(k.score)
+        if mask is not None:
+            em.forget()
+            mask = (em.hoist([mask], "      "), em.scalar(mask))
         em.forget()
-        return flash.emit_tiled(k, em, *texts)
+        return flash.emit_tiled(k, em, *texts, mask=mask)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
@@ -485,10 +489,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_k, kx = body(k.k, "            ")
     pre_s, sx = body(k.score, "          ")
     pre_v, vx = body(k.v, "            ")
+    mask = flash.additive_mask(k.score)
+    pre_m, mx_expr = body(mask, "") if mask is not None else ([], "")
     em.forget()
     store = (f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}]")
     inv = ("mx_ == -INFINITY ? 0.0f : 1.0f / sm_" if k.zero_empty_rows else "1.0f / sm_")
-    return [
+    lines = [
         # flash-decoding: fewer row blocks than twice the threads split their keys (each split >= SPLIT_KEYS,
         # whole key blocks); the splits' partial results are merged after the loop
         f"  const int64_t nsplit = {work} < {PARALLEL_MIN_WORK} ? 1 : std::max<int64_t>(1, std::min<int64_t>("
@@ -504,6 +510,9 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"    alignas(64) float ov[{rb}][{ep}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
+        # an additive mask hiding whole key blocks from every row: those are skipped (flash.hidden_block_check)
+        *(["    for (bool skip_ok = allow_skip_;; skip_ok = false) {  // again without skipping: a row saw only "
+           "hidden keys", "    bool skipped = false;"] if mask else []),
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
         "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
         f"      for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] = 0.0f;",
@@ -511,6 +520,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
+        *(flash.hidden_block_check(pre_m, mx_expr, ["for (int64_t rr = 0; rr < nr && !seen; ++rr) {", *row("")],
+                                   ["for (int64_t r = r0; r < r1; ++r) {"], "      ") if mask else []),
         *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
@@ -559,6 +570,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         "    }",
+        *(["    if (!skipped) break;",
+           "    if (nsplit > 1) { __atomic_store_n(&skipped_any_, 1, __ATOMIC_RELAXED); break; }  // decided at the merge",
+           f"    bool safe = true;  // every row's max above {flash.SAFE_MAX}: the skipped keys' probabilities are 0",
+           f"    for (int64_t rr = 0; rr < nr; ++rr) safe = safe && !(mx[rr] <= {flash.SAFE_MAX});",
+           "    if (safe) break;",
+           "    }"] if mask else []),
         "    if (nsplit > 1) {  // this split's running max, sum and output rows, merged below",
         f"      float* pp = part_ + task * {rb} * {ep + 2};",
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
@@ -581,6 +598,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"      const float* pp = part_ + (blk * nsplit * {rb} + rr) * {ep + 2};",
         "      float mx_ = -INFINITY;",
         f"      for (int64_t sp = 0; sp < nsplit; ++sp) mx_ = vtc_max(mx_, pp[sp * {rb} * {ep + 2}]);",
+        *([f"      if (skipped_any_ && mx_ <= {flash.SAFE_MAX}) __atomic_store_n(&redo_, 1, __ATOMIC_RELAXED);"]
+          if mask else []),
         f"      alignas(64) float acc_[{ep}] = {{}};",
         "      float sm_ = 0.0f;",
         "      for (int64_t sp = 0; sp < nsplit; ++sp) {",
@@ -597,4 +616,14 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    std::free(part_);",
         "  }",
     ]
+    if not mask:
+        return lines
+    # a row of a split task that saw only hidden keys is found at the merge: then the kernel runs again
+    # without skipping
+    return ["  int skipped_any_ = 0, redo_ = 0;",
+            "  for (int pass_ = 0; pass_ < 2; ++pass_) {",
+            "  const bool allow_skip_ = pass_ == 0;",
+            *lines,
+            "  if (!redo_) break;",
+            "  }"]
 

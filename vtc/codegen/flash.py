@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vtc.codegen.kernel_ir import Scalar
+from vtc.codegen.kernel_ir import Scalar, scalars_under
 from vtc.index.expr import add, affine, mul, subs, var
 from vtc.index.mapping import linear_offset
 
@@ -224,6 +224,50 @@ def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int
             return lows, highs
 
 
+# A mask value at or below HIDDEN (-2^127: torch.finfo(float32).min and -inf are) hides its key; a row whose
+# running max is above SAFE_MAX (-2^126) gives such a key a probability of exactly 0 (see hidden_block_check).
+HIDDEN = "-1.70141183e38f"
+SAFE_MAX = "-8.50705917e37f"
+
+
+def additive_mask(score: Scalar) -> Scalar | None:
+    """The mask term m of a score chain ``x + m`` whose m does not read the dot product (an additive mask,
+    such as transformers' ``finfo.min`` masks, a graph input or built from indices), or None; walked
+    down through casts and ``where(cond, -inf, ...)`` as ``key_range``."""
+    s = score
+    while s.op == "cast" or (s.op == "where" and _is_minus_inf(s.args[1])):
+        s = s.args[0] if s.op == "cast" else s.args[2]
+    if s.op != "binary" or s.args[0] != "add":
+        return None
+    free = [x for x in s.args[1:] if not any(y.op == "acc" for y in scalars_under([x]))]
+    return free[0] if len(free) == 1 else None
+
+
+def hidden_block_check(pre_m: list[str], mx: str, outer: list[str], inner: list[str], ind: str) -> list[str]:
+    """C lines that skip a key block (``continue``, setting ``skipped``) when ``skip_ok`` and the additive
+    mask (``pre_m``, expression ``mx``) hides every key of the block from every row of the task.
+
+    Exact: a hidden key's score is c + m <= c - 2^127 (c: the score before the mask), so where the row's
+    max M ends above SAFE_MAX and c < 2^126 - 104, exp(c + m - M) is 0 in float32 (in torch too).  A task
+    with a row whose max ends at or below SAFE_MAX (every key it visited hidden; a row whose every key
+    is hidden gets torch's uniform softmax over them) is computed again without skipping.  `outer` opens
+    the loop over one operand (with ``!seen`` in its condition) and `inner` the ``omp simd`` loop over
+    the other, each with the index variables the mask reads; a NaN mask value counts as seen.
+    """
+    return [
+        f"{ind}if (skip_ok) {{  // hidden from every row by the additive mask: adds exactly 0",
+        f"{ind}  bool seen = false;",
+        f"{ind}  {outer[0]}", *[f"{ind}    {x}" for x in outer[1:]],
+        f"{ind}    #pragma omp simd reduction(||:seen)",
+        f"{ind}    {inner[0]}", *[f"{ind}      {x}" for x in inner[1:]],
+        *[f"{ind}      {x.strip()}" for x in pre_m],
+        f"{ind}      seen = seen || !({mx} <= {HIDDEN});",
+        f"{ind}    }}",
+        f"{ind}  }}",
+        f"{ind}  if (!seen) {{ skipped = true; continue; }}",
+        f"{ind}}}"]
+
+
 def _is_minus_inf(s: Scalar) -> bool:
     return s.op == "const" and s.args[0] == float("-inf")
 
@@ -286,9 +330,9 @@ def _bounds(cond: Scalar, lows: list, highs: list) -> None:
         lows.append((c0 + (0 if strict else 1), ci))
 
 
-def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
-    (hoisted lines, C expression) of q, k, score and v from ``emit_attention``."""
+    (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
@@ -364,6 +408,8 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "      }",
         f"      for (int64_t q = nr; q < {qt_n}; ++q) for (int64_t d = 0; d < {dd}; ++d) qt[d][q] = 0.0f;",
         "    }",
+        *(["    for (bool skip_ok = true;; skip_ok = false) {  // again without skipping: a row saw only hidden keys",
+           "    bool skipped = false;"] if mask else []),
         f"    for (int64_t q = 0; q < {qt_n}; ++q) {{",
         "      mx[q] = -INFINITY; sm[q] = 0.0f;",
         f"      for (int64_t e = 0; e < {ep}; ++e) ov[q][e] = 0.0f;",
@@ -372,6 +418,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"    for (int64_t r0 = {r_beg}; r0 < r_end; r0 += {kb}) {{",
         f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
         f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
+        *(hidden_block_check(mask[0], mask[1], ["for (int64_t t = 0; t < nk && !seen; ++t) {", "const int64_t r = r0 + t;"],
+                             ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i1 = m_lo + q;"], "      ")
+          if mask else []),
         "      bool v_bad = false;  // a value row of the block holds inf or NaN",
         "      {",
         "        const int64_t i1 = m_lo;",
@@ -459,6 +508,10 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "        }",
         "      }",
         "    }",
+        *([f"    bool safe = true;  // every row's max above {SAFE_MAX}: the skipped keys' probabilities are 0",
+           f"    for (int64_t q = 0; q < nr; ++q) safe = safe && !(mx[q] <= {SAFE_MAX});",
+           "    if (!skipped || safe) break;",
+           "    }"] if mask else []),
         "    for (int64_t q = 0; q < nr; ++q) {",
         "      const int64_t i1 = m_lo + q;",
         "      const float inv = mx[q] == -INFINITY ? 0.0f : 1.0f / sm[q];" if k.zero_empty_rows else
