@@ -48,14 +48,20 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
   Keys go in blocks of ``KEY_BLOCK`` (``flash.decode_key_block`` for GQA
   decode).  With fewer row blocks than twice the threads (decode of a small
   batch) the keys of a row block are split across tasks (flash-decoding,
-  ``SPLIT_KEYS`` keys at least each) and the partial results merged.
+  ``SPLIT_KEYS`` keys at least each) and the partial results merged.  In every
+  form a key block that an additive mask (``flash.additive_mask``: transformers'
+  ``finfo.min`` masks, from ``cache_position`` or a mask input) hides from every
+  row of the task is skipped at run time (``flash.hidden_block_check``; exact:
+  a task with a row that saw only hidden keys runs again without skipping, or,
+  keys split, the whole kernel, found at the merge).
 
 Numerics: the result equals softmax-then-matmul up to float rounding (the
 dot products use FMA); a row whose scores are all -inf gives NaN as torch
 does.  A key whose probability is exactly 0 (masked, or underflowed) does not
 bring a NaN or inf of its value row into the output (torch would give NaN
 there): the vector forms check each key block's values and take a key-by-key
-path for a block that holds one.
+path for a block that holds one; likewise a NaN or inf in the K or V rows of
+a block skipped as hidden by an additive mask (torch: NaN) stays out.
 """
 from __future__ import annotations
 

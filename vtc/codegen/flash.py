@@ -4,15 +4,17 @@
 builds an ``AttentionKernel``; where many queries of one head read the same K
 and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
 this form.  A task is one head and a tile of ``QUERY_TILE`` queries (64: four
-AVX-512 registers of float, one query per lane); OpenMP hands out the
-tasks dynamically, the longest first (a causal tile near the end sees the most
-keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
-``KB`` keys:
+AVX-512 registers of float, one query per lane; a tile of at most 16 or 32
+queries, a short prefill chunk or the last tile, runs on one or two vectors of
+lanes, chosen at run time); OpenMP hands out the tasks dynamically, the longest
+first (a causal tile near the end sees the most keys).  Per task Qᵀ is packed
+once (``qt[d][query]``), then per block of ``KB`` keys:
 
 - K and V rows of the block are read in place where their mapping is a strided
   view with consecutive elements along the head / value dim (``in_place``: the
   GQA head mapping and a KV cache included), else packed through the mapping
-  (``kp[key][d]``, ``vp[key][e]``);
+  (``kp[key][d]``, ``vp[key][e]``); a row's partial last vector is read by a
+  masked load (``row_vector``);
 - scores Sᵀ[key][query] = Σ_d K[key][d] · Qᵀ[d][query] by a register-blocked
   micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
   from L1): a small GEMM, no horizontal sums;
@@ -27,7 +29,12 @@ keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 Key blocks that a predicate mask hides from every query of the tile are not
 visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
 above, a sliding window ``key <= query - w`` from below), so causal attention
-does half the work.  A value row holding inf or NaN is detected per key block
+does half the work.  An additive mask (``additive_mask``: transformers'
+``finfo.min`` masks, a mask input, a mask built from ``cache_position``) is
+unknown at compile time: a key block whose mask values hide it from every query
+of the tile (all <= -2^127) is skipped at run time, exactly
+(``hidden_block_check``; a tile with a row that saw only hidden keys, whose
+softmax torch makes uniform over them, runs again without skipping).  A value row holding inf or NaN is detected per key block
 (0 * v summed); that block then adds only the keys whose probability is not 0,
 so a masked garbage row does not turn the output into NaN (as the row-by-row
 form does).
@@ -39,7 +46,9 @@ keys as the lanes, a score needs a sum over the head dim: per key the products
 are summed over the head dim's vectors into one vector, and ``vtc_sum16`` turns
 16 such vectors into 16 scores by a tree of two-source permutes.  The block
 softmax and PV (``qg`` rows x the value dim in registers, P broadcast) follow;
-``emit_attention`` splits the keys across tasks when there are few groups.
+``emit_attention`` splits the keys across tasks when there are few groups.  Any
+head and value dim: rows are padded to whole vectors (q with zeros, a K or V
+row read in place by a masked last load, a packed row zero-filled).
 
 The dot products use FMA intrinsics (``vtc_fma16``): the build turns off
 contraction of ``a * b + c`` so that elementwise kernels match torch bit for
