@@ -403,7 +403,26 @@ def test_prefill_tile_lanes_follow_the_query_count(s, d, b, lanes):
     assert_one_attention_kernel(compiled)
     (k,) = attention_kernels(compiled)
     src = generate(k)
-    assert k.tiled and "if (qn == 16) {" in src and "} else if (qn == 32) {" in src, src
+    assert k.tiled and k.head_group == 2 and "if (qn == 16) {" in src and "} else if (qn == 32) {" in src
+
+
+@pytest.mark.parametrize("ratio, b, s, t, mask", [(4, 1, 3, 200, "causal"), (4, 16, 4, 67, "additive"),
+                                                  (8, 1, 5, 130, "window_inf"), (2, 1, 7, 300, "causal")])
+def test_few_queries_of_a_gqa_group_share_the_tile_lanes(ratio, b, s, t, mask):
+    """Speculative decoding / a short chunk: the queries of a GQA group's heads are the lanes of one tile
+    (3 queries x 4 heads: 12 lanes, K and V read once for the group), causal bounds over the tile's
+    queries of several heads; 2 queries x 4 heads stay the decode form."""
+    fn = attention(ratio, mask, None, "mul")
+    inputs = _inputs(ratio, b, s, t, 64, mask, seed=s + t)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.head_group == ratio and k.tiled
+    if s == 3:
+        two = _inputs(4, 1, 2, 50, 64, "causal", seed=1)
+        (k,) = attention_kernels(compile_cpu(attention(4, "causal", None, "mul"), two))
+        assert not k.tiled and k.shared_rows == 8
 
 
 MIN = torch.finfo(torch.float32).min

@@ -3,7 +3,10 @@
 ``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
 builds an ``AttentionKernel``; where many queries of one head read the same K
 and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
-this form.  A task is one head and a tile of ``QUERY_TILE`` queries (64: four
+this form.  A task is a tile of ``QUERY_TILE`` queries of one head, or of the
+heads of a GQA group together (``head_group``: they read the same K and V rows,
+so a short chunk or the few queries of speculative decoding fill the lanes and
+each K / V row is read once for the group) (64: four
 AVX-512 registers of float, one query per lane; a tile of at most 16 or 32
 queries, a short prefill chunk or the last tile, runs on one or two vectors of
 lanes, chosen at run time); OpenMP hands out the tasks dynamically, the longest
@@ -353,7 +356,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
     qg = 1 << (ACCUMULATORS // ev).bit_length() - 1  # queries per PV micro-kernel step (divides the tile)
     out = k.stores[0]
     v16 = f"vtc_v{LANES}"
-    chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
+    g = k.head_group  # query heads whose queries share the tiles (a GQA group: the same K and V rows)
+    group_rows = g * per_head
+    chunks = f"(({group_rows} + {qt_n - 1}) / {qt_n})"
     work = heads * per_head * n * (dd + ee)
     lows, highs = key_range(k.score)
     # K and V rows read in place where they are strided views (else packed per key block through the mapping)
@@ -370,7 +375,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
     def bound(c: int, a: int, at: str) -> str:
         return f"({c} + {a} * ({at}))" if a else f"{c}"
 
-    first, last = "m_lo", "(m_lo + nr - 1)"
+    first, last = "i1_first", "i1_last"
     # visible keys of the tile: the union over its queries of each query's range
     hi = ", ".join([f"std::max<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in highs])
     lo = ", ".join([f"std::min<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in lows])
@@ -397,10 +402,14 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
     kg = ACCUMULATORS  # keys per step of the one-vector micro-kernel (a multiple of the others' steps)
     lines = [
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
-        f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
-        f"    const int64_t i0 = blk / {chunks};",
+        f"  for (int64_t blk = 0; blk < {heads // g} * {chunks}; ++blk) {{",
+        f"    const int64_t i0 = blk / {chunks} * {g};  // the group's first head",
         f"    const int64_t m_lo = ({chunks} - 1 - blk % {chunks}) * {qt_n};  // the longest tiles first",
-        f"    const int64_t nr = std::min<int64_t>({qt_n}, {per_head} - m_lo);",
+        f"    const int64_t nr = std::min<int64_t>({qt_n}, {group_rows} - m_lo);",
+        f"    alignas(64) int64_t li0[{qt_n}], li1[{qt_n}];  // lane q: query li1[q] of head li0[q]",
+        f"    for (int64_t q = 0; q < nr; ++q) {{ li0[q] = i0 + (m_lo + q) / {per_head}; li1[q] = (m_lo + q) % {per_head}; }}",
+        f"    const bool one_head = m_lo / {per_head} == (m_lo + nr - 1) / {per_head};",
+        f"    const int64_t i1_first = one_head ? li1[0] : 0, i1_last = one_head ? li1[nr - 1] : {per_head - 1};",
         f"    alignas(64) float qt[{dd}][{qt_n}];",
         *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
         *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
@@ -409,9 +418,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
         f"    alignas(64) int bn[{qt_n}];",
         f"    const int64_t qn = nr <= {LANES} ? {LANES} : nr <= {2 * LANES} ? {2 * LANES} : {qt_n};  // lanes in use",
-        "    {  // pack Qᵀ: qt[d][q] = Q(m_lo + q, d), zeros past the last query",
+        "    {  // pack Qᵀ: qt[d][q] = Q of lane q, zeros past the last query",
         "      for (int64_t q = 0; q < nr; ++q) {",
-        "        const int64_t i1 = m_lo + q;",
+        "        const int64_t i0 = li0[q], i1 = li1[q];",
         "        #pragma omp simd",
         f"        for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"          qt[d][q] = {qx};", "        }",
         "      }",
@@ -428,11 +437,11 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
         f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
         *(hidden_block_check(mask[0], mask[1], ["for (int64_t t = 0; t < nk && !seen; ++t) {", "const int64_t r = r0 + t;"],
-                             ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i1 = m_lo + q;"], "      ")
+                             ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i0 = li0[q], i1 = li1[q];"], "      ")
           if mask else []),
         "      bool v_bad = false;  // a value row of the block holds inf or NaN",
         "      {",
-        "        const int64_t i1 = m_lo;",
+        "        const int64_t i1 = 0;  // K and V rows do not depend on the query",
         *([f"        kb_ = {krows.ptr} + ({krows.base});"] if krows else []),
         *([f"        vb_ = {vrows.ptr} + ({vrows.base});"] if vrows else []),
         "        for (int64_t t = 0; t < nk; ++t) {",
@@ -460,7 +469,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         "        const int64_t r = r0 + t;",
         "        #pragma omp simd",
         "        for (int64_t q = 0; q < nr; ++q) {",
-        "          const int64_t i1 = m_lo + q;",
+        "          const int64_t i0 = li0[q], i1 = li1[q];",
         "          const float acc_score = st[t][q];", *["  " + x for x in pre_s], f"          st[t][q] = {sx};",
         "        }",
         "        for (int64_t q = nr; q < qn; ++q) st[t][q] = -INFINITY;",
@@ -522,7 +531,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
            "    if (!skipped || safe) break;",
            "    }"] if mask else []),
         "    for (int64_t q = 0; q < nr; ++q) {",
-        "      const int64_t i1 = m_lo + q;",
+        "      const int64_t i0 = li0[q], i1 = li1[q];",
         "      const float inv = mx[q] == -INFINITY ? 0.0f : 1.0f / sm[q];" if k.zero_empty_rows else
         "      const float inv = 1.0f / sm[q];",
         "      #pragma omp simd",
