@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from bench.workloads import gemma2, llama3
 
+from vtc.codegen.cpp import generate
+
 from .util import compile_cpu, executor, gen, kernels, rand, report, steps
 
 TOL = dict(rtol=1e-4, atol=2e-5)
@@ -357,3 +359,146 @@ def test_gemma2_local_prefill_layer():
     with torch.no_grad():
         torch.testing.assert_close(compiled(*inputs), m(*inputs), **TOL)
     assert len(attention_kernels(compiled)) == 1
+
+
+@pytest.mark.parametrize("d, b, packed", [(1, 1, False), (3, 16, False), (17, 1, True), (40, 16, False), (300, 1, True),
+                                          (80, 1, False), (127, 16, True), (127, 1, False)])
+def test_gqa_decode_with_any_head_dim_uses_the_vector_micro_kernels(d, b, packed):
+    """GQA decode with a head dim that is not a multiple of the vector width: q zero-padded, the last vector
+    of a K / V row read in place is a masked load (nothing past the row is read), a packed row (K through a
+    scale, V through a cat) zero-padded; the value dim differs from the head dim."""
+    e = d + 5 if d < 100 else d
+
+    def fn(q, k, v, v_new):
+        keys = repeat_kv(k * 0.5 if packed else k, 4)
+        values = repeat_kv(torch.cat([v, v_new], dim=2) if packed else v, 4)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * d ** -0.5
+        pos, kv = torch.tensor([k.shape[2] - 3]), torch.arange(k.shape[2])
+        scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), values)
+    g = gen(31 + d)
+    t = 131
+    inputs = (rand((b, 8, 1, d), g), rand((b, 2, t, d), g), rand((b, 2, t - 1 if packed else t, e), g),
+              rand((b, 2, 1 if packed else 0, e), g))
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.shared_rows == 4 and not k.tiled
+    src = generate(k)
+    assert "vtc_sum16(part)" in src and "reduction(+:a0" not in src  # not the omp simd dot products
+    masked_loads = src.count("vtc_load16_n(") - 1  # less the prelude's definition
+    assert (masked_loads > 0) == (not packed and (d % 16 != 0 or e % 16 != 0)), masked_loads
+
+
+@pytest.mark.parametrize("s, d, b, lanes", [(8, 40, 1, 16), (17, 48, 16, 32), (33, 40, 1, 64)])
+def test_prefill_tile_lanes_follow_the_query_count(s, d, b, lanes):
+    """A short prefill chunk runs on 16 or 32 query lanes (not 64 with idle ones), chosen at run time so that
+    the kernel text is the same for every query count; a value dim of 3 vectors (40, 48: PV steps of 4
+    queries, a divisor of the tile) with V read in place, a partial last vector masked."""
+    fn = attention(2, "causal", None, "mul")
+    inputs = _inputs(2, b, s, s + 23, d, "causal", seed=s)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    src = generate(k)
+    assert k.tiled and k.head_group == 2 and "if (qn == 16) {" in src and "} else if (qn == 32) {" in src
+
+
+@pytest.mark.parametrize("ratio, b, s, t, mask", [(4, 1, 3, 200, "causal"), (4, 16, 4, 67, "additive"),
+                                                  (8, 1, 5, 130, "window_inf"), (2, 1, 7, 300, "causal")])
+def test_few_queries_of_a_gqa_group_share_the_tile_lanes(ratio, b, s, t, mask):
+    """Speculative decoding / a short chunk: the queries of a GQA group's heads are the lanes of one tile
+    (3 queries x 4 heads: 12 lanes, K and V read once for the group), causal bounds over the tile's
+    queries of several heads; 2 queries x 4 heads stay the decode form."""
+    fn = attention(ratio, mask, None, "mul")
+    inputs = _inputs(ratio, b, s, t, 64, mask, seed=s + t)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    assert_one_attention_kernel(compiled)
+    (k,) = attention_kernels(compiled)
+    assert k.head_group == ratio and k.tiled
+    if s == 3:
+        two = _inputs(4, 1, 2, 50, 64, "causal", seed=1)
+        (k,) = attention_kernels(compile_cpu(attention(4, "causal", None, "mul"), two))
+        assert not k.tiled and k.shared_rows == 8
+
+
+MIN = torch.finfo(torch.float32).min
+
+
+def hf_attention(ratio: int):
+    """transformers' eager attention: GQA, scale, an additive mask of 0 / finfo.min (a graph input)."""
+    def fn(q, k, v, mask):
+        scores = torch.matmul(q, repeat_kv(k, ratio).transpose(2, 3)) * q.shape[3] ** -0.5
+        return torch.matmul(torch.softmax(scores + mask, dim=-1), repeat_kv(v, ratio))
+    return fn
+
+
+def hf_mask(b: int, s: int, t: int, first: int, window: int | None = None, empty_row: int | None = None):
+    """[b, 1, s, t] additive mask of queries at positions first.. over t keys: 0 where seen, finfo.min where
+    hidden (causal, a sliding window); `empty_row`: that query sees nothing (torch: uniform over all keys)."""
+    pos, kv = torch.arange(s)[:, None] + first, torch.arange(t)[None, :]
+    hidden = kv > pos
+    if window is not None:
+        hidden |= kv <= pos - window
+    if empty_row is not None:
+        hidden[empty_row] = True
+    return torch.zeros(b, 1, s, t).masked_fill(hidden, MIN)
+
+
+@pytest.mark.parametrize("ratio, b, s, t, first, window, empty_row", [
+    (1, 1, 70, 400, 20, None, None),  # prefill: key blocks past the tile's last query hidden
+    (2, 16, 17, 300, 150, 40, None),  # sliding window: blocks before the window hidden, batch 16
+    (4, 1, 1, 1500, 100, None, None),  # decode, keys split across threads: the second split all hidden
+    (4, 2, 1, 700, 300, None, None),  # decode, one task per group
+])
+def test_finfo_min_masks_skip_hidden_key_blocks(ratio, b, s, t, first, window, empty_row):
+    """An additive finfo.min mask (a graph input: unknown at compile time) hides whole key blocks: they are
+    skipped at run time.  The cache past the last seen position holds NaN (uninitialised slots): skipped,
+    it does not reach the output, which equals torch on a clean cache (torch gives NaN on the dirty one)."""
+    fn = hf_attention(ratio)
+    g = gen(41 + s)
+    d = 64
+    q, k, v = rand((b, 2 * ratio, s, d), g), rand((b, 2, t, d), g), rand((b, 2, t, d), g)
+    mask = hf_mask(b, s, t, first, window, empty_row)
+    end = -(-(first + s) // 128) * 128  # the first whole decode key block past every query's last key
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[:, :, end:], v_bad[:, :, end:] = float("nan"), float("nan")
+    if window is not None:  # and before every query's window
+        k_bad[:, :, :64], v_bad[:, :, :64] = float("nan"), float("inf")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        compiled = compile_cpu(fn, (q, k_bad, v_bad, mask))
+        got = compiled(q, k_bad, v_bad, mask)
+    finally:
+        torch.set_num_threads(saved)
+    assert_one_attention_kernel(compiled)
+    torch.testing.assert_close(got, fn(q, k, v, mask), **TOL)
+    assert fn(q, k_bad, v_bad, mask).isnan().any()  # torch spreads the hidden NaN
+
+
+@pytest.mark.parametrize("b, s, t, empty_row, threads", [(1, 70, 300, 66, 2), (16, 17, 140, 3, 1),
+                                                         (1, 1, 1500, 0, 2), (1, 1, 1500, 0, 1)],
+                         ids=["prefill", "prefill_b16", "decode_split", "decode"])
+def test_finfo_min_mask_row_with_every_key_hidden_is_torchs_uniform_softmax(b, s, t, empty_row, threads):
+    """A query whose every key is hidden by finfo.min: torch gives a uniform softmax over all the keys (the
+    mean of V), not 0 or NaN.  Key blocks are skipped for the other rows, so the kernel sees that row's max
+    stay at finfo.min and runs the tile (or, keys split across threads, the kernel) again without skipping."""
+    fn = hf_attention(4)
+    g = gen(43 + s)
+    q, k, v = rand((b, 8, s, 32), g), rand((b, 2, t, 32), g), rand((b, 2, t, 32), g)
+    mask = hf_mask(b, s, t, 5, None, empty_row)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compiled = compile_cpu(fn, (q, k, v, mask))
+        got = compiled(q, k, v, mask)
+    finally:
+        torch.set_num_threads(saved)
+    assert_one_attention_kernel(compiled)
+    want = fn(q, k, v, mask)
+    torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(got[:, :, empty_row], repeat_kv(v, 4).mean(2), **TOL)

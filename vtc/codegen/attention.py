@@ -34,27 +34,35 @@ into one kernel (``attention_kernel``, emitted by ``emit_attention``):
   row is stored at the PV bmm's output (physical, read by whatever follows).
   Three forms, by what the rows share:
 
-  * **prefill** (``tiled``: many queries of a head, K and V independent of the
-    query): flash tiles of ``vtc.codegen.flash`` (queries as vector lanes,
+  * **prefill** (``tiled``: many queries of a head or of a GQA group, K and V
+    independent of the query): flash tiles of ``vtc.codegen.flash`` (the
+    queries of a group's heads together as vector lanes,
     scores and PV as register-blocked micro-kernels, key blocks that a causal
     or window predicate hides skipped);
   * **GQA decode** (``shared_rows``: the query heads of a group read the same
     K and V rows): one task per group, K and V read in place where strided,
-    16 scores per permute tree, register-blocked PV (``flash.shared_*``; a
-    head dim that is not a multiple of 16 uses ``omp simd`` loops instead);
+    16 scores per permute tree, register-blocked PV (``flash.shared_*``; any
+    head / value dim: rows padded to whole vectors, a row's last vector read
+    by a masked load);
   * otherwise blocks of ``ROW_BLOCK`` rows, dot products and PV by ``omp simd``.
 
-  Keys go in blocks of ``KEY_BLOCK`` (``flash.DECODE_KEY_BLOCK`` for GQA
+  Keys go in blocks of ``KEY_BLOCK`` (``flash.decode_key_block`` for GQA
   decode).  With fewer row blocks than twice the threads (decode of a small
   batch) the keys of a row block are split across tasks (flash-decoding,
-  ``SPLIT_KEYS`` keys at least each) and the partial results merged.
+  ``SPLIT_KEYS`` keys at least each) and the partial results merged.  In every
+  form a key block that an additive mask (``flash.additive_mask``: transformers'
+  ``finfo.min`` masks, from ``cache_position`` or a mask input) hides from every
+  row of the task is skipped at run time (``flash.hidden_block_check``; exact:
+  a task with a row that saw only hidden keys runs again without skipping, or,
+  keys split, the whole kernel, found at the merge).
 
 Numerics: the result equals softmax-then-matmul up to float rounding (the
 dot products use FMA); a row whose scores are all -inf gives NaN as torch
 does.  A key whose probability is exactly 0 (masked, or underflowed) does not
 bring a NaN or inf of its value row into the output (torch would give NaN
 there): the vector forms check each key block's values and take a key-by-key
-path for a block that holds one.
+path for a block that holds one; likewise a NaN or inf in the K or V rows of
+a block skipped as hidden by an additive mask (torch: NaN) stays out.
 """
 from __future__ import annotations
 
@@ -75,6 +83,9 @@ ROW_BLOCK = 4  # output rows per task (they share K/V rows in cache)
 KEY_BLOCK = 64  # keys per online-softmax step (a block of K and V stays in L1)
 SPLIT_KEYS = 512  # fewest keys per split when the keys of a row block are split across threads (decode)
 TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc.codegen.flash)
+# queries of a GQA group (its heads' queries share the tiles' lanes) from which the tiled form is used: 3
+# queries x 4 heads ran 1.7x faster tiled than as decode, 2 x 4 1.7x slower (1 thread, 1024 keys)
+TILE_GROUP_ROWS = 12
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
 
 
@@ -147,11 +158,25 @@ class AttentionKernel(Kernel):
         return 0
 
     @property
+    def head_group(self) -> int:
+        """Consecutive heads (i0) that read the same K and V rows (a GQA group), or 1: the prefill tiles
+        take the queries of the group's heads together as their lanes (a short chunk fills the lanes)."""
+        heads = self.domain[0]
+        for n in (8, 4, 2):
+            if heads % n:
+                continue
+            env = {"i0": var("grp", heads // n) * n + var("j", n)}
+            if all("j" not in _scalar_vars(_subst(x, env, {})) for x in (self.k, self.v)):
+                return n
+        return 1
+
+    @property
     def tiled(self) -> bool:
-        """Many queries per head whose K and V do not depend on the query: tiles of queries as vector
-        lanes, scores and PV as small register-blocked GEMMs (prefill; vtc.codegen.flash)."""
+        """Many queries per head (or per GQA group) whose K and V do not depend on the query: tiles of
+        queries as vector lanes, scores and PV as small register-blocked GEMMs (prefill, a chunk of a few
+        tokens, speculative decoding; vtc.codegen.flash)."""
         rows_per_head = self.domain[1]
-        return (rows_per_head >= TILE_ROWS and not {"i1"} & (_scalar_vars(self.k) | _scalar_vars(self.v))
+        return ((rows_per_head >= TILE_ROWS or rows_per_head * self.head_group >= TILE_GROUP_ROWS) and not {"i1"} & (_scalar_vars(self.k) | _scalar_vars(self.v))
                 and max(self.head_dim, self.value_dim) <= flash.MAX_DIM)
 
 
@@ -456,16 +481,20 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         for root, indent in parts:
             em.forget()
             texts += [em.hoist([root], indent), em.scalar(root)]
+        mask = flash.additive_mask(k.score)
+        if mask is not None:
+            em.forget()
+            mask = (em.hoist([mask], "      "), em.scalar(mask))
         em.forget()
-        return flash.emit_tiled(k, em, *texts)
+        return flash.emit_tiled(k, em, *texts, mask=mask)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)
     rb, kb = shared or min(ROW_BLOCK, rows), KEY_BLOCK
-    # the GQA group's rows with a head dim of whole vectors: micro-kernels of vtc.codegen.flash
-    vector_shared = bool(shared) and dd % flash.LANES == 0 and max(dd, ee) <= flash.MAX_DIM
-    kb = flash.DECODE_KEY_BLOCK if vector_shared else kb
-    ep = -(-ee // flash.LANES) * flash.LANES if vector_shared else ee  # value dim padded to whole vectors
+    # the GQA group's rows: micro-kernels of vtc.codegen.flash
+    kb = flash.decode_key_block(k) if shared else kb
+    dp = -(-dd // flash.LANES) * flash.LANES if shared else dd  # head dim padded to whole vectors
+    ep = -(-ee // flash.LANES) * flash.LANES if shared else ee  # value dim padded to whole vectors
     # blocks, as a ceiling division in C, so that the sizes stay polynomial literals (vtc.runtime.generic
     # makes them kernel arguments)
     nblk = f"(({rows} + {rb - 1}) / {rb})"
@@ -484,10 +513,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     pre_k, kx = body(k.k, "            ")
     pre_s, sx = body(k.score, "          ")
     pre_v, vx = body(k.v, "            ")
+    mask = flash.additive_mask(k.score)
+    pre_m, mx_expr = body(mask, "") if mask is not None else ([], "")
     em.forget()
     store = (f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}]")
     inv = ("mx_ == -INFINITY ? 0.0f : 1.0f / sm_" if k.zero_empty_rows else "1.0f / sm_")
-    return [
+    lines = [
         # flash-decoding: fewer row blocks than twice the threads split their keys (each split >= SPLIT_KEYS,
         # whole key blocks); the splits' partial results are merged after the loop
         f"  const int64_t nsplit = {work} < {PARALLEL_MIN_WORK} ? 1 : std::max<int64_t>(1, std::min<int64_t>("
@@ -499,10 +530,13 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    const int64_t blk = task / nsplit, r_lo = task % nsplit * span;",
         f"    const int64_t r_hi = std::min<int64_t>({n}, r_lo + span);",
         f"    const int64_t o_lo = blk * {rb}, nr = std::min<int64_t>({rb}, {rows} - o_lo);",
-        f"    alignas(64) float qv[{rb}][{dd}] = {{}};",
+        f"    alignas(64) float qv[{rb}][{dp}] = {{}};",
         f"    alignas(64) float ov[{rb}][{ep}];",
         f"    alignas(64) float sc[{rb}][{kb}];",
         f"    float mx[{rb}], sm[{rb}];",
+        # an additive mask hiding whole key blocks from every row: those are skipped (flash.hidden_block_check)
+        *(["    for (bool skip_ok = allow_skip_;; skip_ok = false) {  // again without skipping: a row saw only "
+           "hidden keys", "    bool skipped = false;"] if mask else []),
         "    for (int64_t rr = 0; rr < nr; ++rr) {", *row("      "),
         "      #pragma omp simd", f"      for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"        qv[rr][d] = {q};", "      }",
         f"      for (int64_t e = 0; e < {ep}; ++e) ov[rr][e] = 0.0f;",
@@ -510,8 +544,9 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
-        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if vector_shared else
-          _shared_scores(row, rb, dd, pre_k, kx, pre_s, sx) if shared else [
+        *(flash.hidden_block_check(pre_m, mx_expr, ["for (int64_t rr = 0; rr < nr && !seen; ++rr) {", *row("")],
+                                   ["for (int64_t r = r0; r < r1; ++r) {"], "      ") if mask else []),
+        *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if shared else [
             # scores of every (key, row) of the block
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {", *row("          "),
@@ -523,7 +558,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         # per row: block max (with a NaN flag, vectorisable), rescale, probabilities
-        *(flash.shared_softmax(ep) if vector_shared else [
+        *(flash.shared_softmax(ep) if shared else [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         "        float* __restrict srow = sc[rr];",
         "        float bmax = -INFINITY; bool bnan = false;",
@@ -547,8 +582,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "        }",
         "      }"]),
         # PV of every (key, row) of the block
-        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if vector_shared else
-          _shared_pv(row, rb, ee, pre_v, vx) if shared else [
+        *(flash.shared_pv(k, em, row, rb, pre_v, vx) if shared else [
             "      for (int64_t r = r0; r < r1; ++r) {",
             "        for (int64_t rr = 0; rr < nr; ++rr) {",
             "          const float p_ = sc[rr][r - r0];",
@@ -560,6 +594,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             "        }",
             "      }"]),
         "    }",
+        *(["    if (!skipped) break;",
+           "    if (nsplit > 1) { __atomic_store_n(&skipped_any_, 1, __ATOMIC_RELAXED); break; }  // decided at the merge",
+           f"    bool safe = true;  // every row's max above {flash.SAFE_MAX}: the skipped keys' probabilities are 0",
+           f"    for (int64_t rr = 0; rr < nr; ++rr) safe = safe && !(mx[rr] <= {flash.SAFE_MAX});",
+           "    if (safe) break;",
+           "    }"] if mask else []),
         "    if (nsplit > 1) {  // this split's running max, sum and output rows, merged below",
         f"      float* pp = part_ + task * {rb} * {ep + 2};",
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
@@ -582,6 +622,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         f"      const float* pp = part_ + (blk * nsplit * {rb} + rr) * {ep + 2};",
         "      float mx_ = -INFINITY;",
         f"      for (int64_t sp = 0; sp < nsplit; ++sp) mx_ = vtc_max(mx_, pp[sp * {rb} * {ep + 2}]);",
+        *([f"      if (skipped_any_ && mx_ <= {flash.SAFE_MAX}) __atomic_store_n(&redo_, 1, __ATOMIC_RELAXED);"]
+          if mask else []),
         f"      alignas(64) float acc_[{ep}] = {{}};",
         "      float sm_ = 0.0f;",
         "      for (int64_t sp = 0; sp < nsplit; ++sp) {",
@@ -598,36 +640,14 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    std::free(part_);",
         "  }",
     ]
+    if not mask:
+        return lines
+    # a row of a split task that saw only hidden keys is found at the merge: then the kernel runs again
+    # without skipping
+    return ["  int skipped_any_ = 0, redo_ = 0;",
+            "  for (int pass_ = 0; pass_ < 2; ++pass_) {",
+            "  const bool allow_skip_ = pass_ == 0;",
+            *lines,
+            "  if (!redo_) break;",
+            "  }"]
 
-
-def _shared_scores(row, rb: int, dd: int, pre_k, kx, pre_s, sx) -> list[str]:
-    """Scores when the block's rb rows share K (each K element read once for all of them) and the head
-    dim is not a multiple of the vector width: ``omp simd`` reductions (else ``flash.shared_scores``)."""
-    accs = [f"a{u}" for u in range(rb)]
-    lines = ["      for (int64_t r = r0; r < r1; ++r) {",
-             "        " + "float " + ", ".join(f"{a} = 0.0f" for a in accs) + ";",
-             "        {",
-             "          const int64_t rr = 0;", *row("          "),
-             f"          #pragma omp simd reduction(+:{','.join(accs)})",
-             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *pre_k, f"            const float kv_ = {kx};",
-             *[f"            {a} += qv[{u}][d] * kv_;" for u, a in enumerate(accs)],
-             "          }",
-             "        }"]
-    for u, a in enumerate(accs):
-        lines += ["        {", f"          const int64_t rr = {u};", *row("          "), f"          const float acc_score = {a};",
-                  *pre_s, f"          sc[{u}][r - r0] = {sx};", "        }"]
-    return lines + ["      }"]
-
-
-def _shared_pv(row, rb: int, ee: int, pre_v, vx) -> list[str]:
-    """PV when the block's rb rows share V: each V element is read once for all of them."""
-    ps = [f"p{u}" for u in range(rb)]
-    return ["      for (int64_t r = r0; r < r1; ++r) {",
-            "        " + "const float " + ", ".join(f"{p} = sc[{u}][r - r0]" for u, p in enumerate(ps)) + ";",
-            "        if (" + " && ".join(f"{p} == 0.0f" for p in ps) + ") continue;  // masked for every row",
-            "        const int64_t rr = 0;", *row("        "),
-            "        #pragma omp simd",
-            f"        for (int64_t e = 0; e < {ee}; ++e) {{", *pre_v, f"          const float vv_ = {vx};",
-            *[f"          ov[{u}][e] += {p} * vv_;" for u, p in enumerate(ps)],
-            "        }",
-            "      }"]

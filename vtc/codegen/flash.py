@@ -3,16 +3,21 @@
 ``vtc.codegen.attention`` finds bmm -> score chain -> softmax -> bmm and
 builds an ``AttentionKernel``; where many queries of one head read the same K
 and V rows (prefill: K and V do not depend on the query), ``emit_tiled`` emits
-this form.  A task is one head and a tile of ``QUERY_TILE`` queries (64: four
-AVX-512 registers of float, one query per lane); OpenMP hands out the
-tasks dynamically, the longest first (a causal tile near the end sees the most
-keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
-``KB`` keys:
+this form.  A task is a tile of ``QUERY_TILE`` queries of one head, or of the
+heads of a GQA group together (``head_group``: they read the same K and V rows,
+so a short chunk or the few queries of speculative decoding fill the lanes and
+each K / V row is read once for the group) (64: four
+AVX-512 registers of float, one query per lane; a tile of at most 16 or 32
+queries, a short prefill chunk or the last tile, runs on one or two vectors of
+lanes, chosen at run time); OpenMP hands out the tasks dynamically, the longest
+first (a causal tile near the end sees the most keys).  Per task Qᵀ is packed
+once (``qt[d][query]``), then per block of ``KB`` keys:
 
 - K and V rows of the block are read in place where their mapping is a strided
   view with consecutive elements along the head / value dim (``in_place``: the
   GQA head mapping and a KV cache included), else packed through the mapping
-  (``kp[key][d]``, ``vp[key][e]``);
+  (``kp[key][d]``, ``vp[key][e]``); a row's partial last vector is read by a
+  masked load (``row_vector``);
 - scores Sᵀ[key][query] = Σ_d K[key][d] · Qᵀ[d][query] by a register-blocked
   micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
   from L1): a small GEMM, no horizontal sums;
@@ -27,7 +32,12 @@ keys).  Per task Qᵀ is packed once (``qt[d][query]``), then per block of
 Key blocks that a predicate mask hides from every query of the tile are not
 visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
 above, a sliding window ``key <= query - w`` from below), so causal attention
-does half the work.  A value row holding inf or NaN is detected per key block
+does half the work.  An additive mask (``additive_mask``: transformers'
+``finfo.min`` masks, a mask input, a mask built from ``cache_position``) is
+unknown at compile time: a key block whose mask values hide it from every query
+of the tile (all <= -2^127) is skipped at run time, exactly
+(``hidden_block_check``; a tile with a row that saw only hidden keys, whose
+softmax torch makes uniform over them, runs again without skipping).  A value row holding inf or NaN is detected per key block
 (0 * v summed); that block then adds only the keys whose probability is not 0,
 so a masked garbage row does not turn the output into NaN (as the row-by-row
 form does).
@@ -39,7 +49,9 @@ keys as the lanes, a score needs a sum over the head dim: per key the products
 are summed over the head dim's vectors into one vector, and ``vtc_sum16`` turns
 16 such vectors into 16 scores by a tree of two-source permutes.  The block
 softmax and PV (``qg`` rows x the value dim in registers, P broadcast) follow;
-``emit_attention`` splits the keys across tasks when there are few groups.
+``emit_attention`` splits the keys across tasks when there are few groups.  Any
+head and value dim: rows are padded to whole vectors (q with zeros, a K or V
+row read in place by a masked last load, a packed row zero-filled).
 
 The dot products use FMA intrinsics (``vtc_fma16``): the build turns off
 contraction of ``a * b + c`` so that elementwise kernels match torch bit for
@@ -51,7 +63,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vtc.codegen.kernel_ir import Scalar
+from vtc.codegen.kernel_ir import Scalar, scalars_under
 from vtc.index.expr import add, affine, mul, subs, var
 from vtc.index.mapping import linear_offset
 
@@ -62,8 +74,17 @@ ACCUMULATORS = 16  # vector accumulators per micro-kernel (of the 32 AVX-512 reg
 MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enough for the stack
 # queries per prefill task: four vectors of lanes (each K and V row read for 64 queries; 32 took ~1.4x the
 # time of attn_causal).  One tile for every query count, so that the kernel text does not change with the
-# prompt length (vtc.runtime.generic: a new length reuses the kernel); a short prompt computes idle lanes.
+# prompt length (vtc.runtime.generic: a new length reuses the kernel); a tile with at most 16 or 32 queries
+# (a short chunk, the last tile) runs on one or two vectors of lanes, chosen at run time (a score
+# micro-kernel for each).
 QUERY_TILE = 4 * LANES
+
+
+def decode_key_block(k) -> int:
+    """Keys per online-softmax step of a GQA-decode task: ``DECODE_KEY_BLOCK``, fewer (whole vectors) for a
+    head / value dim above ``MAX_DIM``, so that a packed block stays as small on the stack."""
+    dim = max(k.head_dim, k.value_dim)
+    return DECODE_KEY_BLOCK if dim <= MAX_DIM else max(LANES, DECODE_KEY_BLOCK * MAX_DIM // dim // LANES * LANES)
 
 
 def _sum16_masks() -> str:
@@ -108,6 +129,16 @@ static inline vtc_v16 vtc_fma16(vtc_v16 a, vtc_v16 b, vtc_v16 c) {
 #endif
 }
 static inline vtc_v16 vtc_load16(const float* p) { vtc_v16 r; __builtin_memcpy(&r, p, 64); return r; }
+// p[0..n) in lanes 0..n-1 and zeros above (n < 16): nothing past p[n - 1] is read (the tail of a row)
+static inline vtc_v16 vtc_load16_n(const float* p, int n) {
+#if defined(__AVX512F__)
+  return (vtc_v16)_mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+#else
+  vtc_v16 r = {};
+  __builtin_memcpy(&r, p, 4 * n);
+  return r;
+#endif
+}
 static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast load where x is in memory)
 #if defined(__AVX512F__)
   return (vtc_v16)_mm512_set1_ps(x);
@@ -157,6 +188,13 @@ class Rows:
     stride: int
 
 
+def row_vector(ptr: str, v: int, dim: int) -> str:
+    """C expression of vector `v` (floats 16v .. 16v + 15) of a row of `dim` floats at `ptr`: a plain load,
+    or for the row's last, partial vector a masked one (zeros above the row's end, nothing past it read)."""
+    rest = dim - LANES * v
+    return f"vtc_load16({ptr} + {LANES * v})" if rest >= LANES else f"vtc_load16_n({ptr} + {LANES * v}, {rest})"
+
+
 def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
     """How to read operand `s` (over key ``r`` and `col`) in place, or None where it must be packed:
     a float32 load whose offset steps by 1 along `col` and by a constant along ``r`` (a strided view
@@ -196,6 +234,50 @@ def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int
             s = s.args[1]
         else:
             return lows, highs
+
+
+# A mask value at or below HIDDEN (-2^127: torch.finfo(float32).min and -inf are) hides its key; a row whose
+# running max is above SAFE_MAX (-2^126) gives such a key a probability of exactly 0 (see hidden_block_check).
+HIDDEN = "-1.70141183e38f"
+SAFE_MAX = "-8.50705917e37f"
+
+
+def additive_mask(score: Scalar) -> Scalar | None:
+    """The mask term m of a score chain ``x + m`` whose m does not read the dot product (an additive mask,
+    such as transformers' ``finfo.min`` masks, a graph input or built from indices), or None; walked
+    down through casts and ``where(cond, -inf, ...)`` as ``key_range``."""
+    s = score
+    while s.op == "cast" or (s.op == "where" and _is_minus_inf(s.args[1])):
+        s = s.args[0] if s.op == "cast" else s.args[2]
+    if s.op != "binary" or s.args[0] != "add":
+        return None
+    free = [x for x in s.args[1:] if not any(y.op == "acc" for y in scalars_under([x]))]
+    return free[0] if len(free) == 1 else None
+
+
+def hidden_block_check(pre_m: list[str], mx: str, outer: list[str], inner: list[str], ind: str) -> list[str]:
+    """C lines that skip a key block (``continue``, setting ``skipped``) when ``skip_ok`` and the additive
+    mask (``pre_m``, expression ``mx``) hides every key of the block from every row of the task.
+
+    Exact: a hidden key's score is c + m <= c - 2^127 (c: the score before the mask), so where the row's
+    max M ends above SAFE_MAX and c < 2^126 - 104, exp(c + m - M) is 0 in float32 (in torch too).  A task
+    with a row whose max ends at or below SAFE_MAX (every key it visited hidden; a row whose every key
+    is hidden gets torch's uniform softmax over them) is computed again without skipping.  `outer` opens
+    the loop over one operand (with ``!seen`` in its condition) and `inner` the ``omp simd`` loop over
+    the other, each with the index variables the mask reads; a NaN mask value counts as seen.
+    """
+    return [
+        f"{ind}if (skip_ok) {{  // hidden from every row by the additive mask: adds exactly 0",
+        f"{ind}  bool seen = false;",
+        f"{ind}  {outer[0]}", *[f"{ind}    {x}" for x in outer[1:]],
+        f"{ind}    #pragma omp simd reduction(||:seen)",
+        f"{ind}    {inner[0]}", *[f"{ind}      {x}" for x in inner[1:]],
+        *[f"{ind}      {x.strip()}" for x in pre_m],
+        f"{ind}      seen = seen || !({mx} <= {HIDDEN});",
+        f"{ind}    }}",
+        f"{ind}  }}",
+        f"{ind}  if (!seen) {{ skipped = true; continue; }}",
+        f"{ind}}}"]
 
 
 def _is_minus_inf(s: Scalar) -> bool:
@@ -260,28 +342,29 @@ def _bounds(cond: Scalar, lows: list, highs: list) -> None:
         lows.append((c0 + (0 if strict else 1), ci))
 
 
-def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
-    (hoisted lines, C expression) of q, k, score and v from ``emit_attention``."""
+    (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
     n, dd, ee = k.r_extent, k.head_dim, k.value_dim
     qt_n = QUERY_TILE
-    nqv = qt_n // LANES
     kb = KEY_BLOCK
-    kg = ACCUMULATORS // nqv  # keys per score micro-kernel step
     ep = -(-ee // LANES) * LANES  # value dim padded to whole vectors
     ev = ep // LANES
-    qg = max(1, min(qt_n, ACCUMULATORS // ev))  # queries per PV micro-kernel step
+    qg = 1 << (ACCUMULATORS // ev).bit_length() - 1  # queries per PV micro-kernel step (divides the tile)
     out = k.stores[0]
     v16 = f"vtc_v{LANES}"
-    chunks = f"(({per_head} + {qt_n - 1}) / {qt_n})"
+    g = k.head_group  # query heads whose queries share the tiles (a GQA group: the same K and V rows)
+    group_rows = g * per_head
+    chunks = f"(({group_rows} + {qt_n - 1}) / {qt_n})"
     work = heads * per_head * n * (dd + ee)
     lows, highs = key_range(k.score)
     # K and V rows read in place where they are strided views (else packed per key block through the mapping)
     krows = in_place(k.k, em, "d", dd, n)
-    vrows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    vrows = in_place(k.v, em, "e", ee, n)
+    vdim = ee if vrows else ep  # floats of a value row that may be read (a packed row is zero-padded)
 
     def krow(t: int) -> str:  # key t0 + t of the block (a real row past the last key: its scores are unused)
         return f"(kb_ + std::min<int64_t>(t0 + {t}, nk - 1) * {krows.stride})" if krows else f"kp[t0 + {t}]"
@@ -292,20 +375,41 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
     def bound(c: int, a: int, at: str) -> str:
         return f"({c} + {a} * ({at}))" if a else f"{c}"
 
-    first, last = "m_lo", "(m_lo + nr - 1)"
+    first, last = "i1_first", "i1_last"
     # visible keys of the tile: the union over its queries of each query's range
     hi = ", ".join([f"std::max<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in highs])
     lo = ", ".join([f"std::min<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in lows])
     r_end = f"std::min<int64_t>({{(int64_t){n}, {hi}}})" if highs else f"{n}"
     r_beg = f"std::max<int64_t>({{(int64_t)0, {lo}}}) / {kb} * {kb}" if lows else "0"
 
-    score_acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+
+    def score_kernel(nqv: int) -> list[str]:  # scores of the block on nqv vectors of query lanes
+        kg = ACCUMULATORS // nqv  # keys per step
+        acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
+        return [
+            f"        for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
+            f"          {v16} " + ", ".join(f"{a} = {{}}" for a in acc) + ";",
+            *[f"          const float* kr{t} = {krow(t)};" for t in range(kg)],
+            f"          for (int64_t d = 0; d < {dd}; ++d) {{",
+            *[f"            const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
+            *[f"            const float k{t} = kr{t}[d];" for t in range(kg)],
+            "            " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
+                                    for t in range(kg) for v in range(nqv)),
+            "          }",
+            *[f"          *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+            "        }"]
+
+    kg = ACCUMULATORS  # keys per step of the one-vector micro-kernel (a multiple of the others' steps)
     lines = [
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
-        f"  for (int64_t blk = 0; blk < {heads} * {chunks}; ++blk) {{",
-        f"    const int64_t i0 = blk / {chunks};",
+        f"  for (int64_t blk = 0; blk < {heads // g} * {chunks}; ++blk) {{",
+        f"    const int64_t i0 = blk / {chunks} * {g};  // the group's first head",
         f"    const int64_t m_lo = ({chunks} - 1 - blk % {chunks}) * {qt_n};  // the longest tiles first",
-        f"    const int64_t nr = std::min<int64_t>({qt_n}, {per_head} - m_lo);",
+        f"    const int64_t nr = std::min<int64_t>({qt_n}, {group_rows} - m_lo);",
+        f"    alignas(64) int64_t li0[{qt_n}], li1[{qt_n}];  // lane q: query li1[q] of head li0[q]",
+        f"    for (int64_t q = 0; q < nr; ++q) {{ li0[q] = i0 + (m_lo + q) / {per_head}; li1[q] = (m_lo + q) % {per_head}; }}",
+        f"    const bool one_head = m_lo / {per_head} == (m_lo + nr - 1) / {per_head};",
+        f"    const int64_t i1_first = one_head ? li1[0] : 0, i1_last = one_head ? li1[nr - 1] : {per_head - 1};",
         f"    alignas(64) float qt[{dd}][{qt_n}];",
         *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
         *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
@@ -313,14 +417,17 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"    alignas(64) float ov[{qt_n}][{ep}];",
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
         f"    alignas(64) int bn[{qt_n}];",
-        "    {  // pack Qᵀ: qt[d][q] = Q(m_lo + q, d), zeros past the last query",
+        f"    const int64_t qn = nr <= {LANES} ? {LANES} : nr <= {2 * LANES} ? {2 * LANES} : {qt_n};  // lanes in use",
+        "    {  // pack Qᵀ: qt[d][q] = Q of lane q, zeros past the last query",
         "      for (int64_t q = 0; q < nr; ++q) {",
-        "        const int64_t i1 = m_lo + q;",
+        "        const int64_t i0 = li0[q], i1 = li1[q];",
         "        #pragma omp simd",
         f"        for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"          qt[d][q] = {qx};", "        }",
         "      }",
         f"      for (int64_t q = nr; q < {qt_n}; ++q) for (int64_t d = 0; d < {dd}; ++d) qt[d][q] = 0.0f;",
         "    }",
+        *(["    for (bool skip_ok = true;; skip_ok = false) {  // again without skipping: a row saw only hidden keys",
+           "    bool skipped = false;"] if mask else []),
         f"    for (int64_t q = 0; q < {qt_n}; ++q) {{",
         "      mx[q] = -INFINITY; sm[q] = 0.0f;",
         f"      for (int64_t e = 0; e < {ep}; ++e) ov[q][e] = 0.0f;",
@@ -329,9 +436,12 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         f"    for (int64_t r0 = {r_beg}; r0 < r_end; r0 += {kb}) {{",
         f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
         f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
+        *(hidden_block_check(mask[0], mask[1], ["for (int64_t t = 0; t < nk && !seen; ++t) {", "const int64_t r = r0 + t;"],
+                             ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i0 = li0[q], i1 = li1[q];"], "      ")
+          if mask else []),
         "      bool v_bad = false;  // a value row of the block holds inf or NaN",
         "      {",
-        "        const int64_t i1 = m_lo;",
+        "        const int64_t i1 = 0;  // K and V rows do not depend on the query",
         *([f"        kb_ = {krows.ptr} + ({krows.base});"] if krows else []),
         *([f"        vb_ = {vrows.ptr} + ({vrows.base});"] if vrows else []),
         "        for (int64_t t = 0; t < nk; ++t) {",
@@ -342,43 +452,39 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
             "          }"]),
         *([] if vrows else _pack_value_row(pre_v, vx, ee, ep)),
         "        }",
-        *_value_check(vrow, ev, "        "),
+        *_value_check(vrow, vdim, "        "),
         *([] if krows else [
             f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;"]),
         "      }",
-        # scores: kg keys x nqv query vectors per step
-        f"      for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
-        f"        {v16} " + ", ".join(f"{a} = {{}}" for a in score_acc) + ";",
-        *[f"        const float* kr{t} = {krow(t)};" for t in range(kg)],
-        f"        for (int64_t d = 0; d < {dd}; ++d) {{",
-        *[f"          const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
-        *[f"          const float k{t} = kr{t}[d];" for t in range(kg)],
-        "          " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
-                              for t in range(kg) for v in range(nqv)),
-        "        }",
-        *[f"        *({v16}*)&st[t0 + {t}][{LANES * v}] = a{t}_{v};" for t in range(kg) for v in range(nqv)],
+        # scores: keys x the query vectors in use per step
+        f"      if (qn == {LANES}) {{",
+        *score_kernel(1),
+        f"      }} else if (qn == {2 * LANES}) {{",
+        *score_kernel(2),
+        "      } else {",
+        *score_kernel(4),
         "      }",
         # the score chain per (key, query), vectorised over the queries
         "      for (int64_t t = 0; t < nk; ++t) {",
         "        const int64_t r = r0 + t;",
         "        #pragma omp simd",
         "        for (int64_t q = 0; q < nr; ++q) {",
-        "          const int64_t i1 = m_lo + q;",
+        "          const int64_t i0 = li0[q], i1 = li1[q];",
         "          const float acc_score = st[t][q];", *["  " + x for x in pre_s], f"          st[t][q] = {sx};",
         "        }",
-        f"        for (int64_t q = nr; q < {qt_n}; ++q) st[t][q] = -INFINITY;",
+        "        for (int64_t q = nr; q < qn; ++q) st[t][q] = -INFINITY;",
         "      }",
         # online softmax, one query per lane
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{ bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }}",
+        "      for (int64_t q = 0; q < qn; ++q) { bm[q] = -INFINITY; bn[q] = 0; ps[q] = 0.0f; }",
         "      for (int64_t t = 0; t < nk; ++t) {",
         "        #pragma omp simd",
-        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        for (int64_t q = 0; q < qn; ++q) {",
         "          const float s_ = st[t][q]; bm[q] = s_ > bm[q] ? s_ : bm[q]; bn[q] |= s_ != s_;",
         "        }",
         "      }",
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "      for (int64_t q = 0; q < qn; ++q) {",
         "        const float mnew = bn[q] ? NAN : vtc_max(mx[q], bm[q]);",
         "        cr[q] = mnew == -INFINITY ? 1.0f : vtc_exp(mx[q] - mnew);  // rescales what came before",
         "        mu[q] = mnew == -INFINITY ? 0.0f : mnew;  // every score so far -inf: probabilities 0",
@@ -386,12 +492,12 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "      }",
         "      for (int64_t t = 0; t < nk; ++t) {",
         "        #pragma omp simd",
-        f"        for (int64_t q = 0; q < {qt_n}; ++q) {{",
+        "        for (int64_t q = 0; q < qn; ++q) {",
         "          const float p_ = vtc_exp(st[t][q] - mu[q]); st[t][q] = p_; ps[q] += p_;",
         "        }",
         "      }",
         "      #pragma omp simd",
-        f"      for (int64_t q = 0; q < {qt_n}; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
+        "      for (int64_t q = 0; q < qn; ++q) sm[q] = sm[q] * cr[q] + ps[q];",
         # PV: qg queries x the value dim per step
         "      if (!v_bad) {",
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
@@ -399,7 +505,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
           for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         "            const float* vr = " + vrow("t") + ";",
-        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
         *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -415,13 +521,17 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx) -> list[str]:
         "            if (p_ == 0.0f) continue;",
         "            const float* vr = " + vrow("t") + ";",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * vr[e];",
         "          }",
         "        }",
         "      }",
         "    }",
+        *([f"    bool safe = true;  // every row's max above {SAFE_MAX}: the skipped keys' probabilities are 0",
+           f"    for (int64_t q = 0; q < nr; ++q) safe = safe && !(mx[q] <= {SAFE_MAX});",
+           "    if (!skipped || safe) break;",
+           "    }"] if mask else []),
         "    for (int64_t q = 0; q < nr; ++q) {",
-        "      const int64_t i1 = m_lo + q;",
+        "      const int64_t i0 = li0[q], i1 = li1[q];",
         "      const float inv = mx[q] == -INFINITY ? 0.0f : 1.0f / sm[q];" if k.zero_empty_rows else
         "      const float inv = 1.0f / sm[q];",
         "      #pragma omp simd",
@@ -444,11 +554,14 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
     else the block is packed through its mapping (``kp[key][d]``).  Per row and 16 keys: per key the
     products with q summed over the head dim's vectors into one vector of partial sums, and
     ``vtc_sum16`` turns the 16 vectors into the 16 scores (no horizontal sum per key).  Then the score
-    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  Needs a head
-    dim that is a multiple of LANES (``sc``, ``qv``, ``r0``, ``r1`` and ``nr`` come from the caller).
+    chain per (row, key), vectorised over the keys; entries past the last key are -inf.  A head dim that
+    is not a multiple of LANES: ``qv`` is zero-padded to whole vectors, the last vector of a K row read
+    in place is a masked load and a packed row is zero-padded (``sc``, ``qv``, ``r0``, ``r1`` and ``nr``
+    come from the caller).
     """
     dd, n = k.head_dim, k.r_extent
-    v16, dv = f"vtc_v{LANES}", dd // LANES
+    dv = -(-dd // LANES)
+    v16, dp = f"vtc_v{LANES}", dv * LANES
     rows = in_place(k.k, em, "d", dd, n)
     lines = [f"      const int64_t nk = r1 - r0, nkp = (nk + {LANES - 1}) / {LANES} * {LANES};"]
     if rows is not None:
@@ -456,10 +569,12 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
                   "      {", "        const int64_t rr = 0;", *row("        "),
                   f"        kb_ = {rows.ptr} + ({rows.base});", "      }"]
         key_row = f"kb_ + std::min<int64_t>(c0 + t, nk - 1) * {rows.stride}"  # past the last key: a real row
-        load = "vtc_load16(kr + {o})"
+
+        def load(v: int) -> str:
+            return row_vector("kr", v, dd)
     else:
         lines += [
-            f"      alignas(64) float kp[{DECODE_KEY_BLOCK}][{dd}];",
+            f"      alignas(64) float kp[{decode_key_block(k)}][{dp}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
@@ -467,11 +582,14 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
             "          #pragma omp simd",
             f"          for (int64_t d = 0; d < {dd}; ++d) {{", *["  " + x for x in pre_k], f"            kp[t][d] = {kx};",
             "          }",
+            *([f"          for (int64_t d = {dd}; d < {dp}; ++d) kp[t][d] = 0.0f;"] if dp != dd else []),
             "        }",
-            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dd}; ++d) kp[t][d] = 0.0f;",
+            f"        for (int64_t t = nk; t < nkp; ++t) for (int64_t d = 0; d < {dp}; ++d) kp[t][d] = 0.0f;",
             "      }"]
         key_row = "kp[c0 + t]"
-        load = f"*(const {v16}*)(kr + {{o}})"
+
+        def load(v: int) -> str:
+            return f"*(const {v16}*)(kr + {LANES * v})"
     return lines + [
         "      for (int64_t rr = 0; rr < nr; ++rr) {",
         *[f"        const {v16} q{v} = *(const {v16}*)&qv[rr][{LANES * v}];" for v in range(dv)],
@@ -479,8 +597,8 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
         f"          {v16} part[{LANES}];",
         f"          for (int t = 0; t < {LANES}; ++t) {{",
         f"            const float* kr = {key_row};",
-        f"            {v16} a = q0 * {load.format(o=0)};",
-        *[f"            a = vtc_fma16(q{v}, {load.format(o=LANES * v)}, a);" for v in range(1, dv)],
+        f"            {v16} a = q0 * {load(0)};",
+        *[f"            a = vtc_fma16(q{v}, {load(v)}, a);" for v in range(1, dv)],
         "            part[t] = a;",
         "          }",
         f"          *({v16}*)&sc[rr][c0] = vtc_sum16(part);",
@@ -498,8 +616,8 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
 
 
 def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
-    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view
-    with a value dim of whole vectors) or packed through the mapping, then ``qg`` rows x the value dim
+    """PV of a key block for the g rows of a task that share V: V rows read in place (a strided view;
+    the last vector of a row a masked load) or packed through the mapping, then ``qg`` rows x the value dim
     of accumulators in vector registers per step, P broadcast.  A block whose V holds inf or NaN adds
     only keys with a probability (as the prefill)."""
     ee, n = k.value_dim, k.r_extent
@@ -507,7 +625,8 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
     ep = -(-ee // LANES) * LANES
     ev = ep // LANES
     qg = max(x for x in range(1, g + 1) if g % x == 0 and x * ev <= ACCUMULATORS) if ev <= ACCUMULATORS else 1
-    rows = in_place(k.v, em, "e", ee, n) if ep == ee else None
+    rows = in_place(k.v, em, "e", ee, n)
+    vdim = ee if rows else ep  # floats of a value row that may be read (a packed row is zero-padded)
     lines = ["      {", "      const int64_t nk = r1 - r0;"]
     if rows is not None:
         lines += ["      const float* vb_;",
@@ -518,7 +637,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
             return f"(vb_ + ({t}) * {rows.stride})"
     else:
         lines += [
-            f"      alignas(64) float vp[{DECODE_KEY_BLOCK}][{ep}];",
+            f"      alignas(64) float vp[{decode_key_block(k)}][{ep}];",
             "      {",
             "        const int64_t rr = 0;", *row("        "),
             "        for (int64_t t = 0; t < nk; ++t) {",
@@ -530,13 +649,13 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         def vrow(t: str) -> str:
             return f"vp[{t}]"
     return lines + [
-        *_value_check(vrow, ev, "      ", declare=True),
+        *_value_check(vrow, vdim, "      ", declare=True),
         "      if (!v_bad) {",
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         f"            const float* vr = {vrow('t')};",
-        *[f"            const {v16} w{v} = vtc_load16(vr + {LANES * v});" for v in range(ev)],
+        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
         *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -550,7 +669,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         "            if (p_ == 0.0f) continue;",
         f"            const float* vr = {vrow('t')};",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {ep}; ++e) ov[q][e] += p_ * vr[e];",
+        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * vr[e];",
         "          }",
         "        }",
         "      }",
@@ -568,13 +687,13 @@ def _pack_value_row(pre_v: list[str], vx: str, ee: int, ep: int) -> list[str]:
         *([f"          for (int64_t e = {ee}; e < {ep}; ++e) vp[t][e] = 0.0f;"] if ep != ee else [])]
 
 
-def _value_check(vrow, ev: int, ind: str, declare: bool = False) -> list[str]:
-    """C lines setting ``v_bad`` when one of the block's ``nk`` value rows (``vrow(t)``, ``ev`` vectors each)
+def _value_check(vrow, vdim: int, ind: str, declare: bool = False) -> list[str]:
+    """C lines setting ``v_bad`` when one of the block's ``nk`` value rows (``vrow(t)``, ``vdim`` floats each)
     holds inf or NaN (0 * v is 0 but for those); ``declare``: ``v_bad`` is declared here too."""
     return [
         f"{ind}vtc_v{LANES} chk = {{}};  // 0 * v is 0 but for inf and NaN",
         f"{ind}for (int64_t t = 0; t < nk; ++t) {{",
-        *[f"{ind}  chk += vtc_load16({vrow('t')} + {LANES * v}) * 0.0f;" for v in range(ev)],
+        *[f"{ind}  chk += {row_vector(vrow('t'), v, vdim)} * 0.0f;" for v in range(-(-vdim // LANES))],
         f"{ind}}}",
         *([f"{ind}bool v_bad = false;"] if declare else []),
         f"{ind}for (int i = 0; i < {LANES}; ++i) v_bad = v_bad || chk[i] != 0.0f;"]
