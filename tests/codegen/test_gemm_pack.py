@@ -213,3 +213,27 @@ def test_avx2_and_scalar_builds_of_the_run_packing(march, tmp_path):
         tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
         fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 2)
         torch.testing.assert_close(out, fn(*inputs), **GEMM_TOL)
+
+
+# -- B: a cat or pad along K, N or the batch, packed box by box -----------------------------------------
+@pytest.mark.parametrize("batch", [1, 16])
+def test_b_cat_along_k_n_and_batch(batch):
+    """x @ cat(.., N), x @ cat(.., K) with the boundary in the second KC block, F.linear with a cat of weights
+    (a transposed B cut along N), a pad of B along N, bmm with B a cat along the batch."""
+    g = gen(80 + batch)
+    inputs = (rand((17, 65), g), rand((65, 30), g), rand((65, 3), g),
+              rand((17, 300), g), rand((290, 33), g), rand((10, 33), g),
+              rand((40, 64), g), rand((20, 64), g), rand((13, 64), g),
+              rand((20, 40), g), rand((40, 30), g),
+              rand((batch, 20, 40), g), rand((1, 40, 33), g), rand((batch, 40, 33), g))
+
+    def fn(x, u, v, y, p, q, z, a, b, s, t, h, e, f):
+        first = torch.bmm(h, torch.cat([e, f[1:]], 0)) if batch > 1 else torch.bmm(h, torch.cat([e[:, :, :3], f[:, :, 3:]], 2))
+        return (x @ torch.cat([u, v], 1), y @ torch.cat([p, q], 0), F.linear(z, torch.cat([a, b], 0)),
+                s @ F.pad(t, (1, 2), value=0.5), first)
+    for plan in ("all", "greedy"):
+        c = compile_cpu(fn, inputs, plan=plan, gemm="vtc")
+        assert_matches_eager(c, fn, inputs, **GEMM_TOL)
+        assert report(c)["materialized_movement_bytes"] == 0, c.report
+        srcs = _gemm_sources(c)
+        assert len(srcs) == 5 and all("vtc_pack_b_box(" in s for s in srcs)

@@ -167,12 +167,12 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
 
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
     copy_bytes = sum(v.nbytes for v in copies)
-    # elements packed one by one: B through a choice of pieces (cat, pad: a test per element; a single-piece
-    # mapping is a strided load with per-tile offsets), A unless packed by runs (gemm_pack.a_packing: gathered
-    # rows, a cat's parts cost what a strided A does); A once per NC columns, B once per thread
-    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
-                 if needs_copy(low, v) and (gemm_pack.a_packing(low, v) != "runs" if v is a else
-                                            len(low.plan.mappings[v.name].pieces) > 1))
+    # elements packed one by one through their mapping, where vtc.codegen.gemm_pack does not pack the operand
+    # by runs (gathered rows, a cat's or pad's parts cost what a strided operand does); A once per NC
+    # columns, B once per thread
+    mapped = sum(_numel(v.shape) * reuse for v, reuse, how in ((a, -(-nn // 1024), gemm_pack.a_packing),
+                                                               (b, 2 if m > SKINNY_M else 1, gemm_pack.b_packing))
+                 if needs_copy(low, v) and how(low, v) != "runs")
     # a cat / scatter taking the result: the generated kernel stores it there, torch's is copied (gemm_push)
     pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
@@ -801,6 +801,9 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
 
 def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
     """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
+    by_runs = gemm_pack.pack_b(em, g, ind)  # a cat along K, N or the batch
+    if by_runs is not None:
+        return by_runs
     nv = g.vars[2]
     st = _strided(g.b, g, em)
     st = st if st is not None and st[3].is_const else None

@@ -87,6 +87,34 @@ static inline void vtc_pack_a_cols(const float* const* rows, int nrows, const in
   }
   if (ldp != 1) vtc_pack_a_ptrs(runs, nrows, n, 1, fill, dst, ldp, ldi);
 }
+
+// B[k0 + p, n0 + j] for p in [plo, phi), j in [jlo, jhi) into the NR-column panels of bp
+// (bp[(j / NR) * NR * kb + p * NR + j % NR]) from src (B at (k0 + plo, n0 + jlo), then src[p * sk + j * sn]
+// relative to it), or fill where src is null: one box of a B cut at compile time into single-source parts
+// (vtc.codegen.gemm_pack.pack_b)
+static inline void vtc_pack_b_box(const float* src, int64_t sk, int64_t sn, float fill, int64_t plo, int64_t phi,
+                                  int64_t jlo, int64_t jhi, int64_t kb, float* __restrict bp) {
+  for (int64_t j0 = jlo; j0 < jhi;) {
+    const int64_t j1 = std::min<int64_t>(jhi, (j0 / VTC_NR + 1) * VTC_NR);
+    float* __restrict d = bp + (j0 / VTC_NR) * VTC_NR * kb + plo * VTC_NR + j0 % VTC_NR;
+    const float* __restrict s0 = src ? src + (j0 - jlo) * sn : nullptr;
+    if (!s0) {
+      for (int64_t p = 0; p < phi - plo; ++p)
+        for (int64_t j = 0; j < j1 - j0; ++j) d[p * VTC_NR + j] = fill;
+    } else if (sn == 1) {  // row-major: each k row of the panel a contiguous run
+      for (int64_t p = 0; p < phi - plo; ++p) {
+        const float* __restrict s = s0 + p * sk;
+        for (int64_t j = 0; j < j1 - j0; ++j) d[p * VTC_NR + j] = s[j];
+      }
+    } else {  // a transposed weight: each column walked along k
+      for (int64_t j = 0; j < j1 - j0; ++j) {
+        const float* __restrict s = s0 + j * sn;
+        for (int64_t p = 0; p < phi - plo; ++p) d[p * VTC_NR + j] = s[p * sk];
+      }
+    }
+    j0 = j1;
+  }
+}
 #endif
 """
 
@@ -115,31 +143,8 @@ def _split_offset(lin: Expr, rows: set[str]) -> tuple[Expr, Expr] | None:
 
 
 def _k_segments(s: K.Scalar, kk: int) -> list[tuple[int, int, K.Scalar]] | None:
-    """[(lo, hi, s with every piece test on r alone decided for r in [lo, hi))] covering [0, K); None for
-    more than MAX_SEGMENTS, or a piece test on r that reads a tensor."""
-    from vtc.codegen.conv import _choose
-
-    tests = list(dict.fromkeys(x.args[0] for x in scalars_under([s]) if x.op == "pick"
-                               and free_vars(x.args[0]) == {"r"}))
-    if not tests:
-        return [(0, kk, s)]
-    if any(e.op == "load" for p in tests for e in walk(p)):
-        return None
-    r = torch.arange(kk)
-    held = [evaluate(p, {"r": r}).bool().expand(kk) for p in tests]
-    change = torch.zeros(kk, dtype=torch.bool)
-    for h in held:
-        change[1:] |= h[1:] != h[:-1]
-    starts = [0, *torch.nonzero(change).flatten().tolist()]
-    if len(starts) > MAX_SEGMENTS:
-        return None
-    out = []
-    for lo, hi in zip(starts, [*starts[1:], kk]):
-        leaf = s
-        for p, h in zip(tests, held):
-            leaf = _choose(leaf, p, bool(h[lo]))
-        out.append((lo, hi, leaf))
-    return out
+    """_segments along the reduction index r."""
+    return _segments(s, "r", kk)
 
 
 def _row_cases(s: K.Scalar, rows: set[str], shapes: dict) -> list[tuple[list[Expr], _Leaf, Expr]] | None:
@@ -266,6 +271,96 @@ def _c_float(v: float) -> str:
     return literal(v, torch.float32)
 
 
+def _segments(s: K.Scalar, v: str, extent: int) -> list[tuple[int, int, K.Scalar]] | None:
+    """[(lo, hi, s with every piece test on variable v alone decided for v in [lo, hi))] covering [0, extent);
+    None for more than MAX_SEGMENTS, or a piece test on v that reads a tensor."""
+    from vtc.codegen.conv import _choose
+
+    tests = list(dict.fromkeys(x.args[0] for x in scalars_under([s]) if x.op == "pick"
+                               and free_vars(x.args[0]) == {v}))
+    if not tests:
+        return [(0, extent, s)]
+    if any(e.op == "load" for p in tests for e in walk(p)):
+        return None
+    held = [evaluate(p, {v: torch.arange(extent)}).bool().expand(extent) for p in tests]
+    change = torch.zeros(extent, dtype=torch.bool)
+    for h in held:
+        change[1:] |= h[1:] != h[:-1]
+    starts = [0, *torch.nonzero(change).flatten().tolist()]
+    if len(starts) > MAX_SEGMENTS:
+        return None
+    out = []
+    for lo, hi in zip(starts, [*starts[1:], extent]):
+        leaf = s
+        for p, h in zip(tests, held):
+            leaf = _choose(leaf, p, bool(h[lo]))
+        out.append((lo, hi, leaf))
+    return out
+
+
+def pack_b(em, g, ind: str) -> list[str] | None:
+    """C lines packing the KB x NB block of B at (k0, n0) into its NR-column panels (zero past nb) when B
+    is a cat (or pad) along K, along N or along the batch of plain strided sources: the block is cut at
+    the parts' boundaries (decided at compile time) and each box packed by runs (``vtc_pack_b_box``);
+    None for anything else (gemm.py's packing)."""
+    from vtc.codegen.conv import piece_cases
+
+    bv, _, nv = g.vars
+    boxes = []
+    for klo, khi, ks in _segments(g.b, "r", g.k) or [None]:
+        if ks is None:
+            return None
+        for nlo, nhi, leaf in (_segments(ks, nv, g.n) if nv else [(0, g.n, ks)]) or [None]:
+            if leaf is None or any(x.op == "pick" and not free_vars(x.args[0]) <= {bv} for x in scalars_under([leaf])):
+                return None
+            cases = piece_cases(leaf, {"r", nv}, MAX_ROW_CASES)
+            if cases is None:
+                return None
+            srcs = []
+            for conds, x in cases:
+                if x.op == "const":
+                    srcs.append((conds, None, float(x.args[0]), 0, 0))
+                    continue
+                if x.op != "load" or x.dtype != torch.float32:
+                    return None
+                c, terms = _terms(linear_offset(x.args[1], em.shapes[x.args[0]]))
+                base, sk, sn = lift(c), 0, 0
+                for atom, k in terms.items():
+                    if atom.op == "var" and atom.args[0] == "r":
+                        sk = k
+                    elif atom.op == "var" and atom.args[0] == nv:
+                        sn = k
+                    elif free_vars(atom) <= {bv}:
+                        base = base + atom * k
+                    else:
+                        return None
+                srcs.append((conds, x.args[0], base, sk, sn))
+            steps = {(sk, sn) for _, buf, _, sk, sn in srcs if buf is not None}
+            fills = {f for _, buf, f, _, _ in srcs if buf is None}
+            if len(steps) > 1 or len(fills) > 1:
+                return None
+            boxes.append((klo, khi, nlo, nhi, srcs, steps.pop() if steps else (0, 0), fills.pop() if fills else 0.0))
+    if len(boxes) == 1 and len(boxes[0][4]) == 1 and boxes[0][4][0][1] is not None:
+        return None  # one plain strided source: gemm.py packs it with its strides
+    i1, i2 = ind + "  ", ind + "    "
+    lines = [f"{ind}{{  // B packed by runs, box by box (vtc.codegen.gemm_pack)"]
+    for klo, khi, nlo, nhi, srcs, (sk, sn), fill in boxes:
+        ptr = "nullptr"
+        for conds, buf, base, _, _ in reversed(srcs):
+            at = "(const float*)nullptr" if buf is None else \
+                f"(const float*)({em.ptr[buf]} + ({em.index(base)} + (k0 + plo) * {sk} + (n0 + jlo) * {sn}))"
+            ptr = at if ptr == "nullptr" else f"({' && '.join(em.index(p) for p in conds)}) ? {at} : {ptr}"
+        lines += [f"{i1}{{ const int64_t plo = std::max<int64_t>(k0, {klo}) - k0, phi = std::min<int64_t>(k0 + kb, {khi}) - k0;",
+                  f"{i1}  const int64_t jlo = std::max<int64_t>(n0, {nlo}) - n0, jhi = std::min<int64_t>(n0 + nb, {nhi}) - n0;",
+                  f"{i1}  if (plo < phi && jlo < jhi) vtc_pack_b_box({ptr}, {sk}, {sn}, {_c_float(fill)}, plo, phi, jlo, jhi, kb, bp);",
+                  f"{i1}}}"]
+    return lines + [f"{i1}if (nb % VTC_NR) {{  // the last, narrower panel zero-padded",
+                    f"{i2}float* __restrict dst = bp + (nb / VTC_NR) * VTC_NR * kb;",
+                    f"{i2}for (int64_t pp = 0; pp < kb; ++pp)",
+                    f"{i2}  for (int64_t jj = nb % VTC_NR; jj < VTC_NR; ++jj) dst[pp * VTC_NR + jj] = 0.0f;",
+                    f"{i1}}}", f"{ind}}}"]
+
+
 # -- the cost model's view: how A will be packed, from its mapping ---------------------------------------
 def a_packing(low, a) -> str:
     """How the generated GEMM packs virtual operand A (a Value of shape [.., M, K]), decided from its
@@ -296,3 +391,28 @@ def a_packing(low, a) -> str:
             return "elements"
         cols.add(_affine_step(parts[1]) is not None)
     return "columns" if False in cols else "runs"
+
+
+def b_packing(low, b) -> str:
+    """How the generated GEMM packs virtual operand B ([.., K, N]), from its mapping (the tests of
+    ``pack_b``): "runs" (a cat or pad along K, N or the batch of strided sources: box by box) or
+    "elements"."""
+    from vtc.codegen.ops import POINTWISE, lookup
+
+    m = low.plan.mappings[b.name]
+    rank = len(b.shape)
+    kvar, nvar = f"i{rank - 2}", f"i{rank - 1}"
+    batch = {f"i{d}" for d in range(rank - 2)}
+    if any(not (free_vars(p.when) <= batch or free_vars(p.when) in ({kvar}, {nvar})) for p in m.pieces[:-1]):
+        return "elements"
+    for p in m.pieces:
+        if p.source is None:
+            continue
+        producer = low.producer.get(p.source)
+        if producer is not None and lookup(POINTWISE, producer.target) is not None:
+            return "elements"
+        _, terms = _terms(linear_offset(p.index, m.sources[p.source]))
+        if any(not (free_vars(atom) <= batch or atom.op == "var" and atom.args[0] in (kvar, nvar))
+               for atom in terms):
+            return "elements"
+    return "runs"
