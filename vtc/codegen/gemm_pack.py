@@ -1,27 +1,30 @@
-"""Packing GEMM operand A by runs: gathered rows, the parts of a cat, gathered columns.
+"""Packing GEMM operands by runs: the parts of a cat, gathered rows, gathered columns.
 
-``vtc.codegen.gemm`` packs A (``[batch, M, K]``) into MR-row panels, ``ap[p * MR + i] = A[m0 + i, k0 + p]``.
-A plain strided A is packed from a base pointer and two strides.  Other mappings used to be packed element
-by element through their scalar expression: a cat chose its source with a test per element, a gathered row
-re-read its index for every element.  This module packs them by *runs* instead:
+``vtc.codegen.gemm`` packs A (``[batch, M, K]``) into MR-row panels, ``ap[p * MR + i] = A[m0 + i, k0 + p]``,
+and B (``[batch, K, N]``) into NR-column panels.  A plain strided operand is packed from a base pointer and
+two strides.  Other mappings were packed element by element through their scalar expression: a cat chose
+its source with a test per element, a gathered row re-read its index for every element.  This module
+packs them by *runs* instead (``pack_a``, ``pack_b``; gemm.py calls them first):
 
-- a **row pointer** per packed row: the row's offset (an index tensor's entry for a gathered row, read once;
-  a cat along M or along the batch decided once per row by its piece test; a padding row is a null pointer
-  that packs the fill value), then a run of K elements from it, 16 x 16 blocks transposed in registers
+- A: a **row pointer** per packed row: the row's offset (an index tensor's entry for a gathered row, read
+  once; a cat along M or along the batch decided once per row by its piece test; a padding row is a null
+  pointer that packs the fill value), then a run along K from it, 16 x 16 blocks transposed in registers
   where the run has unit stride (``vtc_pack_a_ptrs``);
-- **K segments**: a piece test on the reduction index alone (a cat along K: ``torch.cat([a, b], 1) @ w``) is
-  decided at compile time, so the packing loop is split at the source boundaries and each segment has
+- A: **K segments**: a piece test on the reduction index alone (a cat along K: ``torch.cat([a, b], 1) @ w``)
+  is decided at compile time, so the packing loop is split at the sources' boundaries and each segment has
   its own row pointers;
-- **gathered columns** (``x[:, perm] @ w``): the column offsets of a K block are read from the index
-  tensor once per row block (``vtc_pack_a_cols``), then shared by all its rows.
+- A: **gathered columns** (``x[:, perm] @ w``): the column offsets of a K block are read from the index
+  tensor once, each row gathered by them into an L1 buffer, then packed as runs (``vtc_pack_a_cols``);
+- B: a cat or pad along K, N or the batch is cut at compile time into **boxes** of one source each, every
+  box packed by runs (``vtc_pack_b_box``).
 
 The index range checks of gathers stay where they are (``vtc.runtime.checks``, before the kernel runs:
 an out-of-range index raises IndexError naming the op and the value).  Anything else (a piece test on
 both the row and the reduction index, a pointwise producer computed in the pack) is left to gemm.py's
-element-by-element loop: ``pack_a`` returns None.
+element-by-element loops: ``pack_a`` / ``pack_b`` return None.
 
-``packs_by_runs`` answers the same question for the cost model (``vtc.codegen.gemm.choose``) from the
-operand's mapping, before any kernel exists.
+``a_packing`` and ``b_packing`` answer the same question for the cost model (``vtc.codegen.gemm.choose``)
+from the operand's mapping, before any kernel exists.
 """
 from __future__ import annotations
 
@@ -142,9 +145,31 @@ def _split_offset(lin: Expr, rows: set[str]) -> tuple[Expr, Expr] | None:
     return row, col
 
 
-def _k_segments(s: K.Scalar, kk: int) -> list[tuple[int, int, K.Scalar]] | None:
-    """_segments along the reduction index r."""
-    return _segments(s, "r", kk)
+def _segments(s: K.Scalar, v: str, extent: int) -> list[tuple[int, int, K.Scalar]] | None:
+    """[(lo, hi, s with every piece test on variable v alone decided for v in [lo, hi))] covering [0, extent);
+    None for more than MAX_SEGMENTS, or a piece test on v that reads a tensor."""
+    from vtc.codegen.conv import _choose
+
+    tests = list(dict.fromkeys(x.args[0] for x in scalars_under([s]) if x.op == "pick"
+                               and free_vars(x.args[0]) == {v}))
+    if not tests:
+        return [(0, extent, s)]
+    if any(e.op == "load" for p in tests for e in walk(p)):
+        return None
+    held = [evaluate(p, {v: torch.arange(extent)}).bool().expand(extent) for p in tests]
+    change = torch.zeros(extent, dtype=torch.bool)
+    for h in held:
+        change[1:] |= h[1:] != h[:-1]
+    starts = [0, *torch.nonzero(change).flatten().tolist()]
+    if len(starts) > MAX_SEGMENTS:
+        return None
+    out = []
+    for lo, hi in zip(starts, [*starts[1:], extent]):
+        leaf = s
+        for p, h in zip(tests, held):
+            leaf = _choose(leaf, p, bool(h[lo]))
+        out.append((lo, hi, leaf))
+    return out
 
 
 def _row_cases(s: K.Scalar, rows: set[str], shapes: dict) -> list[tuple[list[Expr], _Leaf, Expr]] | None:
@@ -175,7 +200,7 @@ def _row_cases(s: K.Scalar, rows: set[str], shapes: dict) -> list[tuple[list[Exp
 
 def _plan(s: K.Scalar, kk: int, rows: set[str], shapes: dict):
     """[(lo, hi, row cases, column part)] per K segment, or None when A does not pack by runs (see module)."""
-    segs = _k_segments(s, kk)
+    segs = _segments(s, "r", kk)
     if segs is None:
         return None
     out = []
@@ -269,33 +294,6 @@ def _c_float(v: float) -> str:
     from vtc.codegen.cpp import literal
 
     return literal(v, torch.float32)
-
-
-def _segments(s: K.Scalar, v: str, extent: int) -> list[tuple[int, int, K.Scalar]] | None:
-    """[(lo, hi, s with every piece test on variable v alone decided for v in [lo, hi))] covering [0, extent);
-    None for more than MAX_SEGMENTS, or a piece test on v that reads a tensor."""
-    from vtc.codegen.conv import _choose
-
-    tests = list(dict.fromkeys(x.args[0] for x in scalars_under([s]) if x.op == "pick"
-                               and free_vars(x.args[0]) == {v}))
-    if not tests:
-        return [(0, extent, s)]
-    if any(e.op == "load" for p in tests for e in walk(p)):
-        return None
-    held = [evaluate(p, {v: torch.arange(extent)}).bool().expand(extent) for p in tests]
-    change = torch.zeros(extent, dtype=torch.bool)
-    for h in held:
-        change[1:] |= h[1:] != h[:-1]
-    starts = [0, *torch.nonzero(change).flatten().tolist()]
-    if len(starts) > MAX_SEGMENTS:
-        return None
-    out = []
-    for lo, hi in zip(starts, [*starts[1:], extent]):
-        leaf = s
-        for p, h in zip(tests, held):
-            leaf = _choose(leaf, p, bool(h[lo]))
-        out.append((lo, hi, leaf))
-    return out
 
 
 def pack_b(em, g, ind: str) -> list[str] | None:
