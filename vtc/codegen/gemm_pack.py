@@ -305,11 +305,15 @@ def pack_b(em, g, ind: str) -> list[str] | None:
 
     bv, _, nv = g.vars
     boxes = []
-    for klo, khi, ks in _segments(g.b, "r", g.k) or [None]:
-        if ks is None:
+    k_segments = _segments(g.b, "r", g.k)
+    if k_segments is None:
+        return None
+    for klo, khi, ks in k_segments:
+        n_segments = _segments(ks, nv, g.n) if nv else [(0, g.n, ks)]
+        if n_segments is None:
             return None
-        for nlo, nhi, leaf in (_segments(ks, nv, g.n) if nv else [(0, g.n, ks)]) or [None]:
-            if leaf is None or any(x.op == "pick" and not free_vars(x.args[0]) <= {bv} for x in scalars_under([leaf])):
+        for nlo, nhi, leaf in n_segments:
+            if any(x.op == "pick" and not free_vars(x.args[0]) <= {bv} for x in scalars_under([leaf])):
                 return None
             cases = piece_cases(leaf, {"r", nv}, MAX_ROW_CASES)
             if cases is None:
