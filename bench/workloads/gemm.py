@@ -7,6 +7,9 @@
   ``gemm_transposed`` (a.t() @ b: a strided view), ``gemm_gqa_scores`` (q @ repeat_kv(k)^T over a 2048-token
   cache, 4 query heads per KV head), ``gemm_cat`` (cat([a, b], 1) @ w) and ``gemm_gather_rows``
   (table[idx] @ w);
+- ``gemm_virtual_<kind>_m<M>_k<K>_n<N>``: A a virtual cat (along M, along K, along M of a 16-batch bmm),
+  embedding rows or gathered columns (``vtc.codegen.gemm_pack`` packs it by runs), and
+  ``gemm_virtual_conv1x1_cat`` (a channel cat before a 1x1 convolution): docs/gemm.md;
 - bf16 (``vtc.codegen.gemm_bf16``; torch's bf16 GEMM uses AMX tiles here): ``gemm_bf16_square_1024``,
   ``gemm_bf16_skinny_m<m>`` (x @ W^T, 4096 x 4096 weight) and ``gemm_bf16_gqa_scores_q<n>`` (n query tokens
   against repeat_kv(k) over a 2048-token cache).
@@ -18,6 +21,7 @@ view copied first: "materialise + library").
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import Workload, randn
@@ -63,6 +67,41 @@ def _gather_rows(quick: bool):
     return Fn(lambda m, t, i, w: t[i] @ w, "gather_rows"), (randn(4 * n, n, seed=1), idx, randn(n, n, seed=2))
 
 
+def _virtual_a(kind: str, m: int, k: int, n: int):
+    """A GEMM whose A is a virtual cat / gathered operand (vtc.codegen.gemm_pack packs it by runs)."""
+    def build(quick: bool):
+        mm, kk, nn = (min(m, 64), min(k, 256), min(n, 256)) if quick else (m, k, n)
+        g = torch.Generator().manual_seed(4)
+        w = randn(kk, nn, seed=3)
+        if kind == "cat_rows":
+            return Fn(lambda _, a, b, w: torch.cat([a, b], 0) @ w, kind), (
+                randn(mm // 2, kk, seed=1), randn(mm - mm // 2, kk, seed=2), w)
+        if kind == "cat_k":
+            return Fn(lambda _, a, b, w: torch.cat([a, b], 1) @ w, kind), (
+                randn(mm, kk // 2, seed=1), randn(mm, kk - kk // 2, seed=2), w)
+        if kind == "embedding":  # a vocabulary of 8192 rows
+            return Fn(lambda _, i, t, w: F.embedding(i, t) @ w, kind), (
+                torch.randint(0, 8192, (mm,), generator=g), randn(8192, kk, seed=1), w)
+        if kind == "gather_cols":
+            return Fn(lambda _, x, p, w: x[:, p] @ w, kind), (randn(mm, kk, seed=1), torch.randperm(kk, generator=g), w)
+        if kind == "bmm_cat_b16":  # 16 heads, rows of two sources (e.g. a cached prefix and new tokens)
+            return Fn(lambda _, a, b, w: torch.bmm(torch.cat([a, b], 1), w), kind), (
+                randn(16, mm // 2, kk, seed=1), randn(16, mm - mm // 2, kk, seed=2), randn(16, kk, nn, seed=3))
+        raise ValueError(kind)
+    return build
+
+
+def _conv1x1_cat(quick: bool):
+    c, hw = (64, 14) if quick else (256, 28)
+    return Fn(lambda _, a, b, w: F.conv2d(torch.cat([a, b], 1), w), "conv1x1_cat"), (
+        randn(1, c // 2, hw, hw, seed=1), randn(1, c // 2, hw, hw, seed=2), randn(c, c, 1, 1, seed=3))
+
+
+VIRTUAL_A = [("cat_rows", 256, 1024, 1024), ("cat_rows", 512, 2048, 512), ("cat_k", 256, 1024, 1024),
+             ("cat_k", 512, 2048, 512), ("embedding", 64, 2048, 2048), ("embedding", 512, 1024, 1024),
+             ("gather_cols", 256, 1024, 1024), ("bmm_cat_b16", 128, 512, 512)]
+
+
 def _bf16(build):
     def cast(quick: bool):
         model, inputs = build(quick)
@@ -92,6 +131,11 @@ WORKLOADS = [
     Workload("gemm_cat", "gemm", "cat([a, b], 1) @ w, 512x1024 @ 1024x1024", _cat, default=False),
     Workload("gemm_gather_rows", "gemm", "table[idx] @ w, 512 rows of a 4096x1024 table @ 1024x1024",
              _gather_rows, default=False),
+    *[Workload(f"gemm_virtual_{kind}_m{m}_k{k}_n{n}", "gemm", f"{kind}: A [{m} x {k}] virtual (cat / gathered) "
+               f"@ [{k} x {n}]", _virtual_a(kind, m, k, n), default=False, params=dict(m=m, n=n, k=k))
+      for kind, m, k, n in VIRTUAL_A],
+    Workload("gemm_virtual_conv1x1_cat", "gemm", "conv2d 1x1 of cat([a, b], channels): 256 -> 256 channels, 28x28",
+             _conv1x1_cat, default=False),
     Workload("gemm_bf16_square_1024", "gemm", "a @ b, contiguous 1024x1024 bf16", _bf16(_square(1024)),
              default=False),
     *[Workload(f"gemm_bf16_skinny_m{m}", "gemm", f"x @ W^T (nn.Linear 4096 -> 4096, no bias), {m} rows, bf16",

@@ -49,7 +49,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
-from vtc.codegen import gemm_bf16
+from vtc.codegen import gemm_bf16, gemm_pack
 from vtc.codegen.gemm_push import pushed_bytes
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
@@ -93,6 +93,8 @@ class GemmChoice:
     copy_bytes: int  # bytes torch's path materialises first (operands that are not strided views)
     stores_into: list[str] = field(default_factory=list)  # pushed ops whose output the kernel stores into
     #                                                       (vtc.codegen.gemm_push)
+    a_packing: str = ""  # how the generated kernel packs a virtual A: "runs", "columns" or "elements"
+    #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,10 +167,12 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
 
     copies = [v for v in (a, b, bias) if v is not None and needs_copy(low, v)]
     copy_bytes = sum(v.nbytes for v in copies)
-    # elements packed through a choice of pieces (cat, pad: a test per element; a single-piece mapping is
-    # packed as a strided load with per-tile or per-row offsets); A once per NC columns, B once per thread
-    mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
-                 if needs_copy(low, v) and len(low.plan.mappings[v.name].pieces) > 1)
+    # elements packed one by one through their mapping, where vtc.codegen.gemm_pack does not pack the operand
+    # by runs (gathered rows, a cat's or pad's parts cost what a strided operand does); A once per NC
+    # columns, B once per thread
+    mapped = sum(_numel(v.shape) * reuse for v, reuse, how in ((a, -(-nn // 1024), gemm_pack.a_packing),
+                                                               (b, 2 if m > SKINNY_M else 1, gemm_pack.b_packing))
+                 if needs_copy(low, v) and how(low, v) != "runs")
     # a cat / scatter taking the result: the generated kernel stores it there, torch's is copied (gemm_push)
     pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
@@ -180,7 +184,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
-        return GemmChoice(n.name, n.op, shape, choice, why, round(vtc_us, 2), round(torch_us, 2), copy_bytes)
+        return GemmChoice(n.name, n.op, shape, choice, why, round(vtc_us, 2), round(torch_us, 2), copy_bytes,
+                          a_packing=gemm_pack.a_packing(low, a) if needs_copy(low, a) else "")
 
     if unsupported:
         return pick("torch", unsupported)
@@ -694,7 +699,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
-    head = PRELUDE + RUNTIME + g.runtime
+    head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
@@ -743,16 +748,10 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
     rows: ap[ii * kb + pp] instead (the dot-product path)."""
     base, step = ("ii * kb", "1") if rows else ("(ii / VTC_MR) * VTC_MR * kb + ii % VTC_MR", "VTC_MR")
     bv, mv, _ = g.vars
+    by_runs = gemm_pack.pack_a(em, g, ind, rows)  # gathered rows, a cat's parts, gathered columns
+    if by_runs is not None:
+        return by_runs
     st = _strided(g.a, g, em)
-    if st is not None and not st[3].is_const and "r" not in free_vars(st[3]) and free_vars(st[3]) <= {bv, mv}:
-        buf, off, co, rest = st  # rows gathered (an index tensor picks them): a base offset per row
-        sm, sk = co.get(mv, 0), co.get("r", 0)
-        return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
-                *_loop_var(mv, "m0 + ii", ind + "  "),
-                f"{ind}  float* __restrict dst = ap + {base};",
-                f"{ind}  const float* __restrict s = {em.ptr[buf]} + {off} + {em.index(rest)} + {mv or 0} * {sm} + k0 * {sk};",
-                f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
-                f"{ind}}}"]
     if st is not None and st[3].is_const:
         buf, off, co, _ = st
         sm, sk = co.get(mv, 0), co.get("r", 0)
@@ -802,6 +801,9 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
 
 def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
     """bp[(jj / NR) * NR * kb + pp * NR + jj % NR] = B[batch, k0 + pp, n0 + jj], zero past nb."""
+    by_runs = gemm_pack.pack_b(em, g, ind)  # a cat along K, N or the batch
+    if by_runs is not None:
+        return by_runs
     nv = g.vars[2]
     st = _strided(g.b, g, em)
     st = st if st is not None and st[3].is_const else None

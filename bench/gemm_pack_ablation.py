@@ -1,0 +1,80 @@
+"""Packing by runs vs element by element (vtc.codegen.gemm_pack), side by side in one process.
+
+Each case is a GEMM whose operand is a virtual cat or gather; four callables run interleaved
+(``bench.gemm_side_by_side.time_side_by_side``): eager (torch's cat / gather + matmul), vtc with
+gemm="vtc" packing by runs, the same with ``gemm_pack.pack_a`` / ``pack_b`` switched off (gemm.py's
+element-by-element pack loops; the ablation), and vtc with gemm="torch" (a copy kernel + torch)::
+
+    python -m bench.gemm_pack_ablation --mkn 512,2048,64 [--threads 1 --clock cpu] [--rounds 7]
+
+N = 64 makes packing a large share of the call (A is packed once per 1024 columns of N).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+import vtc
+from bench.gemm_side_by_side import CLOCKS, time_side_by_side
+from vtc.codegen import gemm_pack
+
+
+def cases(m: int, k: int, n: int, g: torch.Generator) -> dict:
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return {
+        "cat_rows": (lambda a, b, w: torch.cat([a, b], 0) @ w, (r(m // 2, k), r(m - m // 2, k), r(k, n))),
+        "cat_k": (lambda a, b, w: torch.cat([a, b], 1) @ w, (r(m, k // 2), r(m, k - k // 2), r(k, n))),
+        "gather_rows": (lambda t, i, w: t[i] @ w, (r(8 * k, k), torch.randint(0, 8 * k, (m,), generator=g), r(k, n))),
+        "gather_cols": (lambda x, p, w: x[:, p] @ w, (r(m, k), torch.randperm(k, generator=g), r(k, n))),
+        "b_cat_n": (lambda x, u, v: x @ torch.cat([u, v], 1), (r(m, k), r(k, n // 2), r(k, n - n // 2))),
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mkn", default="512,2048,64", help="M,K,N")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = p.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        p.error(f"--clock cpu measures the calling thread only: it needs --threads 1, not {args.threads}")
+    torch.set_num_threads(args.threads)
+    m, k, n = (int(x) for x in args.mkn.split(","))
+    load_before, rows = os.getloadavg(), []
+    on = gemm_pack.pack_a, gemm_pack.pack_b
+    for name, (fn, inputs) in cases(m, k, n, torch.Generator().manual_seed(0)).items():
+        fns = {"eager": lambda fn=fn, x=inputs: fn(*x)}
+        runs = vtc.compile(fn, inputs, backend="cpu", gemm="vtc")
+        gemm_pack.pack_a = gemm_pack.pack_b = lambda *a, **kw: None
+        try:
+            elementwise = vtc.compile(fn, inputs, backend="cpu", gemm="vtc")
+        finally:
+            gemm_pack.pack_a, gemm_pack.pack_b = on
+        copy = vtc.compile(fn, inputs, backend="cpu", gemm="torch")
+        for label, c in (("vtc-runs", runs), ("vtc-elementwise", elementwise), ("vtc-copy+torch", copy)):
+            torch.testing.assert_close(c(*inputs), fn(*inputs), rtol=1e-4, atol=1e-3)
+            fns[label] = lambda c=c, x=inputs: c(*x)
+        with torch.no_grad():
+            times = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
+        rows.append({"case": name, "times": times})
+        print(f"{name:<12} " + "  ".join(f"{s} {t['min_ms']:.3f}" for s, t in times.items()), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gemm-pack-ablation-{m}x{k}x{n}-{datetime.now():%Y-%m-%d-%H%M%S}.json"
+    path.write_text(json.dumps({"command": "python -m bench.gemm_pack_ablation " + " ".join(
+        sys.argv[1:] if argv is None else argv), "mkn": [m, k, n], "threads": args.threads, "clock": args.clock,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "results": rows}, indent=1))
+    print(f"wrote {path}; load average before {load_before}, after {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
