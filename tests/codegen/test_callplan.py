@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import weakref
 
 import pytest
 import torch
@@ -157,3 +158,18 @@ def _rss_kb() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_a_dropped_model_frees_its_executor_without_the_cycle_collector():
+    """The call plan holds its executor weakly: no cycle keeps the executor (and its pooled buffers) alive."""
+    f = lambda t, i: t.index_select(0, i).sum(-1)  # noqa: E731
+    table, idx = rand((17, 33), G), torch.randint(0, 17, (127,), generator=G)
+    c = vtc.compile(f, (table, idx), plan="all")
+    c(table, idx)
+    executor = weakref.ref(c._first.executor)
+    gc.disable()
+    try:
+        del c
+        assert executor() is None
+    finally:
+        gc.enable()

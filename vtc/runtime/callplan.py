@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -59,7 +60,10 @@ class CallPlan:
     """Runs an executor's steps on flat input tensors (one call: ``plan(inputs)``)."""
 
     def __init__(self, executor) -> None:
-        self.executor = executor
+        # the executor holds this plan, which holds it weakly (for run_step): no reference cycle keeps a dropped
+        # executor and the large buffers of its pool alive until the cycle collector runs
+        self.executor = weakref.ref(executor)
+        self.graph, self.pool, self.consts = executor.graph, executor.pool, executor.consts
         graph = executor.graph
         self.slot: dict[str, int] = {}
         for v in graph.values():
@@ -99,7 +103,7 @@ class CallPlan:
         if not checked and (len(inputs) != len(self.input_types) or not all(
                 isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape
                 for t, (shape, dtype) in zip(inputs, self.input_types))):
-            check_inputs(self.executor.graph, list(inputs))  # raises, naming the input and what it should be
+            check_inputs(self.graph, list(inputs))  # raises, naming the input and what it should be
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t
@@ -123,14 +127,14 @@ class CallPlan:
 
     def _by_name(self, s) -> Callable[[Slots], None]:
         """Step s through ``Executor.run_step`` on a dict of the tensors it reads."""
-        run_step, slot = self.executor.run_step, self.slot
+        executor, slot = self.executor, self.slot
         reads = [(n, slot[n]) for n in s.reads]
         writes = [(n, slot[n]) for n in s.writes]
         self.counts["by_name"] += 1
 
         def by_name(slots: Slots) -> None:
             env = {n: slots[i] for n, i in reads if slots[i] is not None}
-            run_step(s, env)
+            executor().run_step(s, env)  # alive: its caller holds it
             for n, i in writes:
                 slots[i] = env[n]
         return by_name
@@ -166,7 +170,7 @@ class CallPlan:
         src_slot, out_slot = self.slot[st.source], self.slot[r.value]
         shape, strides, offset = tuple(m.shape), tuple(st.strides), st.offset
         checks = [(c, self.slot[c.tensor]) for c in m.checks]
-        if not checks and st.source in self.executor.consts and r.value not in self.graph_outputs:
+        if not checks and st.source in self.consts and r.value not in self.graph_outputs:
             src = self.template[src_slot].contiguous()
             self.template[out_slot] = src.as_strided(shape, strides, src.storage_offset() + offset)
             self.counts["constant_views"] += 1
@@ -194,7 +198,7 @@ class CallPlan:
         strided = [k for k, b in enumerate(ck.inputs)
                    if self.made.get(b.name) != types[k] and self.typed.get(b.name) == types[k]]
         outs = [self.slot[b.name] for b in ck.outputs]
-        allocs = [_allocator(torch.Size(b.shape), b.dtype, self.executor.pool) for b in ck.outputs]
+        allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
         sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
         pointers = ck._pointers
         call_checked = checked_caller() if ck.step.checks else None
