@@ -399,7 +399,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
 
 def _reduction_loop(red, em: _Emitter, rloop: str, store_term: str | None = None, r_extent: int = 0) -> list[str]:
     """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise; a sum over
-    `r_extent` >= one vector of elements adds into a vector of partial sums (``_lane_sum_loop``).
+    adds into a vector of partial sums (``_lane_sum_loop``).
 
     `store_term`: an element of an output that the term is also written to (``vtc.codegen.reuse``)."""
     acc, t = f"acc_{red.name}", ctype(red.dtype)
@@ -410,7 +410,7 @@ def _reduction_loop(red, em: _Emitter, rloop: str, store_term: str | None = None
         body.append(f"      const {ctype(red.value.dtype)} term_ = {v};")
         body.append(f"      {store_term} = term_;")
         v = "term_"
-    if red.combine == "sum" and r_extent >= _SUM_LANES_BYTES // red.dtype.itemsize:
+    if red.combine == "sum":
         return _lane_sum_loop(acc, body, v, r_extent, _SUM_LANES_BYTES // red.dtype.itemsize)
     if red.combine in _ASSOC:
         op = _ASSOC[red.combine]
@@ -437,15 +437,16 @@ def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int)
     The loop ``#pragma omp simd reduction(+:acc)`` emits sums its lanes one after another after the loop:
     gcc's omp simd epilogue is 15 dependent scalar adds for 16 floats, ~60 cycles per reduction, as much as
     the loop itself on a row of 96 (a layer norm over 96 channels: 3 of the 4 reductions' cost)."""
-    part, full = f"{acc}_part", r_extent - r_extent % lanes
+    part, full = f"{acc}_part", f"({r_extent} - {r_extent} % {lanes})"
     inner = [f"  {line}" for line in body]
+    # the same text whatever the row length but for the literal r_extent (size-generic kernels fit it as a
+    # polynomial of the sizes, vtc.runtime.generic): the tail loop is there even when it runs no time
     lines = [f"    alignas(64) decltype({acc}) {part}[{lanes}] = {{}};",
-             f"    for (int64_t rb_ = 0; rb_ < {full}; rb_ += {lanes}) {{",
+             f"    for (int64_t rb_ = 0; rb_ + {lanes} <= {r_extent}; rb_ += {lanes}) {{",
              "      #pragma omp simd", f"      for (int64_t r = rb_; r < rb_ + {lanes}; ++r) {{", *inner,
-             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", "    }"]
-    if full < r_extent:
-        lines += [f"    for (int64_t r = {full}; r < {r_extent}; ++r) {{", *body,
-                  f"      {part}[r - {full}] = {part}[r - {full}] + {v};", "    }"]
+             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", "    }",
+             f"    for (int64_t r = {full}; r < {r_extent}; ++r) {{", *body,
+             f"      {part}[r - {full}] = {part}[r - {full}] + {v};", "    }"]
     width = lanes // 2
     while width >= 2:
         lines += ["    #pragma omp simd", f"    for (int64_t l = 0; l < {width}; ++l) {part}[l] = {part}[l] + {part}[l + {width}];"]
