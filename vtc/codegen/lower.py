@@ -479,6 +479,8 @@ class Lowering:
         stores = []
         for k, value, per_r in spec.stores:
             o = n.outputs[k]
+            if k and not self.users.get(o.name) and o.name not in self.outputs:
+                continue  # an extra output nothing reads (layer_norm's mean and rstd): not stored
             if per_r:
                 index = full_t
             elif len(o.shape) == len(domain):

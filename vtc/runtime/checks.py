@@ -10,6 +10,12 @@ tensor's size: a quarter of an ``index_select -> sum`` over 1 MB.
 built once through the kernel cache, ``vtc.runtime.cbuild``) on contiguous
 int64 tensors and leaves everything else, and every failure, to
 ``IndexCheck.run``, which raises with the op and the bad value.
+
+``call_checked`` runs a kernel's checks and then the kernel in one C call
+(``vtc_call_checked``): the executor's call plan (``vtc.runtime.callplan``)
+uses it for checks over a kernel's own int64 input buffers, which saves a
+Python call and a ctypes call per check; a failing check returns its number
+before the kernel runs, and ``IndexCheck.run`` raises as above.
 """
 from __future__ import annotations
 
@@ -30,26 +36,51 @@ extern "C" int64_t vtc_first_out_of_range(const int64_t* p, int64_t n, int64_t l
   for (int64_t i = 0; i < n; ++i) if (p[i] < lo || p[i] > hi) return i;
   return -1;
 }
+typedef void (*vtc_kernel)(void* const*, int);
+// checks: n rows of (buffer number in bufs, element count, lo, hi); returns the first failing row, or -1
+// once every index is in range and the kernel has run
+extern "C" int64_t vtc_call_checked(void* kernel, void* const* bufs, int nthreads, const int64_t* checks,
+                                    int64_t n) {
+  for (int64_t c = 0; c < n; ++c) {
+    const int64_t* row = checks + 4 * c;
+    if (vtc_first_out_of_range((const int64_t*)bufs[row[0]], row[1], row[2], row[3]) >= 0) return c;
+  }
+  ((vtc_kernel)kernel)(bufs, nthreads);
+  return -1;
+}
 """
 _lock = threading.Lock()
-_fn = None  # the loaded C function; False once building it failed (torch does the checks then)
+_fns = None  # the loaded C functions (range check, checked call); False once building them failed
 
 
-def _first_out_of_range():
-    global _fn
-    if _fn is None:
+def _functions():
+    global _fns
+    if _fns is None:
         with _lock:
-            if _fn is None:
+            if _fns is None:
                 try:
                     from vtc.runtime import cbuild
 
-                    f = cbuild.build(_SOURCE, name="vtc_checks").vtc_first_out_of_range
+                    lib = cbuild.build(_SOURCE, name="vtc_checks")
+                    f, call = lib.vtc_first_out_of_range, lib.vtc_call_checked
                     f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-                    f.restype = ctypes.c_int64
-                    _fn = f
+                    f.restype = call.restype = ctypes.c_int64  # call: no argtypes, see checked_caller
+                    _fns = (f, call)
                 except Exception:  # no compiler: the torch check below is always right, only slower
-                    _fn = False
-    return _fn
+                    _fns = False
+    return _fns
+
+
+def _first_out_of_range():
+    return _functions() and _functions()[0]
+
+
+def checked_caller():
+    """``vtc_call_checked(kernel, bufs, nthreads, checks, n)`` (ctypes), or None without a compiler.
+
+    It has no argtypes (a call converts its arguments in half the time): pass the kernel as a
+    ``ctypes.c_void_p``, bufs and checks as ctypes arrays, nthreads as an int, n as a ``ctypes.c_int64``."""
+    return _functions() and _functions()[1] or None
 
 
 def check_range(check: IndexCheck, t: torch.Tensor) -> None:

@@ -1,0 +1,333 @@
+"""The per-call fast path of an executor: its steps as closures over numbered slots, set up once.
+
+``Executor.run_step`` runs a step on a dict of tensors keyed by value name and
+works out per call what the step needs: the framework op's arguments by a
+pytree walk, a kernel's input list, its outputs' shapes, its pointer array,
+its index range checks as a separate C call.  For a small graph that fixed
+cost (8-15 us for a graph of one kernel, 1 thread, measured at load 7-9) is
+as much as the kernels' own time (``bench/call_overhead.py``).  ``CallPlan``
+does everything that does not depend on the inputs once, when the executor
+first runs:
+
+- every value gets a slot; a call fills a copy of a template list in which the
+  constants, and the strided views of constants (a weight's transpose read by
+  a library GEMM), are already set;
+- a torch op's arguments are a tuple with the slots of its tensors to fill in
+  (no pytree per call); a few library ops are called through their torch
+  function, whose argument parser is faster than the op overload's
+  (``torch.mm`` instead of ``aten.mm.default``: a few us less per call);
+- a kernel's input and output slots, its outputs' allocators, its pointer
+  array type, and which inputs need their dtype and shape checked (only those
+  that a kernel or the constants did not make); its index range checks, where
+  each is over an int64 input buffer, run in the same C call as the kernel
+  (``vtc.runtime.checks.checked_caller``: a bad index stops the call before
+  the kernel runs and raises the same IndexError as before), and the kernel
+  is called through a ctypes prototype without argtypes (half the call cost);
+- which slots each step frees (``Step.frees``).
+
+A call allocates one list and nothing else of its own; the plan is never
+changed after it is built, so several threads may run it at once (the buffer
+pool is locked).  Steps this module has no fast form for (gathers, kernels
+that compute derived index tensors) run through the executor's ``run_step``
+on a dict of just the tensors they read.
+"""
+from __future__ import annotations
+
+import ctypes
+import operator
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+
+from vtc.ir.graph import Value
+from vtc.runtime.buffers import ENABLED as POOL_ENABLED
+from vtc.runtime.buffers import MIN_BYTES, BufferPool
+from vtc.runtime.checks import check_range, checked_caller
+from vtc.runtime.executor import _own  # the executor imports this module only when it first runs
+from vtc.runtime.reference import check_inputs
+
+aten = torch.ops.aten
+# framework ops whose torch function takes the same positional arguments and runs the same ATen op
+TORCH_FUNCTIONS = {aten.mm.default: torch.mm, aten.bmm.default: torch.bmm, aten.addmm.default: torch.addmm,
+                   aten.baddbmm.default: torch.baddbmm, aten.convolution.default: torch.convolution}
+
+Slots = list  # one call's tensors, by slot number
+
+
+class CallPlan:
+    """Runs an executor's steps on flat input tensors (one call: ``plan(inputs)``)."""
+
+    def __init__(self, executor) -> None:
+        # the executor holds this plan, which holds it weakly (for run_step): no reference cycle keeps a dropped
+        # executor and the large buffers of its pool alive until the cycle collector runs
+        self.executor = weakref.ref(executor)
+        self.graph, self.pool, self.consts = executor.graph, executor.pool, executor.consts
+        graph = executor.graph
+        self.slot: dict[str, int] = {}
+        for v in graph.values():
+            self.slot.setdefault(v.name, len(self.slot))
+        for s in executor.steps:  # names only a step knows (a kernel's derived index tensors)
+            for name in [*s.reads, *s.writes]:
+                self.slot.setdefault(name, len(self.slot))
+        self.template: list[Any] = [None] * len(self.slot)
+        for name, t in executor.consts.items():
+            self.template[self.slot[name]] = t
+        self.inputs = [self.slot[v.name] for v in graph.inputs]
+        self.outputs = [self.slot[v.name] for v in graph.outputs]
+        self.graph_outputs = {v.name for v in graph.outputs}
+        self.input_types = [(torch.Size(v.shape), v.dtype) for v in graph.inputs]  # checked once per call
+        # values with this (shape, dtype) in every call: the inputs (checked), constants and kernel outputs;
+        # of those, the constants and kernel outputs are contiguous
+        self.typed: dict[str, tuple[torch.Size, torch.dtype]] = dict(zip((v.name for v in graph.inputs),
+                                                                         self.input_types))
+        self.made: dict[str, tuple[torch.Size, torch.dtype]] = {
+            n: (t.shape, t.dtype) for n, t in executor.consts.items() if t.is_contiguous()}
+        self.fns: list[Callable[[Slots], None]] = []
+        # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
+        # constants made once, steps that go through Executor.run_step
+        self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0}
+        for s in executor.steps:
+            fn = self._step(s)
+            if fn is None:
+                continue
+            self.fns.append(fn)
+            frees = tuple(self.slot[n] for n in s.frees)
+            if frees:
+                self.fns.append(_freer(frees))
+
+    def __call__(self, inputs: list[torch.Tensor], checked: bool = False) -> list[torch.Tensor]:
+        """The graph's outputs for `inputs`; checked: their dtypes and shapes are known to be the graph's
+        (``vtc.Compiled`` checked them), else they are checked here (kernels trust them)."""
+        if not checked and (len(inputs) != len(self.input_types) or not all(
+                isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape
+                for t, (shape, dtype) in zip(inputs, self.input_types))):
+            check_inputs(self.graph, list(inputs))  # raises, naming the input and what it should be
+        slots = self.template.copy()
+        for i, t in zip(self.inputs, inputs):
+            slots[i] = t
+        for fn in self.fns:
+            fn(slots)
+        return [slots[i] for i in self.outputs]
+
+    # -- one closure per step ---------------------------------------------------
+    def _step(self, s) -> Callable[[Slots], None] | None:
+        """The closure running step s, or None when the step was done here once (a view of constants)."""
+        for name in s.writes:
+            self.made.pop(name, None)
+            self.typed.pop(name, None)
+        if s.kind == "kernel" and not s.kernel._derived:  # derived index tensors: computed by run_step
+            return self._kernel(s.kernel)
+        if s.kind == "run":
+            return self._run(s)
+        if s.kind == "view":
+            return self._view(s)
+        return self._by_name(s)
+
+    def _by_name(self, s) -> Callable[[Slots], None]:
+        """Step s through ``Executor.run_step`` on a dict of the tensors it reads."""
+        executor, slot = self.executor, self.slot
+        reads = [(n, slot[n]) for n in s.reads]
+        writes = [(n, slot[n]) for n in s.writes]
+        self.counts["by_name"] += 1
+
+        def by_name(slots: Slots) -> None:
+            env = {n: slots[i] for n, i in reads if slots[i] is not None}
+            executor().run_step(s, env)  # alive: its caller holds it
+            for n, i in writes:
+                slots[i] = env[n]
+        return by_name
+
+    def _run(self, s) -> Callable[[Slots], None]:
+        """A framework op: its arguments built from slots, its outputs put into theirs."""
+        node = s.node
+        build_args = _arguments(node.args, self.slot)
+        build_kwargs = _arguments(tuple(node.kwargs.values()), self.slot)
+        if build_args is None or build_kwargs is None:  # a tensor nested deeper than a list: Node.run's pytree
+            return self._by_name(s)
+        target = node.target if node.kwargs else TORCH_FUNCTIONS.get(node.target, node.target)
+        names = tuple(node.kwargs)
+        outs = [self.slot[v.name] for v in node.outputs]
+        own = _own if node.kind == "movement" else None  # kept physical: really materialised, never an alias
+        ins = [self.slot[v.name] for v in node.inputs]
+
+        def run(slots: Slots) -> None:
+            out = target(*build_args(slots), **dict(zip(names, build_kwargs(slots)))) if names else \
+                target(*build_args(slots))
+            if isinstance(out, torch.Tensor):
+                out = (out,)
+            if own is not None:
+                out = [own(t, [slots[i] for i in ins]) for t in out]
+            for i, t in zip(outs, out):
+                slots[i] = t
+        return run
+
+    def _view(self, s) -> Callable[[Slots], None] | None:
+        """A zero-copy strided view; one of a constant is made here, once, and kept in the template."""
+        r = s.realization
+        m, st = r.mapping, r.strided
+        src_slot, out_slot = self.slot[st.source], self.slot[r.value]
+        shape, strides, offset = tuple(m.shape), tuple(st.strides), st.offset
+        checks = [(c, self.slot[c.tensor]) for c in m.checks]
+        if not checks and st.source in self.consts and r.value not in self.graph_outputs:
+            src = self.template[src_slot].contiguous()
+            self.template[out_slot] = src.as_strided(shape, strides, src.storage_offset() + offset)
+            self.counts["constant_views"] += 1
+            return None  # the executor never frees constants; nor does a call free this view of one
+
+        def view(slots: Slots) -> None:
+            for c, i in checks:
+                check_range(c, slots[i])
+            src = slots[src_slot]
+            if not src.is_contiguous():
+                src = src.contiguous()
+            slots[out_slot] = src.as_strided(shape, strides, src.storage_offset() + offset)
+        return view
+
+    def _kernel(self, ck) -> Callable[[Slots], None]:
+        """A generated kernel: inputs checked where needed, outputs allocated, one C call (with its range
+        checks where it can run them)."""
+        name = ck.step.kernel.name
+        ins = [self.slot[b.name] for b in ck.inputs]
+        types = [(torch.Size(b.shape), b.dtype) for b in ck.inputs]
+        # inputs that neither a kernel nor the constants made: contiguity checked per call, and dtype and
+        # shape but for the graph's inputs (checked by the call)
+        checked = [(k, b.name, *types[k]) for k, b in enumerate(ck.inputs)
+                   if self.made.get(b.name) != types[k] and self.typed.get(b.name) != types[k]]
+        strided = [k for k, b in enumerate(ck.inputs)
+                   if self.made.get(b.name) != types[k] and self.typed.get(b.name) == types[k]]
+        outs = [self.slot[b.name] for b in ck.outputs]
+        allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
+        sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
+        pointers = ck._pointers
+        call_checked = checked_caller() if ck.step.checks else None
+        fused, other = _split_checks(ck) if call_checked is not None else ([], ck.step.checks)
+        python_checks = [(c, self.slot[c.tensor]) for c in other]
+        self.counts["checks_in_c"] += len(fused)
+        self.counts["checks_in_python"] += len(other)
+        get_threads = torch.get_num_threads
+        address = ctypes.cast(ck.fn, ctypes.c_void_p).value
+        fn = ctypes.CFUNCTYPE(None)(address)  # no argtypes: arguments are an array (a pointer) and an int;
+        if fused:                             # ctypes calls it in half the time of a function with argtypes
+            kernel_address, nchecks = ctypes.c_void_p(address), ctypes.c_int64(len(fused))
+            table = (ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row])
+        take = _taker(ins)
+
+        def kernel(slots: Slots) -> None:
+            for c, i in python_checks:
+                check_range(c, slots[i])
+            tensors = take(slots)
+            if strided or checked:
+                tensors = list(tensors)
+                for k in strided:
+                    if not tensors[k].is_contiguous():
+                        tensors[k] = tensors[k].contiguous()
+                for k, n, shape, dtype in checked:
+                    t = tensors[k]
+                    if t.dtype != dtype or t.shape != shape:
+                        raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
+                                           f"generated for {dtype} {list(shape)}")
+                    if not t.is_contiguous():
+                        tensors[k] = t.contiguous()
+            made = [a() for a in allocs]
+            ptrs = pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], *sizes)
+            if not fused:
+                fn(ptrs, get_threads())
+            elif call_checked(kernel_address, ptrs, get_threads(), table, nchecks) >= 0:  # the kernel did not run
+                for check, row in fused:
+                    check.run(tensors[row[0]])  # raises the op's IndexError naming the value
+                raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")  # cannot be:
+                # both test lo <= i <= hi on the same int64s
+            for i, t in zip(outs, made):
+                slots[i] = t
+        for b in ck.outputs:
+            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+        return kernel
+
+
+def _split_checks(ck) -> tuple[list, list]:
+    """A kernel's range checks split into those its C call runs, as (check, (input position, element count,
+    lo, hi)): over an int64 input buffer with bounds in int64; and the others (run from Python first)."""
+    position = {b.name: k for k, b in enumerate(ck.inputs)}
+    fused, other = [], []
+    for c in ck.step.checks:
+        k = position.get(c.tensor)
+        if (k is not None and ck.inputs[k].dtype == torch.int64
+                and -(1 << 63) <= c.lo and c.hi < (1 << 63)):
+            fused.append((c, (k, torch.Size(ck.inputs[k].shape).numel(), c.lo, c.hi)))
+        else:
+            other.append(c)
+    return fused, other
+
+
+def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Callable[[], torch.Tensor]:
+    """A function returning a new contiguous tensor of `shape` and `dtype`: from the pool when it is large."""
+    if shape.numel() * dtype.itemsize >= MIN_BYTES and POOL_ENABLED:
+        return lambda: pool.empty(shape, dtype)
+    sizes = tuple(int(d) for d in shape)
+    empty = torch.empty
+    if sizes:
+        return lambda: empty(*sizes, dtype=dtype)  # sizes unpacked: torch parses them faster than a Size
+    return lambda: empty(shape, dtype=dtype)
+
+
+def _arguments(args: tuple, slot: dict[str, int]) -> Callable[[Slots], tuple] | None:
+    """A function building a framework op's argument tuple from slots; None when a tensor is nested deeper
+    than one list (the forms ATen ops take: a tensor, or a list of tensors, None and numbers)."""
+    parts = []
+    for a in args:
+        if isinstance(a, Value):
+            parts.append(("slot", slot[a.name]))
+        elif not any(isinstance(x, Value) for x in pytree.tree_leaves(a)):
+            parts.append(("const", a))
+        elif isinstance(a, (list, tuple)) and all(isinstance(x, Value) or not isinstance(x, (list, tuple, dict))
+                                                  for x in a):
+            parts.append(("list", (type(a), [(isinstance(x, Value), slot[x.name] if isinstance(x, Value) else x)
+                                             for x in a])))
+        else:
+            return None
+    if all(kind == "slot" for kind, _ in parts):
+        index = [i for _, i in parts]
+        return lambda slots: tuple([slots[i] for i in index])
+    if all(kind == "const" for kind, _ in parts):
+        const = tuple(a for _, a in parts)
+        return lambda slots: const
+
+    def build(slots: Slots) -> tuple:
+        out = []
+        for kind, x in parts:
+            if kind == "slot":
+                out.append(slots[x])
+            elif kind == "const":
+                out.append(x)
+            else:
+                container, items = x
+                out.append(container([slots[i] if is_slot else i for is_slot, i in items]))
+        return tuple(out)
+    return build
+
+
+def _taker(slots: list[int]) -> Callable[[Slots], tuple]:
+    """A function returning the tuple of a call's tensors in `slots` (operator.itemgetter's C loop)."""
+    if len(slots) > 1:
+        return operator.itemgetter(*slots)
+    if slots:
+        (i,) = slots
+        return lambda call: (call[i],)
+    return lambda call: ()
+
+
+def _freer(frees: tuple[int, ...]) -> Callable[[Slots], None]:
+    """A closure dropping the call's references to the values whose last reader has run."""
+    if len(frees) == 1:
+        (i,) = frees
+
+        def free(slots: Slots) -> None:
+            slots[i] = None
+        return free
+
+    def free_all(slots: Slots) -> None:
+        for i in frees:
+            slots[i] = None
+    return free_all
