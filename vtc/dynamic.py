@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from vtc.codegen.cpp import MERGE_INNER_DIMS
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.ir.graph import Graph
@@ -88,7 +89,11 @@ class DynamicSizes:
         sizes = tuple(env[s] for s in self.sg.symbols)
         graph = self.sg.instantiate(env)
         builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid)
-        spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
+        flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
+        try:
+            spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
+        finally:
+            MERGE_INNER_DIMS.reset(flat_rows)
         for k, v in builder.stats.items():
             self.kernels[k] += v
         self.misses += builder.misses

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import vtc
 from vtc.runtime.callplan import CallPlan
 
-from .util import POINTWISE_TOL, ROW_TOL, gen, rand
+from .util import POINTWISE_TOL, ROW_TOL, gen, rand, rss_growth_kb
 
 G = gen(90)
 
@@ -141,23 +141,8 @@ def test_ten_thousand_calls_do_not_grow_memory():
     f = lambda t, i: torch.relu(t.index_select(0, i)).sum(-1)  # noqa: E731
     table, idx = rand((64, 16), G), torch.randint(0, 64, (32,), generator=G)
     c = vtc.compile(f, (table, idx), plan="all")
-    for _ in range(500):
-        c(table, idx)
-    gc.collect()
-    before = _rss_kb()
-    for _ in range(10_000):
-        c(table, idx)
-    gc.collect()
-    grown = _rss_kb() - before
+    grown = rss_growth_kb(lambda: c(table, idx), warmup=500, calls=10_000)
     assert grown < 4 * 1024, f"RSS grew by {grown} kB over 10,000 calls"
-
-
-def _rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 def test_a_dropped_model_frees_its_executor_without_the_cycle_collector():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import subprocess
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from vtc.codegen.cpp import buffer_order
 from vtc.codegen.gemm import generate as generate_gemm
 from vtc.runtime import cbuild
 
-from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, steps
+from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, run_gemm_built_for, steps
 
 # float32 sums over K up to 300 of products of magnitude <= 4, in another order than torch's
 GEMM_TOL = dict(rtol=1e-4, atol=2e-4)
@@ -254,17 +253,7 @@ def test_avx2_and_scalar_micro_kernels_match_torch(march, tmp_path):
     inputs = (rand((29,), g), rand((19, 20), g), rand((19, 13), g), rand((33, 29), g))
     c = _check(fn, inputs, gemm="vtc")
     (k,) = _gemm_kernels(c)
-    src, so = tmp_path / "gemm.cpp", tmp_path / f"gemm-{march}.so"
-    src.write_text(generate_gemm(k))
-    info = cbuild.compiler_info()
-    flags = [f for f in info.flags if not f.startswith("-march")] + [f"-march={march}"]
-    subprocess.run([*info.command, str(src), "-o", str(so), *flags], check=True, capture_output=True)
-    fn_c = getattr(ctypes.CDLL(str(so)), k.name)
-    fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
-    env = dict(zip([v.name for v in c.graph.inputs], inputs))
-    out = torch.empty(k.stores[0].buffer.shape)
-    tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
-    fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 2)
+    out = run_gemm_built_for(march, k, c, inputs, tmp_path)
     torch.testing.assert_close(out, fn(*inputs), **GEMM_TOL)
 
 

@@ -8,19 +8,15 @@ that its pack loop is the one by runs (``vtc_pack_a_ptrs`` / ``vtc_pack_a_cols``
 """
 from __future__ import annotations
 
-import ctypes
 import platform
-import subprocess
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from vtc.codegen.cpp import buffer_order
 from vtc.codegen.gemm import generate as generate_gemm
-from vtc.runtime import cbuild
 
-from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, steps
+from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, run_gemm_built_for, steps
 
 # float32 sums over K up to 300 of products of magnitude <= 4, in another order than torch's
 GEMM_TOL = dict(rtol=1e-4, atol=2e-4)
@@ -196,20 +192,10 @@ def test_avx2_and_scalar_builds_of_the_run_packing(march, tmp_path):
                                                                   rand((43, 17), g))),
         (lambda x, p, w: x[:, p] @ w, (rand((19, 40), g), perm, rand((43, 5), g))),
     ]
-    info = cbuild.compiler_info()
-    flags = [f for f in info.flags if not f.startswith("-march")] + [f"-march={march}"]
     for n, (fn, inputs) in enumerate(cases):
         c = compile_cpu(fn, inputs, gemm="vtc")
         (k,) = [k for k in kernels(c) if k.kind == "gemm"]
-        src, so = tmp_path / f"gemm{n}.cpp", tmp_path / f"gemm{n}-{march}.so"
-        src.write_text(generate_gemm(k))
-        subprocess.run([*info.command, str(src), "-o", str(so), *flags], check=True, capture_output=True)
-        fn_c = getattr(ctypes.CDLL(str(so)), k.name)
-        fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
-        env = dict(zip([v.name for v in c.graph.inputs], inputs))
-        out = torch.empty(k.stores[0].buffer.shape)
-        tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
-        fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 2)
+        out = run_gemm_built_for(march, k, c, inputs, tmp_path, stem=f"gemm{n}")
         torch.testing.assert_close(out, fn(*inputs), **GEMM_TOL)
 
 

@@ -1,7 +1,6 @@
 """Runtime of the CPU backend: the disk cache across processes, threads, memory over many calls."""
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 from vtc.runtime import cbuild
 
-from .util import ROW_TOL, assert_all_generated, compile_cpu, errors_in_threads, gen, rand, steps
+from .util import ROW_TOL, assert_all_generated, compile_cpu, errors_in_threads, gen, rand, rss_growth_kb, steps
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -132,25 +131,11 @@ def test_compiled_model_called_from_four_threads():
     assert errors_in_threads(work, 4) == []
 
 
-def _rss_kb() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def test_many_calls_do_not_grow_memory():
     f = lambda x, y: torch.softmax(x.transpose(0, 1) + y, -1) * 2  # noqa: E731
     g = gen(61)
     x, y = rand((17, 3), g), rand((3, 17), g)
     compiled = compile_cpu(f, (x, y))
     assert [s.kind for s in steps(compiled)] == ["kernel", "kernel"]
-    for _ in range(200):  # warm up: allocator caches, lazy initialisation
-        compiled(x, y)
-    gc.collect()
-    before = _rss_kb()
-    for _ in range(2000):
-        compiled(x, y)
-    gc.collect()
-    grown = _rss_kb() - before
+    grown = rss_growth_kb(lambda: compiled(x, y), warmup=200, calls=2000)
     assert grown < 4 * 1024, f"RSS grew by {grown} kB over 2,000 calls"

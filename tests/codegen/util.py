@@ -145,3 +145,49 @@ def errors_in_threads(work, n: int) -> list[str]:
     for t in threads:
         t.join()
     return errors
+
+
+def rss_growth_kb(call: Callable[[], object], warmup: int, calls: int) -> int:
+    """How many kB the process's resident memory grew over `calls` calls of `call`, after `warmup` calls
+    (allocator caches, lazy initialisation)."""
+    import gc
+    from pathlib import Path
+
+    def rss_kb() -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS in /proc/self/status")
+
+    for _ in range(warmup):
+        call()
+    gc.collect()
+    before = rss_kb()
+    for _ in range(calls):
+        call()
+    gc.collect()
+    return rss_kb() - before
+
+
+def run_gemm_built_for(march: str, k, compiled, inputs: tuple, tmp_path, stem: str = "gemm") -> torch.Tensor:
+    """GEMM kernel `k` of `compiled` built from its generated source for `-march=<march>` (instead of the
+    host's) and called directly on `inputs`: its output."""
+    import ctypes
+    import subprocess
+
+    from vtc.codegen.cpp import buffer_order
+    from vtc.codegen.gemm import generate as generate_gemm
+    from vtc.runtime import cbuild
+
+    info = cbuild.compiler_info()
+    flags = [f for f in info.flags if not f.startswith("-march")] + [f"-march={march}"]
+    src, so = tmp_path / f"{stem}.cpp", tmp_path / f"{stem}-{march}.so"
+    src.write_text(generate_gemm(k))
+    subprocess.run([*info.command, str(src), "-o", str(so), *flags], check=True, capture_output=True)
+    fn_c = getattr(ctypes.CDLL(str(so)), k.name)
+    fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
+    env = dict(zip([v.name for v in compiled.graph.inputs], inputs))
+    out = torch.empty(k.stores[0].buffer.shape)
+    tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
+    fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 2)
+    return out

@@ -30,6 +30,7 @@ subexpressions outside such choices are emitted once per loop body.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from typing import Iterable
 
 import torch
@@ -409,6 +410,9 @@ def _strided_inner_read(k: Kernel, em: _Emitter) -> bool:
 
 
 INNER_MERGE_BELOW = 1024  # a pointwise kernel's inner loop takes in the dim before it while shorter than this
+# Off while size-generic kernels are made (vtc.dynamic): which dims merge depends on the sizes, and a template
+# must be the same text at every probe size (vtc.runtime.generic).
+MERGE_INNER_DIMS: ContextVar[bool] = ContextVar("vtc_merge_inner_dims", default=True)
 
 
 def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
@@ -425,6 +429,8 @@ def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
     from vtc.index.expr import free_vars
 
     shape = k.domain
+    if not MERGE_INNER_DIMS.get():
+        return 1
     offsets, others = [], []
     for s in scalars_of(k):
         if s.op == "load":

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Kernel, Scalar, scalars_under
 from vtc.index.expr import Expr, _terms, free_vars
 from vtc.index.mapping import linear_offset, out_vars

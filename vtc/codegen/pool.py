@@ -13,8 +13,6 @@ propagates as in torch (``vtc_max`` keeps a NaN operand).
 """
 from __future__ import annotations
 
-import torch
-
 from vtc.codegen import depthwise, kernel_ir as K
 from vtc.codegen.ops import NotSupported, pointwise
 from vtc.index.expr import and_, ge, lt, var

@@ -26,7 +26,7 @@ from typing import Iterable, Mapping as TMapping
 
 import torch
 
-from vtc.index.expr import (TRUE, Expr, affine, and_, evaluate, lift, load, loads,
+from vtc.index.expr import (TRUE, Expr, affine, and_, evaluate, lift, loads,
                             subs, to_str, var)
 
 
