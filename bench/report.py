@@ -190,27 +190,34 @@ WHY = """\
 What vtc runs at the commit of this run (see README.md): pointwise ops and
 reductions become generated C++/OpenMP kernels that read virtual tensors
 through their composed mappings, with single-use producers inlined (an
-RMSNorm is one row kernel); bmm -> softmax -> bmm attention is one generated
-flash kernel reading Q, K and V through their mappings (prefill: 64 queries as
-vector lanes, key blocks a causal mask hides skipped; GQA decode: the heads of
-a KV group share every K/V read of the cache, keys split across threads when
-there are few groups): attn_causal, attn_gqa_* and the decode units are where
-vtc leads; a GEMM whose operand torch would have to copy (and a skinny decode
-GEMM estimated faster), and every convolution but wide ones on large maps, are
-generated GEMMs that pack through the mapping (a convolution's im2col packed
-by runs with vector loads), with bias / norm / activation in their epilogue;
+RMSNorm is one row kernel; an NCHW kernel walks whole H x W planes as one
+vector loop, a batch norm's per-channel scale computed once per plane; row
+sums add into 16 partial sums); a call runs its steps through a plan of
+numbered slots set up at the first call, index checks inside the kernel's C
+call; bmm -> softmax -> bmm attention is one generated flash kernel reading
+Q, K and V through their mappings (prefill: 16, 32 or 64 queries, or the
+queries of a GQA group's heads, as vector lanes, key blocks a causal mask
+hides skipped, and at run time those an additive finfo.min / -inf mask
+hides; GQA decode: the heads of a KV group share every K/V read of the
+cache, keys split across threads when there are few groups): attn_causal,
+attn_gqa_* and the decode units are where vtc leads; a GEMM whose operand
+torch would have to copy (a cat, gathered rows, a transpose; packed by runs)
+and a skinny decode GEMM estimated faster, and every convolution but wide
+ones on large maps, are generated GEMMs that pack through the mapping (a
+convolution's im2col packed by runs with vector loads), with bias / norm /
+activation in their epilogue (per-row terms computed once per row);
 depthwise convolutions and max pools are vector kernels plane by plane; a
 producer of a cat or KV-cache update (a GEMM included: the new V of a decode
 step) stores into its output; the cost model prices a cat read element by
-element through a transpose, so greedy keeps EfficientViT's q/k/v cat physical
-(its convolutions store into it).  The other GEMMs and convolutions run
-through torch on zero-copy views or after a copy kernel.  Where vtc loses: in
-the prefill units most of the time is large GEMMs, which vtc leaves to MKL
-(its own float32 GEMM measured 0.82-0.98x of the faster library on 512-2048
-squares at 1 thread); the generated GEMM micro-kernel is a little below ONNX
-Runtime's MLAS on the C3k2 3x3 convolutions at batch 16; llama3_decode_b1 is
-close to Inductor max-autotune and changes sides between runs (1.06x in the
-previous run, not investigated).
+element through a transpose, so greedy keeps EfficientViT's q/k/v cat
+physical (its convolutions store into it).  The other GEMMs and convolutions
+run through torch on zero-copy views or after a copy kernel.  Where vtc
+loses: in the prefill units and llama_model most of the time is large GEMMs
+(llama_model's 128 x 512 x 32000 logits GEMM alone is half of it), which vtc
+leaves to MKL (its own float32 GEMM measured 0.95-1.0x of the faster library
+on 256-2048 squares at 1 thread); on C3k2 vtc and ONNX Runtime's MLAS are at
+parity, and in ShuffleNetV2 the 1x1 convolutions over 7 x 7 maps (49 pixels
+fill 49 of 64 micro-kernel columns) are 0.53-0.67x of ONNX Runtime's.
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
