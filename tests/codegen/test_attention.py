@@ -96,6 +96,17 @@ def attention_kernels(compiled) -> list:
     return [k for k in kernels(compiled) if k.kind == "attention"]
 
 
+def compile_and_call(fn, inputs: tuple, threads: int):
+    """(compiled, its result) with torch (and so the kernels) on `threads` threads for the compile and call."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        compiled = compile_cpu(fn, inputs)
+        return compiled, compiled(*inputs)
+    finally:
+        torch.set_num_threads(saved)
+
+
 def assert_one_attention_kernel(compiled) -> None:
     """The pattern is one generated kernel: no bmm / softmax through torch, no movement materialised."""
     att = attention_kernels(compiled)
@@ -185,13 +196,7 @@ def test_decode_keys_split_across_threads(threads, position, zero_empty):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     g = gen(23)
     inputs = (rand((1, 4, 1, 64), g), rand((1, 1, 1500, 64), g), rand((1, 1, 1500, 64), g))
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        compiled = compile_cpu(fn, inputs)
-        got = compiled(*inputs)
-    finally:
-        torch.set_num_threads(saved)
+    compiled, got = compile_and_call(fn, inputs, threads)
     torch.testing.assert_close(got, fn(*inputs), **TOL)
     assert_one_attention_kernel(compiled)
     if zero_empty:
@@ -468,13 +473,7 @@ def test_finfo_min_masks_skip_hidden_key_blocks(ratio, b, s, t, first, window, e
     k_bad[:, :, end:], v_bad[:, :, end:] = float("nan"), float("nan")
     if window is not None:  # and before every query's window
         k_bad[:, :, :64], v_bad[:, :, :64] = float("nan"), float("inf")
-    saved = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        compiled = compile_cpu(fn, (q, k_bad, v_bad, mask))
-        got = compiled(q, k_bad, v_bad, mask)
-    finally:
-        torch.set_num_threads(saved)
+    compiled, got = compile_and_call(fn, (q, k_bad, v_bad, mask), 2)
     assert_one_attention_kernel(compiled)
     torch.testing.assert_close(got, fn(q, k, v, mask), **TOL)
     assert fn(q, k_bad, v_bad, mask).isnan().any()  # torch spreads the hidden NaN
@@ -491,13 +490,7 @@ def test_finfo_min_mask_row_with_every_key_hidden_is_torchs_uniform_softmax(b, s
     g = gen(43 + s)
     q, k, v = rand((b, 8, s, 32), g), rand((b, 2, t, 32), g), rand((b, 2, t, 32), g)
     mask = hf_mask(b, s, t, 5, None, empty_row)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        compiled = compile_cpu(fn, (q, k, v, mask))
-        got = compiled(q, k, v, mask)
-    finally:
-        torch.set_num_threads(saved)
+    compiled, got = compile_and_call(fn, (q, k, v, mask), threads)
     assert_one_attention_kernel(compiled)
     want = fn(q, k, v, mask)
     torch.testing.assert_close(got, want, **TOL)
