@@ -428,9 +428,9 @@ def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
     from vtc.codegen.lower import scalars_of
     from vtc.index.expr import free_vars
 
-    shape = k.domain
     if not MERGE_INNER_DIMS.get():
         return 1
+    shape = k.domain
     offsets, others = [], []
     for s in scalars_of(k):
         if s.op == "load":
@@ -517,7 +517,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     return lines + close
 
 
-def _reduction_loop(red, em: _Emitter, rloop: str, store_term: str | None = None, r_extent: int = 0) -> list[str]:
+def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: str | None = None) -> list[str]:
     """The loop over r accumulating one reduction; max/min keep a NaN flag so they may vectorise; a sum over
     adds into a vector of partial sums (``_lane_sum_loop``).
 
@@ -632,8 +632,8 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
                 init = f"std::numeric_limits<{t}>::{'lowest' if lim == 'min' else 'max'}()"
             lines.append(f"    {t} acc_{red.name} = ({t}){init};")
         for red in phase:
-            lines += _reduction_loop(red, em, rloop, stored_at if stored and red is stored.reduction else None,
-                                     k.r_extent)
+            lines += _reduction_loop(red, em, rloop, k.r_extent,
+                                     stored_at if stored and red is stored.reduction else None)
     per_r = [s for s in k.stores if s.per_r]
     if per_r:
         lines += ["    #pragma omp simd", f"    {rloop}"]

@@ -72,7 +72,8 @@ def _functions():
 
 
 def _first_out_of_range():
-    return _functions() and _functions()[0]
+    fns = _functions()
+    return fns and fns[0]
 
 
 def checked_caller():
@@ -80,7 +81,8 @@ def checked_caller():
 
     It has no argtypes (a call converts its arguments in half the time): pass the kernel as a
     ``ctypes.c_void_p``, bufs and checks as ctypes arrays, nthreads as an int, n as a ``ctypes.c_int64``."""
-    return _functions() and _functions()[1] or None
+    fns = _functions()
+    return fns[1] if fns else None
 
 
 def check_range(check: IndexCheck, t: torch.Tensor) -> None:
