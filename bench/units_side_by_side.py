@@ -2,7 +2,8 @@
 
     PYTHONPATH=$PWD python bench/units_side_by_side.py c3k2_b1,shufflenet_unit_b16 [eager,inductor,onnxruntime,vtc-auto]
 
-``vtc-<gemm>`` is vtc.compile with gemm=<gemm> (auto, vtc, torch).  Calls are
+``vtc-<gemm>`` is vtc.compile with gemm=<gemm> (auto, vtc, torch); ``vtc-<plan>`` (greedy, all, none,
+measured) is vtc.compile with plan=<plan> and the default gemm.  Calls are
 interleaved system by system, N (env, default 25) rounds after warm-up calls
 (bench.gemm_side_by_side.time_side_by_side: a round repeats a fast call to at least 20 ms);
 min and median are printed with the speed-up of vtc over the best other
@@ -30,6 +31,8 @@ from bench.gemm_side_by_side import time_side_by_side  # noqa: E402
 from bench.systems import Context, _eager, _inductor, _onnxruntime, _openvino  # noqa: E402
 from bench.workloads import get  # noqa: E402
 
+PLANS = ("greedy", "all", "none", "measured")  # vtc-<plan>; any other vtc-<x> is gemm=<x>
+
 
 def main(names: list[str], systems: list[str], rounds: int) -> None:
     for name in names:
@@ -48,7 +51,8 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
             elif s == "inductor":
                 fns[s] = _inductor(None)(ctx).fn
             else:
-                c = vtc.compile(model, inputs, gemm=s.split("-", 1)[1])
+                opt = s.split("-", 1)[1]
+                c = vtc.compile(model, inputs, **({"plan": opt} if opt in PLANS else {"gemm": opt}))
                 got = torch.utils._pytree.tree_leaves(c(*inputs))  # a unit may return a tuple (llama3: the caches)
                 err = max((g - r).abs().max().item() for g, r in zip(got, torch.utils._pytree.tree_leaves(ref)))
                 if err > 1e-3:

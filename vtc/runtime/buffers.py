@@ -5,7 +5,9 @@ A generated kernel writes its result into a new tensor.  For a large one
 mmap threshold, 32 MB at most, every allocation is a new mapping) and the
 kernel then takes one page fault per 4 KB it writes: for a 64 MB gelu that is
 more time than the arithmetic and the memory traffic together.  The framework's
-own ops pay the same; an arena allocator (ONNX Runtime's) does not.
+own ops pay the same; an arena allocator (ONNX Runtime's) does not.  A library
+GEMM (torch's mm / bmm / addmm / baddbmm) writes into a buffer of the pool too,
+through ``out=`` (``vtc.runtime.callplan``).
 
 ``BufferPool`` keeps the storages of large buffers (at least ``MIN_BYTES``)
 after the tensors made on them die, and hands a storage out again when nothing
@@ -30,7 +32,11 @@ import threading
 
 import torch
 
-MIN_BYTES = 4 << 20  # smaller buffers come from malloc's heap, already mapped after the first call
+# smaller buffers come from malloc's heap, already mapped after the first call.  Above 128 KB glibc maps
+# them fresh or trims its heap once several are freed: a Llama prefill layer's 1-4 MB GEMM results and
+# MLP products took their page faults on every call (the SwiGLU product over 256 x 3584 floats: 3.0 ms
+# in the layer against 0.9 ms alone, 1 thread; docs/prefill.md)
+MIN_BYTES = 256 << 10
 MAX_KEPT = 16  # storages kept in all (outputs held by the caller across calls, intermediates of one call)
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)

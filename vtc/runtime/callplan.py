@@ -43,6 +43,7 @@ import torch.utils._pytree as pytree
 
 from vtc.ir.graph import Value
 from vtc.runtime.buffers import ENABLED as POOL_ENABLED
+from vtc.runtime import packed
 from vtc.runtime.buffers import MIN_BYTES, BufferPool
 from vtc.runtime.checks import check_range, checked_caller
 from vtc.runtime.executor import _own  # the executor imports this module only when it first runs
@@ -87,7 +88,9 @@ class CallPlan:
         self.fns: list[Callable[[Slots], None]] = []
         # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
         # constants made once, steps that go through Executor.run_step
-        self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0}
+        self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
+                       "packed_weights": 0}
+        self.why_not_packed: dict[str, str] = {}  # library mm / addmm node -> why its weight is not packed
         for s in executor.steps:
             fn = self._step(s)
             if fn is None:
@@ -152,6 +155,19 @@ class CallPlan:
         own = _own if node.kind == "movement" else None  # kept physical: really materialised, never an alias
         ins = [self.slot[v.name] for v in node.inputs]
 
+        linear = self._packed(node)
+        if linear is not None:
+            a_slot, out_slot = self.slot[node.args[-2].name], outs[0]
+
+            def run_packed(slots: Slots) -> None:  # x @ W^T on the weight packed once (vtc.runtime.packed)
+                slots[out_slot] = linear(slots[a_slot])
+            return run_packed
+        pooled = _pooled_out(node, target, self.pool)
+        if pooled is not None and not names:
+            def run_into(slots: Slots) -> None:  # a library GEMM writing into a recycled buffer
+                slots[outs[0]] = target(*build_args(slots), out=pooled())
+            return run_into
+
         def run(slots: Slots) -> None:
             out = target(*build_args(slots), **dict(zip(names, build_kwargs(slots)))) if names else \
                 target(*build_args(slots))
@@ -162,6 +178,23 @@ class CallPlan:
             for i, t in zip(outs, out):
                 slots[i] = t
         return run
+
+    def _packed(self, node) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """x @ W^T on a constant W packed once (``vtc.runtime.packed``), or None (the reason in ``why_not_packed``)."""
+        if node.op not in packed.OPS:
+            return None
+        args = [a if isinstance(a, Value) else None for a in node.args]
+        if len(args) < 2 or args[-2] is None or args[-1] is None:
+            return None
+        const = self.template  # constants and views of constants, set before the first step runs
+        b = const[self.slot[args[-1].name]]
+        bias = const[self.slot[args[0].name]] if len(args) == 3 and args[0] is not None else None
+        why = packed.why_not(node, tuple(args[-2].shape), b, bias)
+        if why is not None:
+            self.why_not_packed[node.name] = why
+            return None
+        self.counts["packed_weights"] += 1
+        return packed.packed_linear(int(args[-2].shape[0]), b, bias)
 
     def _view(self, s) -> Callable[[Slots], None] | None:
         """A zero-copy strided view; one of a constant is made here, once, and kept in the template."""
@@ -259,6 +292,23 @@ def _split_checks(ck) -> tuple[list, list]:
         else:
             other.append(c)
     return fused, other
+
+
+OUT_FUNCTIONS = (torch.mm, torch.bmm, torch.addmm, torch.baddbmm)  # library GEMMs that take out=
+
+
+def _pooled_out(node, target, pool: BufferPool) -> Callable[[], torch.Tensor] | None:
+    """The allocator of a library GEMM's output where it comes from the buffer pool (a float output of at
+    least ``MIN_BYTES``, written through ``out=``), else None (torch allocates it)."""
+    if target not in OUT_FUNCTIONS or len(node.outputs) != 1 or not POOL_ENABLED:
+        return None
+    v = node.outputs[0]
+    if not all(isinstance(d, int) for d in v.shape):  # symbolic sizes: torch allocates
+        return None
+    shape = torch.Size(v.shape)
+    if not v.dtype.is_floating_point or shape.numel() * v.dtype.itemsize < MIN_BYTES:
+        return None
+    return lambda: pool.empty(shape, v.dtype)
 
 
 def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Callable[[], torch.Tensor]:

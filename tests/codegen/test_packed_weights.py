@@ -1,0 +1,86 @@
+"""Library GEMMs on constant weights packed once (vtc.runtime.packed) and library GEMM results written into
+recycled buffers (vtc.runtime.callplan's out=): the same results as torch eager, and which GEMMs take them."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from vtc.runtime import buffers, packed
+
+from .util import compile_cpu, gen, rand
+
+GEMM_TOL = dict(rtol=1e-4, atol=1e-4)
+G = gen(170)
+
+needs_mkl = pytest.mark.skipif(not packed.ENABLED, reason="MKL's packed GEMM is not available in this torch")
+
+
+def _plan(compiled):
+    return compiled._first.executor.call_plan()
+
+
+class _MLP(nn.Module):
+    """Two linears (one with a bias, one without) around a GELU: an addmm and an mm on weight transposes."""
+
+    def __init__(self, k: int, hidden: int, n: int):
+        super().__init__()
+        g = gen(k * 7 + n)
+        self.up = nn.Linear(k, hidden)
+        self.down = nn.Linear(hidden, n, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(rand(tuple(p.shape), g) * 0.2)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+@needs_mkl
+@pytest.mark.parametrize("batch,rows,k,hidden,n", [(1, 127, 17, 33, 3), (16, 3, 64, 127, 1), (1, 32, 1, 1, 17)])
+def test_linear_weights_are_packed_once_and_match_eager(batch, rows, k, hidden, n):
+    model = _MLP(k, hidden, n)
+    x = rand((batch, rows, k), G)
+    compiled = compile_cpu(model, (x,), gemm="torch")
+    for _ in range(2):  # the second call runs on the panels packed at the first
+        x = rand((batch, rows, k), G)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+    plan = _plan(compiled)
+    assert plan.counts["packed_weights"] == 2, plan.why_not_packed
+
+
+@needs_mkl
+def test_few_rows_and_a_non_constant_b_keep_torch_mm_with_the_reason():
+    model = _MLP(17, 33, 5)
+    x = rand((1, 3, 17), G)  # 3 rows: below MIN_ROWS
+    compiled = compile_cpu(model, (x,), gemm="torch")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+    plan = _plan(compiled)
+    assert plan.counts["packed_weights"] == 0
+    assert all("at least 32 rows" in why for why in plan.why_not_packed.values()) and len(plan.why_not_packed) == 2
+
+    f = lambda a, b: a @ b.t()  # noqa: E731  B is an input: nothing to pack once
+    a, b = rand((64, 17), G), rand((33, 17), G)
+    compiled = compile_cpu(f, (a, b), gemm="torch")
+    torch.testing.assert_close(compiled(a, b), f(a, b), **GEMM_TOL)
+    assert _plan(compiled).counts["packed_weights"] == 0
+    assert list(_plan(compiled).why_not_packed.values()) == ["B is not a constant of the graph"]
+
+
+def test_library_gemm_result_is_written_into_a_recycled_buffer():
+    rows = buffers.MIN_BYTES // 4 // 129 + 1  # a 129-column result just above the recycling threshold
+    f = lambda a, b: torch.relu(a @ b) + 1.0  # noqa: E731  a library mm (gemm="torch") and a kernel after it
+    a, b = rand((rows, 33), G), rand((33, 129), G)
+    compiled = compile_cpu(f, (a, b), gemm="torch")
+    first = compiled(a, b)
+    torch.testing.assert_close(first, f(a, b), **GEMM_TOL)
+    pool = compiled._first.executor.pool
+    kept = {st.data_ptr() for st in pool._kept}
+    assert first.data_ptr() in kept and len(kept) == 2  # the mm's result and the kernel's output
+    a2 = rand((rows, 33), G)
+    second = compiled(a2, b)  # `first` is held: its storage is not handed out again
+    torch.testing.assert_close(second, f(a2, b), **GEMM_TOL)
+    torch.testing.assert_close(first, f(a, b), **GEMM_TOL)
+    assert second.data_ptr() != first.data_ptr()

@@ -1,0 +1,53 @@
+"""Library GEMMs on constant weights with the weight packed once: MKL's packed-B GEMM.
+
+A library ``x @ W^T`` (``aten.mm(x, permute(W))``, ``aten.addmm(bias, x, permute(W))``: every
+``nn.Linear`` that ``gemm="auto"`` leaves to torch) makes MKL pack the weight into its panel layout on
+every call: for a 1024 x 3584 weight that is 14 MB read and written per call, 10-15% of the GEMM at 256
+rows (1 thread CPU time, this machine: 256x1024x3584 18.3 -> 16.0 ms, 256x3584x1024 19.1 -> 16.8 ms,
+128x1024x32000 102 -> 78 ms; ``docs/prefill.md``).  Where W is a constant of the compiled graph, the
+call plan packs it once (``torch.ops.mkl._mkl_reorder_linear_weight``, as Inductor's freezing does) and
+each call runs ``cblas_sgemm_compute`` on the packed panels (``torch.ops.mkl._mkl_linear``).
+
+The packed copy takes as much memory as the weight; the weight itself stays (torch's op falls back to a
+plain linear on it when the row count differs from the packed one, which a static graph never sees).
+Only float32 with static sizes and at least ``MIN_ROWS`` rows: decoding's skinny GEMMs (a few rows) are
+not measured here and keep torch's mm.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+MIN_ROWS = 32  # fewer rows: torch's mm (the packed path was measured at 128 and 256 rows)
+ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and torch.backends.mkl.is_available()
+           and hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear"))
+OPS = ("aten.mm.default", "aten.addmm.default")
+
+
+def why_not(node, a_shape: tuple, b: torch.Tensor | None, bias: torch.Tensor | None) -> str | None:
+    """Why the library GEMM `node` (A of static shape `a_shape`; B and the bias as the constants the plan
+    holds, or None where they are not constants) cannot run on a packed weight, or None where it can."""
+    if not ENABLED:
+        return "MKL's packed GEMM is not available (or VTC_PACKED_WEIGHTS=0)"
+    if node.op not in OPS or node.kwargs:
+        return f"{node.op} with {sorted(node.kwargs)}: only mm and addmm (beta = alpha = 1)"
+    if b is None:
+        return "B is not a constant of the graph"
+    if not all(isinstance(d, int) for d in a_shape) or len(a_shape) != 2 or a_shape[0] < MIN_ROWS:
+        return f"A of shape {list(a_shape)}: static, 2-D, at least {MIN_ROWS} rows"
+    if b.dtype != torch.float32 or b.dim() != 2 or not b.t().is_contiguous():
+        return f"B {b.dtype} {list(b.shape)} strides {list(b.stride())}: a float32 W^T of a contiguous W"
+    if node.op == "aten.addmm.default" and (
+            bias is None or bias.dtype != torch.float32 or tuple(bias.shape) != (b.shape[1],)):
+        return "addmm's bias is not a constant float32 vector of N"
+    return None
+
+
+def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function computing ``a @ b (+ bias)`` for `a` of `a_rows` rows with b = W^T packed now, once."""
+    w = b.t()
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows)
+    linear = torch.ops.mkl._mkl_linear
+    return lambda a: linear(a, packed, w, bias, a_rows)
