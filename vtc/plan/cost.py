@@ -388,6 +388,12 @@ def fmt_seconds(s: float) -> str:
 
 
 FILL_FIRST = ("aten.constant_pad_nd.default",)  # kept ops torch runs as a fill of the output, then a copy
+# kept out-of-place scatters torch runs as a clone of the base, then the updates written into it: one dense
+# pass more than the copy through the pull mapping.  Priced as one pass, a kept KV-cache index_put (torch,
+# 0.4-0.5 ms at 512 KB, 1 thread) looked cheaper than its push (a copy kernel for the base and one for the
+# update: 0.2 ms), which plan="all" takes and the greedy did not (docs/prefill.md)
+CLONE_FIRST = tuple(f"aten.{op}" for op in ("index_put.default", "index_copy.default", "scatter.src",
+                                            "scatter.value", "slice_scatter.default", "select_scatter.default"))
 
 
 class CostModel:
@@ -801,6 +807,9 @@ class Estimator:
                 if n.op in FILL_FIRST:  # torch fills the whole output, then copies the input into its part
                     t += self.model.call_us * 1e-6 + self.model.write(o.numel, size)
                     how += ", filled first"
+                if n.op in CLONE_FIRST:  # torch clones the base, then writes the updates into the clone
+                    t += self.model.copy(o.numel, size, DENSE, generated=False)
+                    how += ", the base cloned first"
             out.append(Term(("run", op, o.name), t, f"{op} runs and copies {_bytes(o.nbytes)} ({how}, "
                                                     f"{acc.describe()})"))
         return out
