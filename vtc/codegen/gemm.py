@@ -51,6 +51,7 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
 from vtc.codegen import gemm_bf16, gemm_pack
 from vtc.codegen.gemm_push import pushed_bytes
+from vtc.runtime import packed
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -95,6 +96,8 @@ class GemmChoice:
     #                                                       (vtc.codegen.gemm_push)
     a_packing: str = ""  # how the generated kernel packs a virtual A: "runs", "columns" or "elements"
     #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
+    library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
+    #                    once (vtc.runtime.packed), "" for torch's op as it is
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -184,8 +187,9 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:
+        library = packed.planned(low, n, a, b) if choice == "torch" else ""
         return GemmChoice(n.name, n.op, shape, choice, why, round(vtc_us, 2), round(torch_us, 2), copy_bytes,
-                          a_packing=gemm_pack.a_packing(low, a) if needs_copy(low, a) else "")
+                          a_packing=gemm_pack.a_packing(low, a) if needs_copy(low, a) else "", library=library)
 
     if unsupported:
         return pick("torch", unsupported)

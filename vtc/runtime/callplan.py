@@ -90,7 +90,8 @@ class CallPlan:
         # constants made once, steps that go through Executor.run_step
         self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
                        "packed_weights": 0}
-        self.why_not_packed: dict[str, str] = {}  # library mm / addmm node -> why its weight is not packed
+        self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
+        self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
         for s in executor.steps:
             fn = self._step(s)
             if fn is None:
@@ -180,8 +181,10 @@ class CallPlan:
         return run
 
     def _packed(self, node) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """x @ W^T on a constant W packed once (``vtc.runtime.packed``), or None (the reason in ``why_not_packed``)."""
-        if node.op not in packed.OPS:
+        """x @ W^T on a constant W packed once where the lowering planned it (the report's GEMM entry says
+        ``library="mkl_packed"``, ``vtc.runtime.packed``), or None (the reason in ``why_not_packed``)."""
+        choice = self.gemm_choices.get(node.name)
+        if choice is None or choice.library != "mkl_packed":
             return None
         args = [a if isinstance(a, Value) else None for a in node.args]
         if len(args) < 2 or args[-2] is None or args[-1] is None:

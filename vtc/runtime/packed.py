@@ -26,6 +26,25 @@ ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and torch.backends.m
 OPS = ("aten.mm.default", "aten.addmm.default")
 
 
+def planned(low, n, a, b) -> str:
+    """"mkl_packed" where the call plan will run library GEMM node n (operands `a`, `b`) on its weight packed
+    once, else "": B is the transpose of a whole constant W [N, K] (checked again on the tensor by
+    ``why_not`` when the call plan is built), A float32, 2-D, static, with at least ``MIN_ROWS`` rows."""
+    if not ENABLED or n.op not in OPS or n.kwargs:
+        return ""
+    consts = {v.name: v for v in low.graph.consts}
+    r = low.plan.realized.get(b.name) if low.plan.is_virtual(b.name) else None
+    st = r.strided if r is not None else None
+    if st is None or st.source not in consts or b.dtype != torch.float32 or a.dtype != torch.float32:
+        return ""  # B is not a view of a constant (a constant used as it is, [K, N], is not W^T either)
+    k, n_ = b.shape
+    unit_k, whole_rows = k == 1 or st.strides[0] == 1, n_ == 1 or st.strides[1] == k  # a size-1 dim: any stride
+    if not (unit_k and whole_rows) or st.offset != 0 or tuple(consts[st.source].shape) != (n_, k):
+        return ""  # not the whole of a contiguous W [N, K], transposed
+    rows = a.shape[0]
+    return "mkl_packed" if isinstance(rows, int) and len(a.shape) == 2 and rows >= MIN_ROWS else ""
+
+
 def why_not(node, a_shape: tuple, b: torch.Tensor | None, bias: torch.Tensor | None) -> str | None:
     """Why the library GEMM `node` (A of static shape `a_shape`; B and the bias as the constants the plan
     holds, or None where they are not constants) cannot run on a packed weight, or None where it can."""
