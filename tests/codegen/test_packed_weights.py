@@ -56,6 +56,19 @@ def test_linear_weights_are_packed_once_and_match_eager(batch, rows, k, hidden, 
 
 
 @needs_mkl
+def test_a_weight_changed_in_place_after_compiling_is_packed_again():
+    model = _MLP(17, 33, 5)
+    x = rand((1, 64, 17), G)
+    compiled = compile_cpu(model, (x,), gemm="torch")
+    assert set(_libraries(compiled).values()) == {"mkl_packed"}
+    with torch.no_grad():
+        compiled(x)  # packs the weights
+        model.up.weight.mul_(-1.5)  # an in-place change (as load_state_dict / an optimizer step makes)
+        model.down.weight.copy_(rand(tuple(model.down.weight.shape), G))
+        torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+
+
+@needs_mkl
 def test_few_rows_and_a_non_constant_b_keep_torch_mm():
     model = _MLP(17, 33, 5)
     x = rand((1, 3, 17), G)  # 3 rows: below MIN_ROWS

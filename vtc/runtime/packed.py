@@ -8,7 +8,10 @@ rows (1 thread CPU time, this machine: 256x1024x3584 18.3 -> 16.0 ms, 256x3584x1
 call plan packs it once (``torch.ops.mkl._mkl_reorder_linear_weight``, as Inductor's freezing does) and
 each call runs ``cblas_sgemm_compute`` on the packed panels (``torch.ops.mkl._mkl_linear``).
 
-The packed copy takes as much memory as the weight; the weight itself stays (torch's op falls back to a
+A weight changed in place after compiling (``load_state_dict``, an optimizer step: anything that bumps
+the tensor's version counter, which its views share) is packed again at the next call, so the result
+follows the weight as torch's own mm does.  The packed copy takes as much memory as the weight; the weight
+itself stays (torch's op falls back to a
 plain linear on it when the row count differs from the packed one, which a static graph never sees).
 Only float32 with static sizes and at least ``MIN_ROWS`` rows: decoding's skinny GEMMs (a few rows) are
 not measured here and keep torch's mm.
@@ -67,6 +70,11 @@ def why_not(node, a_shape: tuple, b: torch.Tensor | None, bias: torch.Tensor | N
 def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function computing ``a @ b (+ bias)`` for `a` of `a_rows` rows with b = W^T packed now, once."""
     w = b.t()
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows)
-    linear = torch.ops.mkl._mkl_linear
-    return lambda a: linear(a, packed, w, bias, a_rows)
+    linear, reorder = torch.ops.mkl._mkl_linear, torch.ops.mkl._mkl_reorder_linear_weight
+    packed = [reorder(w, a_rows), w._version]
+
+    def run(a: torch.Tensor) -> torch.Tensor:
+        if w._version != packed[1]:  # the weight was changed in place (load_state_dict, an optimizer step)
+            packed[:] = reorder(w, a_rows), w._version
+        return linear(a, packed[0], w, bias, a_rows)
+    return run
