@@ -9,7 +9,8 @@ ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
 repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
-machine, like bench/units_side_by_side.py).  A profile aid, not the benchmark.
+machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot form of small maps off
+(vtc.codegen.conv_t), the packed-panel implicit GEMM.  A profile aid, not the benchmark.
 """
 import os
 import sys
@@ -76,10 +77,19 @@ def main(names: list[str], rounds: int) -> None:
         if err > 1e-3:
             raise AssertionError(f"{name}: max error {err}")
         fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
+        if os.environ.get("PANELS"):  # also vtc with the dot form of small maps off (vtc.codegen.conv_t)
+            from vtc.codegen import conv_t
+
+            keep, conv_t.MAX_PIXELS = conv_t.MAX_PIXELS, 0
+            try:
+                panels = vtc.compile(model, (x,))
+            finally:
+                conv_t.MAX_PIXELS = keep
+            fns["vtc-panels"] = lambda: panels(x)
         with torch.no_grad():
             times = time_side_by_side(fns, rounds, clk)
         ms = {s: t["median_ms"] for s, t in times.items()}
-        best = min(v for s, v in ms.items() if s != "vtc")
+        best = min(v for s, v in ms.items() if not s.startswith("vtc"))
         print(f"{name:14s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
               f"   best other / vtc: {best / ms['vtc']:.2f}x", flush=True)
 
