@@ -62,6 +62,10 @@ CASES = {  # name: (module, input shape)
     "wide_3x3_7": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 7, 7)),
     "wide_3x3_14": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 14, 14)),
     "shuffle_stem": (lambda: _conv(3, 24, 3, 2, act=nn.ReLU), (1, 3, 224, 224)),
+    "shuffle_last_b16": (lambda: _conv(464, 1024, act=nn.ReLU), (16, 464, 7, 7)),
+    "shuffle_s4_pw14": (lambda: _conv(232, 232, act=nn.ReLU), (1, 232, 14, 14)),  # stage 4's first unit
+    "shuffle_dw7_s2": (lambda: _conv(232, 232, 3, 2, groups=232), (1, 232, 14, 14)),
+    "shuffle_dw7": (lambda: _conv(232, 232, 3, groups=232), (1, 232, 7, 7)),
 }
 
 

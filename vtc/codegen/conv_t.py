@@ -5,8 +5,8 @@ runs Goto's loops with the output pixels as the vector dimension: A = W is
 packed into 12-row panels on every call (a 16 x 16 register transpose of the
 whole weight, per image) and the pixels fill 32-column tiles.  On a small map
 with many channels both hurt: ShuffleNetV2's last 1x1 convolution (464 ->
-1024 on 7x7) fills 49 of 64 columns, and packing its 1.9 MB weight costs a
-large part of its 46 MFLOP.
+1024 on 7x7) fills 49 of 64 columns, and packing its 1.9 MB weight (each
+element used for 49 pixels only) takes ~15% of the kernel's time.
 
 Here the reduction is the vector dimension instead.  Both operands are read
 along r: a weight row ``W[o, :]`` is contiguous already (read in place, never
@@ -14,7 +14,7 @@ packed), and the im2col is packed once per image and K slice, transposed, as
 ``xt[p][r]`` (vtc.codegen.conv's ``Im2colPack`` fills its NR-pixel panels by
 runs, through the input's mapping: a channel shuffle, cat or pad in front moves
 no data; 16 x 16 register transposes turn them into rows, P x K floats, small
-next to the weight on such maps).  A tile of ``ROWS`` output channels x 4
+next to the weight on such maps).  A tile of ``ROWS`` output channels x ``COLS``
 pixels keeps one vector accumulator per output, 16 products of the reduction
 per FMA (``vtc_ct_tile``); at the end four channels' 16 sums fold into one
 vector by a transpose-and-add tree, lane ``4 c + j`` = output (channel c,
@@ -28,10 +28,14 @@ units; each unit accumulates into its own scratch block, then the epilogue
 cat through its mapping) runs over the block as in vtc.codegen.gemm: per
 output channel its invariant terms once, then a vector loop over the pixels.
 
-``dot_form`` says whether a convolution runs this way (``FORM`` in its
-``GemmChoice.form``): float32, an AVX-512 target, a weight that is one plain
-row-major load, and a small map (at most ``MAX_PIXELS`` output pixels), where
-the panel form wastes columns and repacks the weight per image.
+``why_not`` says whether a convolution runs this way (``FORM`` in its
+``GemmChoice.form``, chosen by vtc.codegen.conv.choose_conv): an AVX-512
+target, a small map (at most ``MAX_PIXELS`` output pixels: the panel form
+wastes columns and repacks the weight per image), a reduction of at least
+``MIN_K`` (each output's 16 lane sums are folded once per slice: a short one
+does not pay for that), and a weight that is one plain row-major load (a
+physical weight; conv_kernel checks the load).  Float32 only, like the panel
+form.
 """
 from __future__ import annotations
 
@@ -63,8 +67,6 @@ def weight_rows(s, shapes) -> tuple[str, object, int] | None:
     """(buffer, offset of the group's first row as an Expr of the batch index i0, row stride) when the
     weight scalar s of a conv kernel (``W[group * og + i1, r]``) is one load that walks r with unit stride
     and the output channel i1 with a constant stride; else None.  `shapes`: buffer name -> shape."""
-    if s.op == "cast" and s.args[0].dtype == torch.float32:
-        s = s.args[0]
     if s.op != "load" or s.dtype != torch.float32:
         return None
     buf, idx = s.args
