@@ -16,7 +16,10 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``).  On
+a small map with a long reduction (ShuffleNetV2's last 1x1 convolution) the
+same kernel runs as dot products along the reduction instead, the weight read
+in place (vtc.codegen.conv_t; ``GemmChoice.form``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
