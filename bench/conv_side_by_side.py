@@ -9,7 +9,8 @@ ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
 repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
-machine, like bench/units_side_by_side.py).  A profile aid, not the benchmark.
+machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot form of small maps off
+(vtc.codegen.conv_t), the packed-panel implicit GEMM.  A profile aid, not the benchmark.
 """
 import os
 import sys
@@ -61,6 +62,10 @@ CASES = {  # name: (module, input shape)
     "wide_3x3_7": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 7, 7)),
     "wide_3x3_14": (lambda: _conv(256, 256, 3, act=nn.ReLU), (1, 256, 14, 14)),
     "shuffle_stem": (lambda: _conv(3, 24, 3, 2, act=nn.ReLU), (1, 3, 224, 224)),
+    "shuffle_last_b16": (lambda: _conv(464, 1024, act=nn.ReLU), (16, 464, 7, 7)),
+    "shuffle_s4_pw14": (lambda: _conv(232, 232, act=nn.ReLU), (1, 232, 14, 14)),  # stage 4's first unit
+    "shuffle_dw7_s2": (lambda: _conv(232, 232, 3, 2, groups=232), (1, 232, 14, 14)),
+    "shuffle_dw7": (lambda: _conv(232, 232, 3, groups=232), (1, 232, 7, 7)),
 }
 
 
@@ -76,10 +81,19 @@ def main(names: list[str], rounds: int) -> None:
         if err > 1e-3:
             raise AssertionError(f"{name}: max error {err}")
         fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
+        if os.environ.get("PANELS"):  # also vtc with the dot form of small maps off (vtc.codegen.conv_t)
+            from vtc.codegen import conv_t
+
+            keep, conv_t.MAX_PIXELS = conv_t.MAX_PIXELS, 0
+            try:
+                panels = vtc.compile(model, (x,))
+            finally:
+                conv_t.MAX_PIXELS = keep
+            fns["vtc-panels"] = lambda: panels(x)
         with torch.no_grad():
             times = time_side_by_side(fns, rounds, clk)
         ms = {s: t["median_ms"] for s, t in times.items()}
-        best = min(v for s, v in ms.items() if s != "vtc")
+        best = min(v for s, v in ms.items() if not s.startswith("vtc"))
         print(f"{name:14s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
               f"   best other / vtc: {best / ms['vtc']:.2f}x", flush=True)
 

@@ -3,7 +3,8 @@
     PYTHONPATH=$PWD python bench/units_side_by_side.py c3k2_b1,shufflenet_unit_b16 [eager,inductor,onnxruntime,vtc-auto]
 
 ``vtc-<gemm>`` is vtc.compile with gemm=<gemm> (auto, vtc, torch); ``vtc-<plan>`` (greedy, all, none,
-measured) is vtc.compile with plan=<plan> and the default gemm.  Calls are
+measured) is vtc.compile with plan=<plan> and the default gemm; ``vtc-panels`` is vtc-auto with the dot
+form of convolutions over small maps off (vtc.codegen.conv_t: all implicit GEMMs in packed panels).  Calls are
 interleaved system by system, N (env, default 25) rounds after warm-up calls
 (bench.gemm_side_by_side.time_side_by_side: a round repeats a fast call to at least 20 ms);
 min and median are printed with the speed-up of vtc over the best other
@@ -51,8 +52,16 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
             elif s == "inductor":
                 fns[s] = _inductor(None)(ctx).fn
             else:
-                opt = s.split("-", 1)[1]
-                c = vtc.compile(model, inputs, **({"plan": opt} if opt in PLANS else {"gemm": opt}))
+                from vtc.codegen import conv_t
+
+                keep = conv_t.MAX_PIXELS
+                if s == "vtc-panels":  # vtc-auto with the dot form of convolutions over small maps off
+                    conv_t.MAX_PIXELS = 0
+                try:
+                    opt = "auto" if s == "vtc-panels" else s.split("-", 1)[1]
+                    c = vtc.compile(model, inputs, **({"plan": opt} if opt in PLANS else {"gemm": opt}))
+                finally:
+                    conv_t.MAX_PIXELS = keep
                 got = torch.utils._pytree.tree_leaves(c(*inputs))  # a unit may return a tuple (llama3: the caches)
                 err = max((g - r).abs().max().item() for g, r in zip(got, torch.utils._pytree.tree_leaves(ref)))
                 if err > 1e-3:

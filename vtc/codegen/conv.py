@@ -16,7 +16,10 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  The pack copies the im2col by runs of the input (``Im2colPack``).
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``).  On
+a small map with a long reduction (ShuffleNetV2's last 1x1 convolution) the
+same kernel runs as dot products along the reduction instead, the weight read
+in place (vtc.codegen.conv_t; ``GemmChoice.form``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import depthwise, kernel_ir as K
+from vtc.codegen import conv_t, depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
@@ -150,9 +153,12 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
         vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
 
+    # a small map: dot products, the weight read in place (vtc.codegen.conv_t)
+    dot = geo is not None and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
-                          x.nbytes if copy else 0)
+                          x.nbytes if copy else 0, form=conv_t.FORM if dot and choice == "vtc" else "")
 
     if why:
         return pick("torch", why)
@@ -208,6 +214,12 @@ def conv_kernel(low, n: Node) -> Kernel:
                   source_nodes=[n.name])
     pack = Im2colPack(geo, low, image, group * cg + ci, memo)
     kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
+    choice = low.gemm_choices.get(n.name)
+    if choice is not None and choice.form == conv_t.FORM:  # dot products over a small map, where the weight allows
+        if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
+            kern.gemm.generate = conv_t.generate
+        else:
+            choice.form = ""
     return kern
 
 

@@ -78,6 +78,8 @@ class GemmOperands:
     out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
     #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
     dtype: torch.dtype = torch.float32  # of A, B and the result: float32, or bfloat16 (vtc.codegen.gemm_bf16)
+    generate: Callable | None = None  # (kernel) -> its C++ source, for a kernel of another form than the
+    #   packed panels (a convolution over a small map as dot products: vtc.codegen.conv_t)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class GemmChoice:
     #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
+    form: str = ""  # the generated kernel's form where it is not the packed panels ("dot": vtc.codegen.conv_t)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -619,6 +622,8 @@ def generate(k: Kernel) -> str:
     from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, ctype
 
     g: GemmOperands = k.gemm
+    if g.generate is not None:
+        return g.generate(k)
     if g.dtype == gemm_bf16.BF16:
         return gemm_bf16.generate(k)
     em = _Emitter(k)
