@@ -29,6 +29,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.cpp import MERGE_INNER_DIMS
+from vtc.codegen.stream import STREAM_STORES
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.ir.graph import Graph
@@ -90,9 +91,11 @@ class DynamicSizes:
         graph = self.sg.instantiate(env)
         builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid)
         flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
+        plain_stores = STREAM_STORES.set(False)  # likewise (see vtc.codegen.stream)
         try:
             spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
         finally:
+            STREAM_STORES.reset(plain_stores)
             MERGE_INNER_DIMS.reset(flat_rows)
         for k, v in builder.stats.items():
             self.kernels[k] += v

@@ -43,6 +43,7 @@ from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, 
 from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
+from vtc.codegen import stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
@@ -241,14 +242,17 @@ class _Emitter:
                 self.temps[id(s)] = name
         return lines
 
-    def hoist_invariant(self, roots: list[Scalar], varying: set[str], indent: str) -> list[str]:
+    def hoist_invariant(self, roots: list[Scalar], varying: set[str], indent: str,
+                        reductions_done: bool = False) -> list[str]:
         """Temps, emitted before a loop, for the largest subexpressions of `roots` that do not change in it:
         none of the index variables in `varying` in them, no accumulator, no scalar that already has a
         temp (a per-element value such as a depthwise sum).  E.g. a batch norm's per-channel scale
         ``w / sqrt(var + eps)`` in the epilogue of a convolution, computed once per output channel
         instead of once per element.  Never below a piece choice (its untaken side may read out of
         range; a choice that does not vary is hoisted whole, still evaluating one side); constants
-        stay literals."""
+        stay literals.  `reductions_done`: the loop comes after every reduction of the row (a row kernel's
+        store pass), so the accumulators are final values, not varying (a layer norm's ``1 / sqrt(var + eps)``
+        is computed once per row, not per element)."""
         from vtc.index.expr import free_vars
 
         found: dict[int, bool] = {}  # id -> varies in the loop
@@ -256,7 +260,7 @@ class _Emitter:
 
         def varies(x: Scalar) -> bool:
             if id(x) not in found:
-                if id(x) in pinned or x.op == "acc":
+                if id(x) in pinned or (x.op == "acc" and not reductions_done):
                     out = True
                 elif x.op == "load":
                     out = any(free_vars(e) & varying for e in x.args[1])
@@ -384,6 +388,7 @@ def generate(k: Kernel) -> str:
         head += depthwise.PRELUDE
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
+    head += stream.PRELUDE if any("vtc_stream16(" in line for line in body) else ""  # large outputs
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 
@@ -510,11 +515,22 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines += em.hoist_index_loads(k, names[-1], "    ")
         em.forget()
         lines += em.hoist_invariant([s.value for s in k.stores], {names[-1]}, "    ")  # e.g. a per-channel scale
+        if stream.applies(k, em.shapes, k.stores, names[-1]):  # a large output: non-temporal stores
+            plain = lambda lo, hi, ind: _store_loop(em, k.stores, names[-1], lo, hi, ind)
+            return stream.fenced(lines + stream.streamed_loop(em, k.stores, names[-1], "0", str(last), "    ", plain)
+                                 + ["  }"])
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
         close, indent = ["    }", "  }"], "      "
     lines += em.hoist([s.value for s in k.stores], indent)
     lines += [_store(em, s, indent) for s in k.stores]
     return lines + close
+
+
+def _store_loop(em: _Emitter, stores, var: str, lo: str, hi: str, indent: str) -> list[str]:
+    """``omp simd`` loop over var in [lo, hi) making `stores` (their shared scalars as temps)."""
+    lines = [f"{indent}#pragma omp simd", f"{indent}for (int64_t {var} = {lo}; {var} < {hi}; ++{var}) {{"]
+    lines += em.hoist([s.value for s in stores], indent + "  ")
+    return lines + [_store(em, s, indent + "  ") for s in stores] + [f"{indent}}}"]
 
 
 def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: str | None = None) -> list[str]:
@@ -635,18 +651,28 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
             lines += _reduction_loop(red, em, rloop, k.r_extent,
                                      stored_at if stored and red is stored.reduction else None)
     per_r = [s for s in k.stores if s.per_r]
+    streamed = not stored and stream.applies(k, em.shapes, per_r, "r")  # a large output: non-temporal stores
     if per_r:
-        lines += ["    #pragma omp simd", f"    {rloop}"]
         em.forget()
-        if stored:  # the term the sum pass stored, read back instead of computed again
-            lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
+        if stored:  # the term the sum pass stored, read back (in the loop below) instead of computed again
             em.temps[id(stored.reduction.value)] = "term_"
+        lines += em.hoist_invariant([s.value for s in per_r], {"r"}, "    ", reductions_done=True)  # per row
+        row_temps = {i: t for i, t in em.temps.items() if t != "term_"}  # declared in the row's scope
+    if streamed:
+        lines += stream.streamed_loop(em, per_r, "r", "0", str(k.r_extent), "    ",
+                                      lambda lo, hi, ind: _store_loop(em, per_r, "r", lo, hi, ind))
+    elif per_r:
+        lines += ["    #pragma omp simd", f"    {rloop}"]
+        if stored:
+            lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
         lines += em.hoist([s.value for s in per_r], "      ")
         lines += [_store(em, s, "      ") for s in per_r]
         lines.append("    }")
     once = [s for s in k.stores if not s.per_r]
     em.forget()
+    if per_r:  # the per-row temps are in scope (and a new temp must not take one of their names)
+        em.temps.update(row_temps)
     lines += em.hoist([s.value for s in once], "    ")
     lines += [_store(em, s, "    ") for s in once]
     lines.append("  }")
-    return lines
+    return stream.fenced(lines) if streamed else lines

@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from vtc.codegen import stream
 from vtc.codegen.kernel_ir import Kernel, Scalar
 from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
@@ -138,6 +139,8 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
         out += [store(em, s, indent + "  ") for s in k.stores]
         return out + [f"{indent}}}"]
 
+    streamed = stream.applies(k, em.shapes, k.stores, inner)  # a large output: non-temporal stores
+
     lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
     for j, (s, c, coeffs, stride) in enumerate(loads):
@@ -148,7 +151,8 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
                   f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
         em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
     lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
-    lines += body("tb0", "tbf", "        ")
+    lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
+              else body("tb0", "tbf", "        "))
     em.forget()
     lines += body("tbf", "tb1", "        ")
     lines += ["      }", "    } else {",
@@ -157,4 +161,4 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
     lines += body("tb0", "tb1", "        ")
     lines += ["      }", "    }", "  }"]
     em.forget()
-    return lines
+    return stream.fenced(lines) if streamed else lines

@@ -1,0 +1,139 @@
+"""Streaming (non-temporal) stores for kernels that write large outputs.
+
+A plain store to a line that is not in cache first reads the line (write
+allocate), so a kernel writing N bytes moves 2N across the memory bus for its
+output, and the output evicts the kernel's inputs from the caches on the way.
+A non-temporal store (``vmovntps``) writes whole 64-byte lines through the
+write-combining buffers without reading them.  Measured on this project's
+machine (1 thread, CPU time, one process, load ~6; ``relu`` / ``add`` over
+contiguous float32, the same output buffer every call): 8 MB relu 1.46 ->
+0.70 ms, 8 MB add 1.83 -> 1.01 ms, 64 MB add 14.8 -> 10.9 ms, 1 MB add 0.21
+-> 0.13 ms.  The price: the output is not in cache afterwards, so a consumer
+that would have found it there reads it from memory.  Hence only outputs of
+``STREAM_MIN_BYTES`` (1 MB: half of a core's L2 here; the kernel's inputs pass
+through the same L2) and more are streamed.
+
+gcc ignores ``#pragma omp simd nontemporal``, so the streamed loop is written
+out: the inner loop runs in blocks of 16 elements whose values the vectorised
+body puts into a 64-byte aligned array per store (kept in a register by gcc),
+which ``vtc_stream16`` writes with one streaming store; the elements before the
+first 64-byte boundary of the first store and after the last full block take
+the plain loop.  Where the stores of one loop are not at the same offset
+within a line (so no block is aligned for all of them), the whole loop takes
+the plain form at run time.  Each thread ends with a store fence
+(``vtc_stream_fence``), so the lines are in memory before the parallel region
+ends.
+
+Where: pointwise kernels (the plain and the merged inner loop, ``cpp._pointwise_kernel``; the
+transposed tiles' rows, ``vtc.codegen.tiles``) and the store pass of row kernels (``cpp._row_kernel``,
+not softmax's, whose store pass reads back the exp it stored in the output).  Not the lane kernels of
+``vtc.codegen.lanes`` (a permute in front of a softmax): streaming their 8 output rows per block was
+slower (permute -> softmax 1 MB 0.24 -> 0.31 ms, 8 MB 3.6 -> 4.2 ms, 1 thread, CPU time, one process,
+load 8-9).
+
+Which stores qualify: float32, stored at ``base + var`` along the inner loop
+variable (consecutive elements), unconditionally (no ``when``), into a buffer
+the kernel does not also read.  Off while size-generic kernels are made
+(``STREAM_STORES``, set by ``vtc.dynamic``): the threshold depends on the sizes,
+and a template must be the same text at every probe size.
+"""
+from __future__ import annotations
+
+import math
+from contextvars import ContextVar
+from typing import Callable
+
+import torch
+
+from vtc.codegen.kernel_ir import Kernel, Store
+from vtc.index.expr import affine
+from vtc.index.mapping import linear_offset
+
+STREAM_MIN_BYTES = 1 << 20  # a kernel's stored bytes from which its stores stream
+LANES = 16  # floats per streaming store: one 64-byte line
+STREAM_STORES: ContextVar[bool] = ContextVar("vtc_stream_stores", default=True)
+
+PRELUDE = r"""
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+#include <immintrin.h>
+#endif
+// dst[0:16] = src[0:16] with non-temporal stores (dst and src 64-byte aligned): vtc/codegen/stream.py
+static inline void vtc_stream16(float* __restrict dst, const float* __restrict src) {
+#if defined(__AVX512F__)
+  _mm512_stream_ps(dst, _mm512_load_ps(src));
+#elif defined(__AVX__)
+  _mm256_stream_ps(dst, _mm256_load_ps(src)); _mm256_stream_ps(dst + 8, _mm256_load_ps(src + 8));
+#elif defined(__SSE2__)
+  for (int l = 0; l < 16; l += 4) _mm_stream_ps(dst + l, _mm_load_ps(src + l));
+#else
+  for (int l = 0; l < 16; ++l) dst[l] = src[l];
+#endif
+}
+static inline void vtc_stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+"""
+
+
+def stored_bytes(k: Kernel) -> int:
+    """Bytes of the buffers kernel k stores into, each once."""
+    seen = {st.buffer.name: st.buffer for st in k.stores}
+    return sum(math.prod(b.shape) * b.dtype.itemsize for b in seen.values())
+
+
+def applies(k: Kernel, shapes: dict[str, tuple[int, ...]], stores: list[Store], var: str) -> bool:
+    """Whether `stores`, made in a loop over `var`, may stream: see the module docstring."""
+    if not STREAM_STORES.get() or not stores or stored_bytes(k) < STREAM_MIN_BYTES:
+        return False
+    from vtc.codegen.lower import scalars_of
+
+    read = {s.args[0] for s in scalars_of(k) if s.op == "load"}
+    for st in stores:
+        if st.buffer.dtype != torch.float32 or st.when is not None or st.buffer.name in read:
+            return False
+        form = affine(linear_offset(st.index, shapes[st.buffer.name]))
+        if form is None or form[1].get(var) != 1:
+            return False
+    return True
+
+
+def streamed_loop(em, stores: list[Store], var: str, start: str, end: str, indent: str,
+                  plain: Callable[[str, str, str], list[str]]) -> list[str]:
+    """The loop over `var` from `start` to `end` (C expressions) making `stores` with streaming stores.
+
+    `plain(lo, hi, indent)`: the lines of the kernel's own loop over [lo, hi) (for the unaligned head, the
+    tail, and rows whose stores are not equally aligned).  `em`: the kernel's ``cpp._Emitter``."""
+    i2 = indent + "  "
+    lines = [f"{indent}{{  // streaming stores (vtc.codegen.stream)",
+             f"{i2}const int64_t lo_ = {start}, hi_ = {end};"]
+    for j, st in enumerate(stores):  # the address of element var = 0: the offset is base + var
+        lines.append(f"{i2}float* sp{j}_; {{ const int64_t {var} = 0; sp{j}_ = "
+                     f"{em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, st.index)}; }}")
+    lines.append(f"{i2}int64_t ha_ = std::min<int64_t>(hi_, lo_ + (int64_t)((64 - ((uintptr_t)(sp0_ + lo_) & 63)) & 63) / 4);")
+    for j in range(1, len(stores)):
+        lines.append(f"{i2}if ((((uintptr_t)(sp{j}_ + lo_)) ^ ((uintptr_t)(sp0_ + lo_))) & 63) ha_ = hi_;")
+    lines.append(f"{i2}const int64_t ta_ = ha_ + (hi_ - ha_) / {LANES} * {LANES};")
+    saved = dict(em.temps)
+    lines += plain("lo_", "ha_", i2)
+    em.temps = dict(saved)
+    lines += [f"{i2}for (int64_t vb_ = ha_; vb_ < ta_; vb_ += {LANES}) {{",
+              *[f"{i2}  alignas(64) float sv{j}_[{LANES}];" for j in range(len(stores))],
+              f"{i2}  #pragma omp simd", f"{i2}  for (int64_t {var} = vb_; {var} < vb_ + {LANES}; ++{var}) {{"]
+    lines += em.hoist([st.value for st in stores], i2 + "    ")
+    lines += [f"{i2}    sv{j}_[{var} - vb_] = {em.scalar(st.value)};" for j, st in enumerate(stores)]
+    lines += [f"{i2}  }}", *[f"{i2}  vtc_stream16(sp{j}_ + vb_, sv{j}_);" for j in range(len(stores))], f"{i2}}}"]
+    em.temps = dict(saved)
+    lines += plain("ta_", "hi_", i2)
+    em.temps = dict(saved)
+    return lines + [f"{indent}}}"]
+
+
+def fenced(lines: list[str]) -> list[str]:
+    """A kernel body whose first line is its ``omp parallel for`` pragma, with a store fence at the end of
+    each thread's share: ``omp parallel`` { ``omp for`` loop; fence }."""
+    head = lines[0]
+    assert "#pragma omp parallel for" in head, head
+    return [head.replace("parallel for", "parallel"), "  {", head.replace("parallel for", "for").split(" num_threads")[0],
+            *lines[1:], "  vtc_stream_fence();", "  }"]
