@@ -66,6 +66,19 @@ def test_streamed_stores_non_contiguous_inputs(monkeypatch):
     assert any(STREAMED in src for src in _sources(compiled))
 
 
+def test_streamed_kernels_built_in_one_library(monkeypatch):
+    """Several streamed kernels in one translation unit (one compiler job): the streaming helpers are
+    defined once (a GEMM + pointwise model failed to build with them defined twice)."""
+    from vtc.runtime import cbuild
+
+    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(cbuild, "build_jobs", lambda: 1)
+    g = gen(14)
+    x, y = rand((17, 127), g), rand((127, 17), g)
+    compiled = check(lambda x, y: (torch.relu(x.t()) + y, x * 3 - 1, F.layer_norm(x, (127,))), (x, y), **ROW_TOL)
+    assert sum(STREAMED in src for src in _sources(compiled)) >= 2, _sources(compiled)
+
+
 @pytest.mark.parametrize("cols", [127, 33])
 def test_two_stores_at_different_alignments(cols, monkeypatch):
     """One loop storing y = x * 2 twice: into its own output (rows of `cols` floats) and, through the cat's

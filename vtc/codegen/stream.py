@@ -54,6 +54,8 @@ LANES = 16  # floats per streaming store: one 64-byte line
 STREAM_STORES: ContextVar[bool] = ContextVar("vtc_stream_stores", default=True)
 
 PRELUDE = r"""
+#ifndef VTC_STREAM_PRELUDE  // kernels are built several to a source (vtc.runtime.executor.libraries)
+#define VTC_STREAM_PRELUDE
 #if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
@@ -74,6 +76,7 @@ static inline void vtc_stream_fence() {
   _mm_sfence();
 #endif
 }
+#endif
 """
 
 
