@@ -1,9 +1,9 @@
-"""The "weight_rows" path of the generated GEMM (vtc.codegen.gemm.kernel_path): C = A @ W^T with 16 < M <= 384
+"""The "weight_rows" path of the generated GEMM (vtc.codegen.gemm.kernel_path): C = A @ W^T with 12 <= M <= 128
 computed as C^T = W @ A^T, W's rows read in place as the micro-kernel's broadcast operand (no B pack), A^T
 packed into 32-column panels once per thread, each 12 x 32 tile transposed in registers on its way into C.
 
 Every case compiles with ``gemm="vtc"``, compares with eager on random inputs (never zeros) and asserts through
-the report that the path was taken: odd M (17, 33, 127, 300: partial 32-row panels), N < 12 and N % 12 != 0
+the report that the path was taken: odd M (12 and 16: half panels; 17, 33, 127: partial 32-row panels), N < 12 and N % 12 != 0
 (the 8/4/2/1-row edge kernels), K = 1, 3, 257 and K > WT_KC (two reduction slices, the second adding),
 strided and transposed A, a slice or every other row of a weight (row stride != K), batched weights, fused
 epilogues (bias, activation, residual), the streamed stores of a large C, every thread count, and the AVX2 /
@@ -28,8 +28,8 @@ def _paths(c) -> list[str]:
     return [g["path"] for g in report(c)["gemm"]]
 
 
-# (M, K, N): M > SKINNY_M; N below and across the 12-row strips, M across the 32-column panels
-SHAPES = [(17, 1, 3), (33, 3, 1), (40, 3, 5), (127, 17, 13), (17, 257, 127), (300, 130, 37), (128, 512, 50), (20, 64, 12)]
+# (M, K, N): M >= WT_MIN_M; N below and across the 12-row strips, M across the 32-column panels
+SHAPES = [(12, 33, 25), (16, 70, 40), (17, 1, 3), (33, 3, 1), (40, 3, 5), (127, 17, 13), (17, 257, 127), (100, 130, 37), (128, 512, 50), (20, 64, 12)]
 
 
 @pytest.mark.parametrize("m,k,n", SHAPES)
@@ -97,9 +97,12 @@ def test_large_c_is_streamed(monkeypatch):
     assert all("vtc_stream_rows(stage" in generate_gemm(k) for k in _gemm_kernels(c))
 
 
-def test_every_thread_count_covers_the_output_once():
+@pytest.mark.parametrize("m,n", [(127, 600), (120, 100)], ids=["n_split", "m_split"])
+def test_every_thread_count_covers_the_output_once(m, n):
+    """1 to 4 threads: N split into chunks (each thread packs A^T once), or M split into blocks (M >= N: each
+    thread packs its own block)."""
     g = gen(46)
-    inputs = (rand((130, 257), g), rand((600, 257), g))
+    inputs = (rand((m, 257), g), rand((n, 257), g))
     fn = lambda x, w: x @ w.t()  # noqa: E731
     c = _check(fn, inputs, gemm="vtc")
     (k,) = _gemm_kernels(c)

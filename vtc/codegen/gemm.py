@@ -20,7 +20,11 @@ or scalar 4 x 8, chosen by the preprocessor; partial tiles by masked columns
 and 8/4/2/1-row kernels) adds their product into the block, an A micro-panel
 held in L1 while the B panels stream from L2.  Skinny GEMMs (M <= 16) read B
 in place: dot products against a transposed weight (decode's x @ W^T), or B's
-rows as the micro-kernel's panels.  When a block is done an epilogue applies
+rows as the micro-kernel's panels.  x @ W^T with 12 <= M <= 128 (a Linear
+layer over a prefill's tokens, the logits) runs transposed, C^T = W @ A^T:
+W's rows are the broadcast operand, read in place (no B pack), A^T is packed
+once per thread and each tile is transposed in registers on its way into C
+(``kernel_path``: "weight_rows").  When a block is done an epilogue applies
 what the store's scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")``
 is the product).
 
@@ -152,8 +156,9 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
-    elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel)
-        used = m / (-(-m // 32) * 32) * n / (-(-n // 12) * 12)
+    elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
+        width = 16 if m <= 16 else 32
+        used = m / (-(-m // width) * width) * n / (-(-n // 12) * 12)
         vtc = flops / (WT_GFLOPS * 1e3 * used) + batch * k * n * B_ELEM_NS["weight_rows"] * 1e-3
         lib = flops / (TORCH_GFLOPS * 1e3) + batch * k * n * B_ELEM_NS["torch"] * 1e-3
     else:
@@ -517,10 +522,10 @@ static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int
 // tile of C = A @ W^T where W (a row-major weight, rows LDW floats apart, a compile-time constant: one pointer
 // and constant displacements) is read in place as the broadcast operand and A^T is the packed panel
 // (vtc_pack_at); the tile is transposed in registers on its way out (once per KC slice)
-template <int R, int64_t LDW>
+template <int R, int64_t LDW, int H>
 static inline void vtc_ukr_wt(int64_t kc, const float* __restrict w, const float* __restrict bt,
                               float* __restrict c, int64_t ldc, bool add, int64_t cols, const float* pf) {
-  __m512 c0[R], c1[R];
+  __m512 c0[R], c1[H == 2 ? R : 1];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
   for (int64_t p0 = 0; p0 < kc; p0 += 16) {
@@ -530,22 +535,23 @@ static inline void vtc_ukr_wt(int64_t kc, const float* __restrict w, const float
     const int64_t p1 = std::min<int64_t>(kc, p0 + 16);
     #pragma GCC unroll 2
     for (int64_t p = p0; p < p1; ++p) {
-      const __m512 b0 = _mm512_loadu_ps(bt + p * VTC_NR), b1 = _mm512_loadu_ps(bt + p * VTC_NR + 16);
+      const __m512 b0 = _mm512_loadu_ps(bt + p * VTC_NR);
+      const __m512 b1 = H == 2 ? _mm512_loadu_ps(bt + p * VTC_NR + 16) : b0;
       #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512 av = _mm512_set1_ps(w[r * LDW + p]);
         c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-        c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+        if constexpr (H == 2) c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
       }
     }
   }
   const __mmask16 keep = (__mmask16)((1u << R) - 1u);
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < H; ++h) {
     const int64_t n = std::min<int64_t>(16, cols - 16 * h);
     if (n <= 0) break;
     __m512 t[16];
     #pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r) t[r] = r < R ? (h ? c1[r] : c0[r]) : _mm512_setzero_ps();
+    for (int r = 0; r < 16; ++r) t[r] = r < R ? (h ? c1[H == 2 ? r : 0] : c0[r]) : _mm512_setzero_ps();
     vtc_transpose16_regs(t);
     float* ch = c + 16 * h * ldc;
     for (int64_t j = 0; j < n; ++j) {
@@ -556,17 +562,18 @@ static inline void vtc_ukr_wt(int64_t kc, const float* __restrict w, const float
   }
 }
 
-// vtc_ukr_wt for `rows` <= VTC_MR weight rows (C columns) as a sum of 12, 8, 4, 2 and 1-row kernels
-template <int64_t LDW>
+// vtc_ukr_wt for `rows` <= VTC_MR weight rows (C columns) as a sum of 12, 8, 4, 2 and 1-row kernels; H = 1: the
+// panels' first 16 columns only (cols <= 16: A has at most 16 rows)
+template <int64_t LDW, int H>
 __attribute__((noinline)) static void vtc_ukr_wt_edge(int rows, int64_t cols, int64_t kc, const float* w,
                                                       const float* bt, float* c, int64_t ldc, bool add,
                                                       const float* pf) {
-  if (rows == VTC_MR) { vtc_ukr_wt<VTC_MR, LDW>(kc, w, bt, c, ldc, add, cols, pf); return; }
+  if (rows == VTC_MR) { vtc_ukr_wt<VTC_MR, LDW, H>(kc, w, bt, c, ldc, add, cols, pf); return; }
   int r0 = 0;
-  if (rows - r0 >= 8) { vtc_ukr_wt<8, LDW>(kc, w, bt, c, ldc, add, cols, nullptr); r0 += 8; }
-  if (rows - r0 >= 4) { vtc_ukr_wt<4, LDW>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 4; }
-  if (rows - r0 >= 2) { vtc_ukr_wt<2, LDW>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 2; }
-  if (rows - r0 >= 1) vtc_ukr_wt<1, LDW>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr);
+  if (rows - r0 >= 8) { vtc_ukr_wt<8, LDW, H>(kc, w, bt, c, ldc, add, cols, nullptr); r0 += 8; }
+  if (rows - r0 >= 4) { vtc_ukr_wt<4, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 4; }
+  if (rows - r0 >= 2) { vtc_ukr_wt<2, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 2; }
+  if (rows - r0 >= 1) vtc_ukr_wt<1, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr);
 }
 
 // dst[i * ldd + j] = src[i * lds + j] for i < rows, j < cols <= 48, with streaming stores (no read for ownership,
@@ -737,11 +744,9 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
     return buf, em.index(base), coeffs, rest
 
 
-WT_MIN_M = SKINNY_M + 1
+WT_MIN_M = 12  # from here (below: the dot-product path; at 16 rows the micro-kernel uses half its panel: H = 1)
 WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_rows": A^T in one L2 block)
 WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
-WT_NC = 1024
-_EXTRA_DEFS = ""
 WT_STREAM_BYTES = 8 << 20  # a C from this size on is stored with streaming stores (a logits GEMM's 16 MB: its
 #                            transposed 12-column tile stores each read a line of C for ownership first)
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
@@ -767,9 +772,9 @@ def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
 def kernel_path(g: GemmOperands, shapes: dict) -> str:
     """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
 
-    - "dot": M <= SKINNY_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
+    - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
     - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
-    - "weight_rows": SKINNY_M < M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
+    - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
     - "panels": both operands packed into panels (Goto's algorithm).
@@ -808,7 +813,7 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
                 f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
                 f"{ind}        for (int64_t j = 0; j < VTC_NR; ++j)",
                 f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? src[(ir + j) * {sm} + pp * {sk}] : 0.0f;"]
-    tile = [f"{ind}      vtc_ukr_wt_edge<{ldw}>((int)std::min<int64_t>(VTC_MR, {'jg + gb' if stream else 'nb'} - jr), "
+    tile = [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= 16 else 2}>((int)std::min<int64_t>(VTC_MR, {'jg + gb' if stream else 'nb'} - jr), "
             f"std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
             f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if stream else 'ct + ir * LDC + jr, LDC'}, "
             f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
@@ -877,7 +882,7 @@ def generate(k: Kernel) -> str:
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else ["#if defined(__AVX512F__)",
-                             f"  kc = {WT_KC}; mc = M; nc = {WT_NC};  // weight_rows: A^T in one block (M <= {WT_MAX_M}), packed once",
+                             f"  kc = {WT_KC}; mc = M; nc = VTC_NC;  // weight_rows: A^T in one block (M <= {WT_MAX_M}), packed once",
                              "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
@@ -947,7 +952,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
-    head = PRELUDE + _EXTRA_DEFS + RUNTIME + gemm_pack.RUNTIME + g.runtime
+    head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
