@@ -52,15 +52,17 @@ def test_two_reduction_slices_add_into_the_first():
 
 def test_strided_and_transposed_a_and_strided_weights():
     """A a column slice (row stride 310) or transposed (unit stride along m: packed by the scalar loop); W a
-    column slice of a wider weight or every other row (row strides 310 and 600): one graph."""
+    column slice of a wider weight, every other row (row strides 310 and 600) or its rows flipped (a negative
+    row stride): one graph."""
     g = gen(42)
     xa, xt, wa, wb = rand((37, 310), g), rand((300, 45), g), rand((19, 310), g), rand((26, 300), g)
 
     def fn(xa, xt, wa, wb):
-        return xa[:, 5:305] @ wa[:, 3:303].t(), xt.t() @ wb[::2].t(), xa[:, :300] @ wb[1::2].t()
+        return (xa[:, 5:305] @ wa[:, 3:303].t(), xt.t() @ wb[::2].t(), xa[:, :300] @ wb[1::2].t(),
+                xa[:, :300] @ wb.flip(0).t())
     c = _check(fn, (xa, xt, wa, wb), gemm="vtc")
-    _assert_generated_without_movement(c, 3)
-    assert _paths(c) == ["weight_rows"] * 3, report(c)["gemm"]
+    _assert_generated_without_movement(c, 4)
+    assert _paths(c) == ["weight_rows"] * 4, report(c)["gemm"]
 
 
 @pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual"])
