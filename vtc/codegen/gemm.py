@@ -527,7 +527,10 @@ static inline void vtc_ukr_wt(int64_t kc, const float* __restrict w, const float
                               float* __restrict c, int64_t ldc, bool add, int64_t cols, const float* pf) {
   __m512 c0[R], c1[H == 2 ? R : 1];
   #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) { c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps(); }
+  for (int r = 0; r < R; ++r) {
+    c0[r] = _mm512_setzero_ps();
+    if constexpr (H == 2) c1[r] = _mm512_setzero_ps();
+  }
   for (int64_t p0 = 0; p0 < kc; p0 += 16) {
     if (pf)  // the next strip of W into L2, a line of each row per 16 k steps
       #pragma GCC unroll 16
