@@ -786,8 +786,7 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
         return "panels"
     nv = g.vars[2]
     cb = _plain(g.b, g, shapes)
-    if (WT_MIN_M <= g.m <= WT_MAX_M and cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) > 1
-            and _plain(g.a, g, shapes) is not None):
+    if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
         return "weight_rows"
     if g.m <= SKINNY_M:
         if cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) != 1:
@@ -796,12 +795,25 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     return "panels"
 
 
+def _wt_operands(g: GemmOperands, shapes: dict) -> bool:
+    """True where the operands allow the "weight_rows" path whatever M: float32, B = W^T of a plain strided W
+    (unit stride along k, rows more than one float apart) and A a plain strided operand."""
+    if g.pack_b is not None or g.dtype != torch.float32:
+        return False
+    cb = _plain(g.b, g, shapes)
+    return (cb is not None and cb.get("r", 0) == 1 and abs(cb.get(g.vars[2], 0)) > 1
+            and _plain(g.a, g, shapes) is not None)
+
+
 def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[str]:
-    """The "weight_rows" loops (``kernel_path``) of an M block, ending the KC slice (``continue``): A^T packed
-    into NR-column panels (once per thread and slice: skipped while the batch, M block and slice are those
-    of the last pack), then per 12-row strip of W (C's columns) the transposed micro-kernel over the A^T
-    panels; nothing for another path."""
-    if kernel_path(g, em.shapes) != "weight_rows":
+    """The "weight_rows" loops (``kernel_path``) of an M block, ending the KC slice (``continue``), where the
+    kernel's ``wt_rows`` holds: A^T packed into NR-column panels (once per thread and slice: skipped while
+    the batch, M block and slice are those of the last pack), then per 12-row strip of W (C's columns) the
+    transposed micro-kernel over the A^T panels; C staged and streamed where ``wt_stream`` holds (`stream`:
+    the kernel has no epilogue to read C back).  The tests are on M at run time, so a size-generic kernel
+    (vtc.runtime.generic) has the same text on both sides of WT_MAX_M.  Nothing where the operands do not
+    allow the path."""
+    if not _wt_operands(g, em.shapes):
         return []
     _, mv, nv = g.vars
     abuf, aoff, ca, _ = _strided(g.a, g, em)
@@ -816,23 +828,28 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
                 f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
                 f"{ind}        for (int64_t j = 0; j < VTC_NR; ++j)",
                 f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? src[(ir + j) * {sm} + pp * {sk}] : 0.0f;"]
-    tile = [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= 16 else 2}>((int)std::min<int64_t>(VTC_MR, {'jg + gb' if stream else 'nb'} - jr), "
-            f"std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
-            f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if stream else 'ct + ir * LDC + jr, LDC'}, "
-            f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
+    def tile(staged: bool) -> list[str]:
+        return [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= SKINNY_M else 2}>((int)std::min<int64_t>(VTC_MR, "
+                f"{'jg + gb' if staged else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
+                f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if staged else 'ct + ir * LDC + jr, LDC'}, "
+                f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
+    loops = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_MR)  // a strip of W in L1, the A^T panels from L2",
+             f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+             *tile(False)]
     if stream:  # C written by full lines, bypassing the caches: a large C is not read for ownership
-        loops = [f"{ind}  for (int64_t jg = 0; jg < nb; jg += {WT_GROUP}) {{  // strips of W, a group's C tiles staged",
+        loops = [f"{ind}  if (wt_stream) {{",
+                 f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {WT_GROUP});",
+                 f"{ind}  for (int64_t jg = 0; jg < nb; jg += {WT_GROUP}) {{  // strips of W, a group's C tiles staged",
                  f"{ind}    const int64_t gb = std::min<int64_t>({WT_GROUP}, nb - jg);",
                  f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
                  f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-                 *["  " + x for x in tile],
+                 *["  " + x for x in tile(True)],
                  f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);",
-                 f"{ind}  }}"]
-    else:
-        loops = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_MR)  // a strip of W in L1, the A^T panels from L2",
-                 f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-                 *tile]
+                 f"{ind}  }}",
+                 f"{ind}  }} else",
+                 *loops]
     return [f"{ind}#if defined(__AVX512F__)",
+            f"{ind}if (wt_rows) {{",
             f"{ind}for (int64_t mi = mlo; mi < mhi; ++mi) {{",
             f"{ind}  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
             f"{ind}  float* __restrict ct = cg + m0 * LDC;",
@@ -842,10 +859,10 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
             *pack,
             f"{ind}  }}",
             f"{ind}  const float* __restrict w = {em.ptr[bbuf]} + {boff} + n0 * {ldw} + k0;",
-            *([f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {WT_GROUP});"] if stream else []),
             *loops,
             f"{ind}}}",
             f"{ind}continue;",
+            f"{ind}}}",
             f"{ind}#endif"]
 
 
@@ -875,7 +892,9 @@ def generate(k: Kernel) -> str:
     M, N, KK, B = g.m, g.n, g.k, g.batch
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK
-    wt = kernel_path(g, em.shapes) == "weight_rows"
+    wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
+    # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
+    stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
     # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
@@ -884,9 +903,13 @@ def generate(k: Kernel) -> str:
         f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
-        *([] if not wt else ["#if defined(__AVX512F__)",
-                             f"  kc = {WT_KC}; mc = M; nc = VTC_NC;  // weight_rows: A^T in one block (M <= {WT_MAX_M}), packed once",
-                             "#endif"]),
+        *([] if not wt else [
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M};  // the weight_rows path (kernel_path)",
+            *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
+              if stream else []),
+            "#if defined(__AVX512F__)",
+            f"  if (wt_rows) {{ kc = {WT_KC}; mc = M; nc = VTC_NC; }}  // A^T in one block, packed once",
+            "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         "  if ((BATCH * tm * tn) % nt) {  // equal work per thread: split the larger of M and N into a multiple of nt",
@@ -916,13 +939,10 @@ def generate(k: Kernel) -> str:
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
              "  float* __restrict ct = cg + m0 * LDC;"]
     ind = "        "
-    dot = _dot_path(em, g, ind, block) if g.pack_b is None and not wt else []
+    lines += _weight_rows(em, g, ind, bt, stream)
+    dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
         lines += dot
-    # a large C that nothing reads back in the kernel (no epilogue, one KC slice): stored past the caches
-    stream = (wt and B * M * N * 4 >= WT_STREAM_BYTES and KK <= WT_KC and g.out_layout is None
-              and k.stores[0].value.op == "acc" and len(k.stores) == 1)
-    lines += _weight_rows(em, g, ind, bt, stream)
     direct = _direct_b(em, g) if g.pack_b is None else None
     if direct:
         src, ldb = direct
