@@ -3,6 +3,8 @@
 
 - ``gemm_square_<n>``: a @ b on contiguous n x n operands, n = 64 .. 2048;
 - ``gemm_skinny_m<m>``: x @ W^T of an nn.Linear(4096, 4096) for m = 1, 4, 16 rows (decoding);
+- ``gemm_<name>_m<M>_k<K>_n<N>``: x @ W^T of llama_model's nn.Linear layers (``logits``: 128 x 512 @
+  512 x 32000, half of llama_model's time; ``mlp_up``, ``mlp_down``, ``proj``, ``kv``);
 - operands made by movement ops, where torch needs a copy first unless the mapping is a strided view:
   ``gemm_transposed`` (a.t() @ b: a strided view), ``gemm_gqa_scores`` (q @ repeat_kv(k)^T over a 2048-token
   cache, 4 query heads per KV head), ``gemm_cat`` (cat([a, b], 1) @ w) and ``gemm_gather_rows``
@@ -38,6 +40,19 @@ def _skinny(m: int):
         lin = nn.Linear(h, h, bias=False)
         return lin, (randn(m, h, seed=3),)
     return build
+
+
+def _linear(m: int, k: int, n: int):
+    """x [m x k] @ W^T of an nn.Linear(k, n) without bias (llama_model's projections and logits)."""
+    def build(quick: bool):
+        mm, kk, nn_ = (min(m, 64), min(k, 256), min(n, 1024)) if quick else (m, k, n)
+        return nn.Linear(kk, nn_, bias=False), (randn(mm, kk, seed=3),)
+    return build
+
+
+# llama_model (prefill of 128 tokens, hidden 512, MLP 1376, vocabulary 32000): logits, MLP up / down, attention
+LINEAR = [("logits", 128, 512, 32000), ("mlp_up", 128, 512, 1376), ("mlp_down", 128, 1376, 512),
+          ("proj", 128, 512, 512), ("kv", 128, 512, 128)]
 
 
 def _transposed(quick: bool):
@@ -125,6 +140,9 @@ WORKLOADS = [
                default=False, params=dict(m=n, n=n, k=n)) for n in (64, 256, 512, 1024, 2048)],
     *[Workload(f"gemm_skinny_m{m}", "gemm", f"x @ W^T (nn.Linear 4096 -> 4096, no bias), {m} rows", _skinny(m),
                in_quick=m == 1, default=False, params=dict(m=m, n=4096, k=4096)) for m in (1, 4, 16)],
+    *[Workload(f"gemm_{name}_m{m}_k{k}_n{n}", "gemm", f"x @ W^T (nn.Linear {k} -> {n}, no bias), {m} rows: "
+               f"llama_model's {name}", _linear(m, k, n), default=False, params=dict(m=m, n=n, k=k))
+      for name, m, k, n in LINEAR],
     Workload("gemm_transposed", "gemm", "a.t() @ b, 1024^3 (a strided view)", _transposed, default=False),
     Workload("gemm_gqa_scores", "gemm", "q @ repeat_kv(k)^T: 32 query heads x 16 tokens, 8 KV heads x 2048",
              _gqa_scores, in_quick=True, default=False),

@@ -3,7 +3,7 @@
 A convolution with at most ``conv_t.MAX_PIXELS`` output pixels and a reduction
 (input channels x taps per group) of at least ``conv_t.MIN_K`` runs as dot
 products along the reduction, the weight read in place and the im2col packed
-transposed; the report's ``form`` says "dot".  The tests check the values on
+transposed; the report's ``path`` says "conv_dot".  The tests check the values on
 odd maps (1x1, 2x3, 3x3, 3x5, 5x9, 7x7), channel counts that leave partial
 tiles, batch 1 and 16, groups, stride 2, a reduction cut into two slices, a
 batch norm + ReLU computed in the epilogue, a channel shuffle / cat in front
@@ -36,7 +36,7 @@ def _shuffle(x, groups=2):
 
 
 def _forms(compiled) -> list[str]:
-    return [q["form"] for q in report(compiled)["gemm"]]
+    return [q["path"] for q in report(compiled)["gemm"]]
 
 
 # (batch, in channels, out channels, kernel, stride, groups, height, width)
@@ -125,7 +125,7 @@ def test_result_pushed_into_a_cat(also_read):
     compiled = compile_cpu(fn, inputs, plan="all")
     assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
     [choice] = report(compiled)["gemm"]
-    assert choice["form"] == conv_t.FORM and choice["stores_into"] == ["cat"], choice
+    assert choice["path"] == conv_t.FORM and choice["stores_into"] == ["cat"], choice
     [k] = [k for k in kernels(compiled) if k.kind == "gemm"]
     assert [st.buffer.name for st in k.stores][-1] == "cat" and len(k.stores) == 1 + also_read
 
@@ -144,7 +144,7 @@ def test_large_maps_and_short_reductions_keep_the_panel_form(case):
     x = rand((b, c, h, w), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert [(q["choice"], q["form"]) for q in report(compiled)["gemm"]] == [("vtc", "")]
+    assert [(q["choice"], q["path"]) for q in report(compiled)["gemm"]] == [("vtc", "panels")]
 
 
 def test_why_not_names_the_value():

@@ -19,7 +19,7 @@ the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
 memory.  The pack copies the im2col by runs of the input (``Im2colPack``).  On
 a small map with a long reduction (ShuffleNetV2's last 1x1 convolution) the
 same kernel runs as dot products along the reduction instead, the weight read
-in place (vtc.codegen.conv_t; ``GemmChoice.form``).
+in place (vtc.codegen.conv_t; ``GemmChoice.path``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
@@ -158,7 +158,7 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
-                          x.nbytes if copy else 0, form=conv_t.FORM if dot and choice == "vtc" else "")
+                          x.nbytes if copy else 0, path=(conv_t.FORM if dot else "panels") if choice == "vtc" else "")
 
     if why:
         return pick("torch", why)
@@ -215,11 +215,11 @@ def conv_kernel(low, n: Node) -> Kernel:
     pack = Im2colPack(geo, low, image, group * cg + ci, memo)
     kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
     choice = low.gemm_choices.get(n.name)
-    if choice is not None and choice.form == conv_t.FORM:  # dot products over a small map, where the weight allows
+    if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
         if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
         else:
-            choice.form = ""
+            choice.path = "panels"
     return kern
 
 

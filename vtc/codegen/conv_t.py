@@ -29,7 +29,7 @@ cat through its mapping) runs over the block as in vtc.codegen.gemm: per
 output channel its invariant terms once, then a vector loop over the pixels.
 
 ``why_not`` says whether a convolution runs this way (``FORM`` in its
-``GemmChoice.form``, chosen by vtc.codegen.conv.choose_conv): an AVX-512
+``GemmChoice.path``, chosen by vtc.codegen.conv.choose_conv): an AVX-512
 target, a small map (at most ``MAX_PIXELS`` output pixels: the panel form
 wastes columns and repacks the weight per image), a reduction of at least
 ``MIN_K`` (each output's 16 lane sums are folded once per slice: a short one
@@ -44,7 +44,7 @@ import torch
 from vtc.index.expr import _terms, free_vars, lift
 from vtc.index.mapping import linear_offset
 
-FORM = "dot"  # GemmChoice.form of a convolution computed here
+FORM = "conv_dot"  # GemmChoice.path of a convolution computed here
 MAX_PIXELS = 256  # output pixels per image up to which the dot form is taken (14x14 = 196, 7x7 = 49)
 MIN_CHANNELS = 8  # output channels per group at least (a tile has ROWS of them)
 ROWS = 6  # output channels per tile

@@ -20,7 +20,11 @@ or scalar 4 x 8, chosen by the preprocessor; partial tiles by masked columns
 and 8/4/2/1-row kernels) adds their product into the block, an A micro-panel
 held in L1 while the B panels stream from L2.  Skinny GEMMs (M <= 16) read B
 in place: dot products against a transposed weight (decode's x @ W^T), or B's
-rows as the micro-kernel's panels.  When a block is done an epilogue applies
+rows as the micro-kernel's panels.  x @ W^T with 12 <= M <= 128 (a Linear
+layer over a prefill's tokens, the logits) runs transposed, C^T = W @ A^T:
+W's rows are the broadcast operand, read in place (no B pack), A^T is packed
+once per thread and each tile is transposed in registers on its way into C
+(``kernel_path``: "weight_rows").  When a block is done an epilogue applies
 what the store's scalar says: ``alpha * acc + beta * bias`` (``acc("gemm")``
 is the product).
 
@@ -100,7 +104,8 @@ class GemmChoice:
     #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
-    form: str = ""  # the generated kernel's form where it is not the packed panels ("dot": vtc.codegen.conv_t)
+    path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot" or "b_rows";
+    #                 a convolution's "panels" or "conv_dot" (vtc.codegen.conv_t); "" when torch runs it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,27 +133,47 @@ TILE = (12, 32)  # the AVX-512 micro-kernel's MR x NR: a partial tile costs a fu
 MIN_SAVING = (10.0, 0.05)  # microseconds, and fraction of torch's estimate
 
 
+# Shape-aware terms (the llama shapes, M = 32 .. 384 x W^T, squares and bmm_cat_b16 at 1 thread, CPU time, per
+# thread here: halved / doubled for 2): both libraries pay per element of B on top of the flops (packing it,
+# reading W from memory): ~0.45 ns for the generated panels (16 x 16 transposes of a weight, zero tails),
+# ~0.35 for MKL; the "weight_rows" path reads W in place (~0.1 ns) at ~148 GFLOPS over its transposed tiles
+# (12 columns x 32 rows).  (Copies of a few MB measured 6-24 GB/s per thread in the same runs: COPY_GBPS stays.)
+B_ELEM_NS = {"panels": 0.225, "weight_rows": 0.05, "torch": 0.175}  # per element of B, 2 threads
+WT_GFLOPS = 296.0
+
+
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
-                b_unit_stride: str = "n") -> tuple[float, float]:
+                b_unit_stride: str = "n", path: str | None = None) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
     read and written); the generated kernel pays for packing `mapped_elems` elements through mappings
     that are not plain strided loads, and for partial MR x NR tiles.  A skinny GEMM (m <= SKINNY_M) pays
     for reading B and its flops at the skinny rates: `b_unit_stride` "k" (B = W^T: the dot-product path)
-    or "n" says which.
+    or "n" says which.  `path` ("panels" or "weight_rows", ``kernel_path``) adds the shape-aware terms:
+    per element of B (packed by both libraries, read in place by weight_rows; a cost that the flops of
+    few rows do not hide) and the weight_rows rate over its transposed tiles; None (convolutions) keeps
+    the flat rates.
     """
     flops = 2.0 * batch * m * n * k
     b_bytes = 4.0 * batch * k * n
-    if m <= SKINNY_M:
+    if m <= SKINNY_M and path != "weight_rows":
         (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
+    elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
+        width = 16 if m <= 16 else 32
+        used = m / (-(-m // width) * width) * n / (-(-n // 12) * 12)
+        vtc = flops / (WT_GFLOPS * 1e3 * used) + batch * k * n * B_ELEM_NS["weight_rows"] * 1e-3
+        lib = flops / (TORCH_GFLOPS * 1e3) + batch * k * n * B_ELEM_NS["torch"] * 1e-3
     else:
         mr, nr = TILE
         used = m / (-(-m // mr) * mr) * n / (-(-n // nr) * nr)
         vtc = flops / (VTC_GFLOPS * 1e3 * used)
         lib = flops / (TORCH_GFLOPS * 1e3)
+        if path is not None:
+            vtc += batch * k * n * B_ELEM_NS["panels"] * 1e-3
+            lib += batch * k * n * B_ELEM_NS["torch"] * 1e-3
     vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
     return vtc, lib
@@ -181,8 +206,12 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                  if needs_copy(low, v) and how(low, v) != "runs")
     # a cat / scatter taking the result: the generated kernel stores it there, torch's is copied (gemm_push)
     pushed = tuple(pushed_bytes(low, n)) if n.op in GEMM_OPS else ()
+    # the loops the kernel will run (kernel_path, from what choose can see: a plain A and B = W^T read in place)
+    b_stride = _unit_stride(low, b)
+    path = ("weight_rows" if WT_MIN_M <= m <= WT_MAX_M and b_stride == "k" and kk > 1 and nn > 1
+            and not needs_copy(low, a) and not needs_copy(low, b) else "panels")
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
-                                   mapped_elems=mapped, b_unit_stride=_unit_stride(low, b))
+                                   mapped_elems=mapped, b_unit_stride=b_stride, path=path)
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -308,7 +337,20 @@ def gemm_kernel(low, n: Node) -> Kernel:
     k = Kernel(name, "gemm", tuple(out.shape), kk, [], [Store(Buffer(out.name, out.shape, out.dtype), o_idx, value)],
                source_nodes=[n.name])
     k.gemm = ops
+    if n.name in getattr(low, "gemm_choices", {}):
+        low.gemm_choices[n.name].path = kernel_path(ops, {x: low.values[x].shape for x in _loaded(sa, sb)})
     return k
+
+
+def _loaded(*scalars: Scalar) -> set[str]:
+    """Names of the buffers that scalars load from (not through index tensors)."""
+    out, todo = set(), list(scalars)
+    while todo:
+        s = todo.pop()
+        if s.op == "load":
+            out.add(s.args[0])
+        todo.extend(a for a in s.args if isinstance(a, Scalar))
+    return out
 
 
 # -- C++ ----------------------------------------------------------------------
@@ -482,6 +524,107 @@ static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int
     for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
 }
 
+// C[j * ldc + r] (+)= sum_p w[r * LDW + p] * bt[p * VTC_NR + j] for r < R, j < cols: the transposed 12 x 32
+// tile of C = A @ W^T where W (a row-major weight, rows LDW floats apart, a compile-time constant: one pointer
+// and constant displacements) is read in place as the broadcast operand and A^T is the packed panel
+// (vtc_pack_at); the tile is transposed in registers on its way out (once per KC slice)
+template <int R, int64_t LDW, int H>
+static inline void vtc_ukr_wt(int64_t kc, const float* __restrict w, const float* __restrict bt,
+                              float* __restrict c, int64_t ldc, bool add, int64_t cols, const float* pf) {
+  __m512 c0[R], c1[H == 2 ? R : 1];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    c0[r] = _mm512_setzero_ps();
+    if constexpr (H == 2) c1[r] = _mm512_setzero_ps();
+  }
+  for (int64_t p0 = 0; p0 < kc; p0 += 16) {
+    if (pf)  // the next strip of W into L2, a line of each row per 16 k steps
+      #pragma GCC unroll 16
+      for (int r = 0; r < VTC_MR; ++r) _mm_prefetch((const char*)(pf + r * LDW + p0), _MM_HINT_T1);
+    const int64_t p1 = std::min<int64_t>(kc, p0 + 16);
+    #pragma GCC unroll 2
+    for (int64_t p = p0; p < p1; ++p) {
+      const __m512 b0 = _mm512_loadu_ps(bt + p * VTC_NR);
+      const __m512 b1 = H == 2 ? _mm512_loadu_ps(bt + p * VTC_NR + 16) : b0;
+      #pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512 av = _mm512_set1_ps(w[r * LDW + p]);
+        c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+        if constexpr (H == 2) c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+      }
+    }
+  }
+  const __mmask16 keep = (__mmask16)((1u << R) - 1u);
+  for (int h = 0; h < H; ++h) {
+    const int64_t n = std::min<int64_t>(16, cols - 16 * h);
+    if (n <= 0) break;
+    __m512 t[16];
+    #pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) t[r] = r < R ? (h ? c1[H == 2 ? r : 0] : c0[r]) : _mm512_setzero_ps();
+    vtc_transpose16_regs(t);
+    float* ch = c + 16 * h * ldc;
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 v = t[j];
+      if (add) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, ch + j * ldc));
+      _mm512_mask_storeu_ps(ch + j * ldc, keep, v);
+    }
+  }
+}
+
+// vtc_ukr_wt for `rows` <= VTC_MR weight rows (C columns) as a sum of 12, 8, 4, 2 and 1-row kernels; H = 1: the
+// panels' first 16 columns only (cols <= 16: A has at most 16 rows)
+template <int64_t LDW, int H>
+__attribute__((noinline)) static void vtc_ukr_wt_edge(int rows, int64_t cols, int64_t kc, const float* w,
+                                                      const float* bt, float* c, int64_t ldc, bool add,
+                                                      const float* pf) {
+  if (rows == VTC_MR) { vtc_ukr_wt<VTC_MR, LDW, H>(kc, w, bt, c, ldc, add, cols, pf); return; }
+  int r0 = 0;
+  if (rows - r0 >= 8) { vtc_ukr_wt<8, LDW, H>(kc, w, bt, c, ldc, add, cols, nullptr); r0 += 8; }
+  if (rows - r0 >= 4) { vtc_ukr_wt<4, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 4; }
+  if (rows - r0 >= 2) { vtc_ukr_wt<2, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr); r0 += 2; }
+  if (rows - r0 >= 1) vtc_ukr_wt<1, LDW, H>(kc, w + r0 * LDW, bt, c + r0, ldc, add, cols, nullptr);
+}
+
+// dst[i * ldd + j] = src[i * lds + j] for i < rows, j < cols <= 48, with streaming stores (no read for ownership,
+// past the caches) where a row is 48 columns starting on a cache line; then a store fence
+static inline void vtc_stream_rows(const float* __restrict src, int64_t lds, float* __restrict dst, int64_t ldd,
+                                   int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* s = src + i * lds;
+    float* d = dst + i * ldd;
+    if (cols == 48 && ((uintptr_t)d & 63) == 0) {
+      _mm512_stream_ps(d, _mm512_loadu_ps(s));
+      _mm512_stream_ps(d + 16, _mm512_loadu_ps(s + 16));
+      _mm512_stream_ps(d + 32, _mm512_loadu_ps(s + 32));
+    } else {
+      for (int64_t j = 0; j < cols; j += 16) {
+        const __mmask16 m = (__mmask16)(cols - j >= 16 ? 0xFFFFu : (1u << (cols - j)) - 1u);
+        _mm512_mask_storeu_ps(d + j, m, _mm512_maskz_loadu_ps(m, s + j));
+      }
+    }
+  }
+  _mm_sfence();
+}
+
+// dst[p * VTC_NR + j] = src[j * lds + p] for j < cols <= VTC_NR, p < kb, zero for cols <= j < VTC_NR: an A^T
+// panel (NR rows of A side by side) from row-major rows, 16 x 16 blocks transposed in registers
+static inline void vtc_pack_at(const float* __restrict src, int64_t lds, int64_t cols, int64_t kb, float* __restrict dst) {
+  for (int64_t j0 = 0; j0 < VTC_NR; j0 += 16) {
+    const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - j0));
+    int64_t p0 = 0;
+    for (; p0 + 16 <= kb; p0 += 16) {
+      __m512 r[16];
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) r[i] = i < n ? _mm512_loadu_ps(src + (j0 + i) * lds + p0) : _mm512_setzero_ps();
+      vtc_transpose16_regs(r);
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p0 + i) * VTC_NR + j0, r[i]);
+    }
+    for (; p0 < kb; ++p0)
+      for (int64_t i = 0; i < 16; ++i) dst[p0 * VTC_NR + j0 + i] = i < n ? src[(j0 + i) * lds + p0] : 0.0f;
+  }
+}
+
 // lane i = the sum of the 16 lanes of s[i], for i < 16 (a transpose-and-add tree: 30 shuffles and 15 adds)
 static inline __m512 vtc_reduce16(const __m512* s) {
   __m512 a[8], b[4], c[2];
@@ -610,6 +753,125 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
     return buf, em.index(base), coeffs, rest
 
 
+WT_MIN_M = 12  # from here (below: the dot-product path; at 16 rows the micro-kernel uses half its panel: H = 1)
+WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_rows": A^T in one L2 block)
+WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
+WT_STREAM_BYTES = 8 << 20  # a C from this size on is stored with streaming stores (a logits GEMM's 16 MB: its
+#                            transposed 12-column tile stores each read a line of C for ownership first)
+WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
+
+
+def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
+    """{row / column / reduction var: stride} of an operand that is one plain strided load (its other terms
+    depend on the batch index alone); else None."""
+    if s.op != "load":
+        return None
+    buf, idx = s.args
+    _, terms = _terms(linear_offset(idx, shapes[buf]))
+    bv, mv, nv = g.vars
+    coeffs = {}
+    for atom, c in terms.items():
+        if atom.op == "var" and atom.args[0] in (mv, nv, "r"):
+            coeffs[atom.args[0]] = c
+        elif not free_vars(atom) <= {bv}:
+            return None
+    return coeffs
+
+
+def kernel_path(g: GemmOperands, shapes: dict) -> str:
+    """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
+
+    - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
+    - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
+    - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
+      C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
+      is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
+    - "panels": both operands packed into panels (Goto's algorithm).
+    """
+    if g.pack_b is not None or g.dtype != torch.float32:
+        return "panels"
+    nv = g.vars[2]
+    cb = _plain(g.b, g, shapes)
+    if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
+        return "weight_rows"
+    if g.m <= SKINNY_M:
+        if cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) != 1:
+            return "dot"
+        return "b_rows" if cb is not None and cb.get(nv, 0) == 1 else "panels"
+    return "panels"
+
+
+def _wt_operands(g: GemmOperands, shapes: dict) -> bool:
+    """True where the operands allow the "weight_rows" path whatever M: float32, B = W^T of a plain strided W
+    (unit stride along k, rows more than one float apart) and A a plain strided operand."""
+    if g.pack_b is not None or g.dtype != torch.float32:
+        return False
+    cb = _plain(g.b, g, shapes)
+    return (cb is not None and cb.get("r", 0) == 1 and abs(cb.get(g.vars[2], 0)) > 1
+            and _plain(g.a, g, shapes) is not None)
+
+
+def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[str]:
+    """The "weight_rows" loops (``kernel_path``) of an M block, ending the KC slice (``continue``), where the
+    kernel's ``wt_rows`` holds: A^T packed into NR-column panels (once per thread and slice: skipped while
+    the batch, M block and slice are those of the last pack), then per 12-row strip of W (C's columns) the
+    transposed micro-kernel over the A^T panels; C staged and streamed where ``wt_stream`` holds (`stream`:
+    the kernel has no epilogue to read C back).  The tests are on M at run time, so a size-generic kernel
+    (vtc.runtime.generic) has the same text on both sides of WT_MAX_M.  Nothing where the operands do not
+    allow the path."""
+    if not _wt_operands(g, em.shapes):
+        return []
+    _, mv, nv = g.vars
+    abuf, aoff, ca, _ = _strided(g.a, g, em)
+    bbuf, boff, cb, _ = _strided(g.b, g, em)
+    sm, sk, ldw = ca.get(mv, 0), ca.get("r", 0), cb[nv]
+    src = f"{em.ptr[abuf]} + {aoff} + m0 * {sm} + k0 * {sk}"
+    if sk == 1:
+        pack = [f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+                f"{ind}      vtc_pack_at(src + ir * {sm}, {sm}, std::min<int64_t>(VTC_NR, mb - ir), kb, ap + ir * kb);"]
+    else:
+        pack = [f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+                f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
+                f"{ind}        for (int64_t j = 0; j < VTC_NR; ++j)",
+                f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? src[(ir + j) * {sm} + pp * {sk}] : 0.0f;"]
+    def tile(staged: bool) -> list[str]:
+        return [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= SKINNY_M else 2}>((int)std::min<int64_t>(VTC_MR, "
+                f"{'jg + gb' if staged else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
+                f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if staged else 'ct + ir * LDC + jr, LDC'}, "
+                f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
+    loops = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_MR)  // a strip of W in L1, the A^T panels from L2",
+             f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+             *tile(False)]
+    if stream:  # C written by full lines, bypassing the caches: a large C is not read for ownership
+        loops = [f"{ind}  if (wt_stream) {{",
+                 f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {WT_GROUP});",
+                 f"{ind}  for (int64_t jg = 0; jg < nb; jg += {WT_GROUP}) {{  // strips of W, a group's C tiles staged",
+                 f"{ind}    const int64_t gb = std::min<int64_t>({WT_GROUP}, nb - jg);",
+                 f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
+                 f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+                 *["  " + x for x in tile(True)],
+                 f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);",
+                 f"{ind}  }}",
+                 f"{ind}  }} else",
+                 *loops]
+    return [f"{ind}#if defined(__AVX512F__)",
+            f"{ind}if (wt_rows) {{",
+            f"{ind}for (int64_t mi = mlo; mi < mhi; ++mi) {{",
+            f"{ind}  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
+            f"{ind}  float* __restrict ct = cg + m0 * LDC;",
+            f"{ind}  if (({bt} * tm + mi) * K + k0 != a_key) {{  // A^T of this block and slice not packed yet",
+            f"{ind}    a_key = ({bt} * tm + mi) * K + k0;",
+            f"{ind}    const float* __restrict src = {src};",
+            *pack,
+            f"{ind}  }}",
+            f"{ind}  const float* __restrict w = {em.ptr[bbuf]} + {boff} + n0 * {ldw} + k0;",
+            *loops,
+            f"{ind}}}",
+            f"{ind}continue;",
+            f"{ind}}}",
+            f"{ind}#endif"]
+
+
 def generate(k: Kernel) -> str:
     """The C++ source of gemm kernel k (with both preludes).
 
@@ -638,6 +900,9 @@ def generate(k: Kernel) -> str:
     M, N, KK, B = g.m, g.n, g.k, g.batch
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK
+    wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
+    # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
+    stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
     # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
@@ -646,6 +911,13 @@ def generate(k: Kernel) -> str:
         f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
+        *([] if not wt else [
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M};  // the weight_rows path (kernel_path)",
+            *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
+              if stream else []),
+            "#if defined(__AVX512F__)",
+            f"  if (wt_rows) {{ kc = {WT_KC}; mc = M; nc = VTC_NC; }}  // A^T in one block, packed once",
+            "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         "  if ((BATCH * tm * tn) % nt) {  // equal work per thread: split the larger of M and N into a multiple of nt",
@@ -657,7 +929,9 @@ def generate(k: Kernel) -> str:
         "  }",
         "  const int64_t units = BATCH * tn * tm;",
         *OMP_TEAM,
-        "    float* __restrict ap = vtc_gemm_scratch(0, mc * kc);",
+        "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
+        *(["    int64_t a_key = -1;  // (batch * tm + M block) * K + k0 of the A^T block in ap (weight_rows)"]
+          if wt else []),
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1;) {",
@@ -673,6 +947,7 @@ def generate(k: Kernel) -> str:
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
              "  float* __restrict ct = cg + m0 * LDC;"]
     ind = "        "
+    lines += _weight_rows(em, g, ind, bt, stream)
     dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
     if dot:
         lines += dot
