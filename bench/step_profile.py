@@ -1,6 +1,7 @@
 """Where a compiled workload's time goes, step by step, under several plans (one process, interleaved).
 
     PYTHONPATH=$PWD python bench/step_profile.py gemma2_local_decode_b16 [greedy,all] [top]
+    PYTHONPATH=$PWD python bench/step_profile.py llama_model gemm=auto,gemm=torch   # other compile options
 
 Each plan is a ``replan`` of one captured graph.  A call runs the executor's
 steps one by one with a clock around each (the same work as
@@ -57,10 +58,15 @@ def timed_call(ex, inputs, times: dict, isolate: int = 0) -> None:
                 env.pop(name, None)
 
 
+def options(p: str) -> dict:
+    """A plan name ("greedy") or compile options joined by '+' ("gemm=torch", "plan=all+gemm=vtc")."""
+    return dict(kv.split("=", 1) for kv in p.split("+")) if "=" in p else {"plan": p}
+
+
 def main(name: str, plans: list[str], top: int) -> None:
     model, inputs = get(name).build()
-    base = vtc.compile(model, inputs, plan=plans[0])
-    comps = {p: base if p == plans[0] else base.replan(plan=p) for p in plans}
+    base = vtc.compile(model, inputs, **options(plans[0]))
+    comps = {p: base if p == plans[0] else base.replan(**options(p)) for p in plans}
     flat = [t for t in inputs if isinstance(t, torch.Tensor)]
     times = {p: {} for p in plans}
     total = {p: [] for p in plans}
