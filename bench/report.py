@@ -210,14 +210,19 @@ depthwise convolutions and max pools are vector kernels plane by plane; a
 producer of a cat or KV-cache update (a GEMM included: the new V of a decode
 step) stores into its output; the cost model prices a cat read element by
 element through a transpose, so greedy keeps EfficientViT's q/k/v cat
-physical (its convolutions store into it).  The other GEMMs and convolutions
-run through torch on zero-copy views or after a copy kernel.  Where vtc
-loses: in the prefill units and llama_model most of the time is large GEMMs
-(llama_model's 128 x 512 x 32000 logits GEMM alone is half of it), which vtc
-leaves to MKL (its own float32 GEMM measured 0.95-1.0x of the faster library
-on 256-2048 squares at 1 thread); on C3k2 vtc and ONNX Runtime's MLAS are at
-parity, and in ShuffleNetV2 the 1x1 convolutions over 7 x 7 maps (49 pixels
-fill 49 of 64 micro-kernel columns) are 0.53-0.67x of ONNX Runtime's.
+physical (its convolutions store into it).  Since the last run: outputs of
+1 MB and more are written with streaming stores (no read of each line before
+its store); a Linear's x @ W^T on its constant weight runs MKL's packed GEMM
+on W packed once (32 rows and more; re-packed when the weight changes in
+place) or, for 12-31 rows, a generated kernel reading W's rows in place;
+library GEMM results go into recycled buffers; convolutions over maps of up to
+256 pixels are dot products with the weight read in place.  The other GEMMs
+and convolutions run through torch on zero-copy views or after a copy kernel.
+Where vtc loses: at batch 1, c3k2 and EfficientViT are a few ms per call and
+vtc's 2-thread times swing most (c3k2_b1: min 1.93 vs ONNX Runtime's 1.72 ms,
+median 2.72 vs 2.12); llama_model and shufflenet_v2_model are at parity with
+OpenVINO / ONNX Runtime (GEMM- and convolution-bound: vtc's own float32 GEMM
+is 0.95-1.0x of MKL on 256-2048 squares at 1 thread).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
