@@ -143,7 +143,8 @@ WT_GFLOPS = 296.0
 
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
-                b_unit_stride: str = "n", path: str | None = None) -> tuple[float, float]:
+                b_unit_stride: str = "n", path: str | None = None,
+                torch_b_packed: bool = False) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
@@ -153,8 +154,10 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     or "n" says which.  `path` ("panels" or "weight_rows", ``kernel_path``) adds the shape-aware terms:
     per element of B (packed by both libraries, read in place by weight_rows; a cost that the flops of
     few rows do not hide) and the weight_rows rate over its transposed tiles; None (convolutions) keeps
-    the flat rates.
+    the flat rates.  `torch_b_packed`: torch's side runs on its weight packed once (vtc.runtime.packed) and
+    pays no per-element B term.
     """
+    torch_b_ns = 0.0 if torch_b_packed else B_ELEM_NS["torch"]
     flops = 2.0 * batch * m * n * k
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
@@ -165,7 +168,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         width = 16 if m <= 16 else 32
         used = m / (-(-m // width) * width) * n / (-(-n // 12) * 12)
         vtc = flops / (WT_GFLOPS * 1e3 * used) + batch * k * n * B_ELEM_NS["weight_rows"] * 1e-3
-        lib = flops / (TORCH_GFLOPS * 1e3) + batch * k * n * B_ELEM_NS["torch"] * 1e-3
+        lib = flops / (TORCH_GFLOPS * 1e3) + batch * k * n * torch_b_ns * 1e-3
     else:
         mr, nr = TILE
         used = m / (-(-m // mr) * mr) * n / (-(-n // nr) * nr)
@@ -173,7 +176,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         lib = flops / (TORCH_GFLOPS * 1e3)
         if path is not None:
             vtc += batch * k * n * B_ELEM_NS["panels"] * 1e-3
-            lib += batch * k * n * B_ELEM_NS["torch"] * 1e-3
+            lib += batch * k * n * torch_b_ns * 1e-3
     vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
     return vtc, lib
@@ -210,16 +213,15 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     b_stride = _unit_stride(low, b)
     path = ("weight_rows" if WT_MIN_M <= m <= WT_MAX_M and b_stride == "k" and kk > 1 and nn > 1
             and not needs_copy(low, a) and not needs_copy(low, b) else "panels")
+    library = packed.planned(low, n, a, b)  # "mkl_packed": torch's side runs on its weight packed once
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
-                                   mapped_elems=mapped, b_unit_stride=b_stride, path=path)
+                                   mapped_elems=mapped, b_unit_stride=b_stride, path=path,
+                                   torch_b_packed=library == "mkl_packed")
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
                                                  b_unit_stride=_unit_stride(low, b))
     shape = (batch, m, nn, kk)
-    library = packed.planned(low, n, a, b)
-    if library == "mkl_packed":  # torch's side runs on its weight packed once (vtc.runtime.packed): no B pack
-        torch_us -= batch * kk * nn * B_ELEM_NS["torch"] * 1e-3
 
     def pick(choice: str, why: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, why, round(vtc_us, 2), round(torch_us, 2), copy_bytes,
