@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from bench import workloads as W
+from bench.harness import SETTLE_S
 from bench.systems import PREPARE, Context, SystemFailure
 
 SYSTEMS = ("eager", "onnxruntime", "vtc-all", "vtc-gemm-vtc", "vtc-gemm-torch")
@@ -41,7 +42,8 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
 def time_side_by_side(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
-    """{system: {"min_ms", "median_ms", "calls_per_round"}} from interleaved rounds."""
+    """{system: {"min_ms", "median_ms", "calls_per_round"}} from interleaved rounds (each opened by a pause and an
+    untimed call)."""
     reps = {}
     for name, fn in fns.items():
         fn(); fn()
@@ -51,6 +53,8 @@ def time_side_by_side(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(SETTLE_S)  # the previous system's spinning threads go idle (bench/harness.py, step 3)
+            fn()
             t0 = clock()
             for _ in range(reps[name]):
                 fn()

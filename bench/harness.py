@@ -8,7 +8,11 @@ Per workload, in this process:
 3. time all prepared systems *interleaved*: rounds in which each system (in a rotating
    order) runs one untimed call and then a block of timed calls, so that load from
    other processes on a shared machine falls on every system alike; the median, min
-   and max of all timed calls are the latency figures;
+   and max of all timed calls are the latency figures.  Each block starts after a pause
+   of ``settle_s`` (60 ms): the thread pools of the system before it spin on their
+   cores after its last call (ONNX Runtime's for ~45 ms, libgomp's for ~10 ms on this
+   machine, measured as process CPU time while the main thread sleeps), and would
+   otherwise take one of the two cores from the next system's timed calls;
 4. memory (unless off): for each system that ran, a fresh process
    (``python -m bench.harness probe ...``) with ``MALLOC_MMAP_THRESHOLD_=65536`` in
    its environment builds the workload, prepares the system (ONNX Runtime with its
@@ -59,6 +63,7 @@ RESULTS_DIR = BENCH_DIR / "results"
 SCHEMA = 1
 PROBE_TAG = "VTC_BENCH_PROBE "
 RTOL = 1e-3  # outputs must match eager within this, relative to the output's largest magnitude
+SETTLE_S = 0.06  # s of pause before each timed block (see step 3 above)
 BOOL_MISMATCH = 1e-3  # fraction of boolean outputs allowed to differ (thresholds flip on rounding)
 MEMORY_GROUPS = ("unit", "model")  # default groups with memory probes in a full run
 
@@ -100,6 +105,7 @@ class Settings:
         self.quick = quick
         self.runs = runs or (5 if quick else 20)
         self.block = min(5, self.runs)
+        self.settle_s = SETTLE_S  # pause before each block: the previous system's spinning threads go idle
         self.warmup = 1 if quick else 2
         self.threads = threads or os.cpu_count() or 1
         self.memory = (not quick) if memory is None else memory
@@ -117,7 +123,7 @@ class Settings:
 
     def to_dict(self) -> dict:
         """The settings as plain data."""
-        return dict(quick=self.quick, runs=self.runs, block=self.block, warmup=self.warmup, threads=self.threads,
+        return dict(quick=self.quick, runs=self.runs, block=self.block, settle_s=self.settle_s, warmup=self.warmup, threads=self.threads,
                     memory=self.memory, memory_groups=list(self.memory_groups),
                     memory_systems=list(self.memory_systems) if self.memory_systems else None, prepare_timeout_s=self.prepare_timeout, probe_timeout_s=self.probe_timeout,
                     probe_jobs=self.probe_jobs, max_timing_s=self.max_timing_s, min_runs=self.min_runs, rtol=RTOL)
@@ -214,6 +220,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], call_s: dict[str, float]
             if left <= 0 or name in errors:
                 continue
             try:
+                time.sleep(st.settle_s)
                 fns[name]()
                 for _ in range(min(st.block, left)):
                     times[name].append(_timed(fns[name]))

@@ -88,6 +88,24 @@ def test_failures_are_results_not_crashes(tmp_path, monkeypatch, harness):
     assert r["vtc-bogus"]["status"] == "n/a" and "no-such-plan" in r["vtc-bogus"]["reason"]
 
 
+def test_every_timed_block_starts_after_the_settle_pause(monkeypatch, harness):
+    """Before each system's block (its untimed call, then its timed calls) the harness pauses settle_s, so that
+    the spinning thread pool of the system before it is idle when the block's timed calls run."""
+    events = []
+    monkeypatch.setattr(harness.time, "sleep", lambda s: events.append(("sleep", s)))
+    st = harness.Settings(runs=4, memory=False)
+    st.block = 2
+    fns = {name: (lambda name=name: events.append(("call", name))) for name in ("a", "b")}
+    times, errors = harness.time_interleaved(fns, {"a": 1e-3, "b": 1e-3}, st)
+    assert not errors and {n: len(t) for n, t in times.items()} == {"a": 4, "b": 4}
+    blocks = [i for i, e in enumerate(events) if e[0] == "sleep"]
+    assert len(blocks) == 4 and all(events[i] == ("sleep", harness.SETTLE_S) for i in blocks)
+    # each pause is followed by one system's untimed call and its 2 timed calls, nothing else
+    for i in blocks:
+        assert len({e for e in events[i + 1:i + 4]}) == 1 and events[i + 1][0] == "call"
+    assert harness.SETTLE_S >= 0.05  # ONNX Runtime's pool spins ~45 ms after a call on this machine
+
+
 def test_report_goal_and_speedup_from_raw_numbers(harness):
     """Speed-up = best other median / headline vtc median; the goal is judged on units only."""
     from bench import report
