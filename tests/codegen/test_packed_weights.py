@@ -68,6 +68,30 @@ def test_a_weight_changed_in_place_after_compiling_is_packed_again():
         torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
 
 
+def _packed_copies_of(weight: torch.Tensor) -> list:
+    ptr = weight.untyped_storage().data_ptr()
+    return [e for e in list(packed._SHARED.values()) if e.w.untyped_storage().data_ptr() == ptr]
+
+
+@needs_mkl
+def test_executors_of_one_model_share_one_packed_copy_per_weight():
+    import gc
+    model = _MLP(17, 33, 5)
+    x = rand((1, 64, 17), G)
+    first = compile_cpu(model, (x,), gemm="torch")
+    second = first.replan(plan="all")  # another executor of the same weights
+    with torch.no_grad():
+        for c in (first, second):
+            torch.testing.assert_close(c(x), model(x), **GEMM_TOL)
+        assert len(_packed_copies_of(model.up.weight)) == 1 and len(_packed_copies_of(model.down.weight)) == 1
+        model.up.weight.mul_(0.5)  # both executors follow an in-place change through the one copy
+        for c in (first, second):
+            torch.testing.assert_close(c(x), model(x), **GEMM_TOL)
+    del first, second, c
+    gc.collect()
+    assert _packed_copies_of(model.up.weight) == []  # no executor left: the packed copy is freed
+
+
 @needs_mkl
 def test_few_rows_and_a_non_constant_b_keep_torch_mm():
     model = _MLP(17, 33, 5)

@@ -13,12 +13,16 @@ the tensor's version counter, which its views share) is packed again at the next
 follows the weight as torch's own mm does.  The packed copy takes as much memory as the weight; the weight
 itself stays (torch's op falls back to a
 plain linear on it when the row count differs from the packed one, which a static graph never sees).
+Executors of one model (a ``replan``, each input-size specialization of a dynamic model) share one packed
+copy per weight and row count: ``_SHARED`` finds it while any executor still holds it.
 Only float32 with static sizes and at least ``MIN_ROWS`` rows: decoding's skinny GEMMs (a few rows) are
 not measured here and keep torch's mm.
 """
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Callable
 
 import torch
@@ -67,14 +71,44 @@ def why_not(node, a_shape: tuple, b: torch.Tensor | None, bias: torch.Tensor | N
     return None
 
 
+class _Packed:
+    """W packed for `a_rows` rows, re-packed when W's version counter moves; shared by the executors that use W."""
+
+    def __init__(self, w: torch.Tensor, a_rows: int):
+        self.w, self.a_rows, self.lock = w, a_rows, threading.Lock()
+        self.panels, self.version = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows), w._version
+
+    def current(self) -> torch.Tensor:
+        """The packed panels of W as it is now."""
+        if self.w._version != self.version:  # the weight was changed in place (load_state_dict, an optimizer step)
+            with self.lock:
+                if self.w._version != self.version:
+                    self.panels = torch.ops.mkl._mkl_reorder_linear_weight(self.w, self.a_rows)
+                    self.version = self.w._version
+        return self.panels
+
+
+# (address, offset, shape, strides, rows) of a W -> its packed copy, while an executor holds it; an entry
+# holds W, so W's memory (and address) cannot be reused by another tensor while the entry exists
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared(w: torch.Tensor, a_rows: int) -> _Packed:
+    key = (w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), a_rows)
+    with _SHARED_LOCK:
+        entry = _SHARED.get(key)
+        if entry is None:
+            entry = _SHARED[key] = _Packed(w, a_rows)
+        return entry
+
+
 def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function computing ``a @ b (+ bias)`` for `a` of `a_rows` rows with b = W^T packed now, once."""
+    """A function computing ``a @ b (+ bias)`` for `a` of `a_rows` rows with b = W^T packed once (or found
+    packed by another executor of the same weight)."""
     w = b.t()
-    linear, reorder = torch.ops.mkl._mkl_linear, torch.ops.mkl._mkl_reorder_linear_weight
-    packed = [reorder(w, a_rows), w._version]
+    entry, linear = _shared(w, a_rows), torch.ops.mkl._mkl_linear
 
     def run(a: torch.Tensor) -> torch.Tensor:
-        if w._version != packed[1]:  # the weight was changed in place (load_state_dict, an optimizer step)
-            packed[:] = reorder(w, a_rows), w._version
-        return linear(a, packed[0], w, bias, a_rows)
+        return linear(a, entry.current(), w, bias, a_rows)
     return run
