@@ -158,3 +158,33 @@ def test_a_dropped_model_frees_its_executor_without_the_cycle_collector():
         assert executor() is None
     finally:
         gc.enable()
+
+
+def test_small_outputs_keep_their_dtype_when_the_default_dtype_changes():
+    """Small kernel outputs of the default dtype are made without dtype= and checked: a default dtype set
+    after compiling (float64) must not reach them; int64 and float64 outputs keep theirs."""
+    f = lambda x, i, d: (torch.relu(x.t()) + 1, (i * 3).flip(0), d.exp())  # noqa: E731
+    x, i = rand((17, 3), G), torch.randint(-50, 50, (127,), generator=G)
+    d = rand((3, 1), G).double()
+    c = vtc.compile(f, (x, i, d), plan="all")
+    old = torch.get_default_dtype()
+    try:
+        for default in (torch.float64, torch.float16, old):
+            torch.set_default_dtype(default)
+            got = c(x, i, d)
+            assert [g.dtype for g in got] == [torch.float32, torch.int64, torch.float64]
+            for g, w in zip(got, f(x, i, d)):
+                torch.testing.assert_close(g, w, **POINTWISE_TOL)
+    finally:
+        torch.set_default_dtype(old)
+    assert _plan(c).counts["by_name"] == 0  # every kernel went through the call plan's fast path
+
+
+def test_pointer_array_holds_every_address_in_order():
+    import ctypes
+
+    from vtc.runtime.callplan import pointer_array
+
+    addresses = [0, 1, 2 ** 63 - 1, 2 ** 64 - 1, 123456789]
+    packed = pointer_array(len(addresses))(*addresses)
+    assert list((ctypes.c_uint64 * len(addresses)).from_buffer_copy(packed)) == addresses

@@ -1,7 +1,7 @@
 """Row sums as vectors of partial sums (vtc.codegen.cpp._lane_sum_loop) against torch eager.
 
 A sum over a row adds into one vector of partial sums (16 floats, 8 doubles or int64s), one per position
-modulo 16 (8), folded by halves after the row; the elements after the last full vector in a tail loop.  Rows of odd
+modulo 16 (8), folded by halves after the row (two vectors from LONG_ROW elements on; so do a float max and min); the elements after the last full vector in a tail loop.  Rows of odd
 lengths (a tail after the last full vector), rows whose mean is large next to their spread (a layer norm
 of 1000 + N(0, 1): the variance must stay a two-pass sum of squared deviations), sums of integers (exact).
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vtc.codegen.cpp import PRELUDE, generate
+from vtc.codegen.cpp import LONG_ROW, PRELUDE, generate
 
 from .util import ROW_TOL, assert_all_generated, compile_cpu, gen, kernels, rand
 
@@ -49,7 +49,7 @@ def test_sum_mean_var_over_rows_of_odd_lengths(n, dtype):
     x1 = rand((1, n), gen(501 + n), dtype)  # another batch size: the same kernels' sizes as arguments
     for got, want in zip(compiled(x1), f(x1)):
         torch.testing.assert_close(got, want, **ROW_TOL)
-    lanes = 64 // dtype.itemsize  # sum, mean, var's mean and squared deviations
+    lanes = (128 if n >= LONG_ROW else 64) // dtype.itemsize  # sum, mean, var's mean and squared deviations
     assert _sources(compiled).count(f"_part[{lanes}] = {{}}") == 4
 
 
@@ -72,3 +72,46 @@ def test_softmax_and_rms_norm_rows_use_the_partial_sums():
     for got, want in zip(compiled(x, w), f(x, w)):
         torch.testing.assert_close(got, want, **ROW_TOL)
     assert _sources(compiled).count("_part[16]") == 2  # softmax's sum of exp, RMSNorm's sum of squares
+
+
+def _with_specials(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x with NaN in a full block (row 1) and in the tail (row 2), +-inf (rows 3, 4), a row of -inf (5)."""
+    x = x.clone()
+    x[1, min(40, n - 1)] = float("nan")
+    x[2, n - 1] = float("nan")
+    x[3, n // 2] = float("inf")
+    x[4, 0] = -float("inf")
+    x[5] = -float("inf")
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 3, 17, 127, 511, 512, 513, 1027, 4099])
+def test_max_min_over_rows_of_every_length_with_nan_and_inf(n):
+    """Float max / min over a row: gcc's omp simd reduction below LONG_ROW, two vectors of partials with NaN
+    flags from there on; NaN anywhere in the row gives NaN, +-inf kept, a row of -inf."""
+    g = gen(800 + n)
+    f = lambda x: (x.amax(-1), x.amin(-1), torch.softmax(x, -1), torch.log_softmax(x, -1))  # noqa: E731
+    x = _with_specials(rand((7, n), g), n)
+    compiled = compile_cpu(f, (x,))
+    assert_all_generated(compiled)
+    for got, want in zip(compiled(x), f(x)):
+        torch.testing.assert_close(got, want, equal_nan=True, **ROW_TOL)
+    long = _sources(compiled).count("_npart[32] = {}")
+    assert long == (4 if n >= LONG_ROW else 0), long  # amax, amin, the max of softmax and of log_softmax
+
+
+@pytest.mark.parametrize("n", [513, 4099])
+def test_long_row_max_min_through_a_permute_and_a_broadcast(n):
+    """The long-row max / min read through movement: a transposed (non-contiguous) source, and a broadcast
+    add in front of it, odd batch sizes; plan="all" materialises nothing."""
+    import vtc
+
+    g = gen(900 + n)
+    f = lambda x, b: ((x.t() + b).amax(-1), (x.t() - b).amin(-1))  # noqa: E731
+    x, b = rand((n, 3), g), rand((1, n), g)
+    x[n - 1, 2] = float("nan")
+    compiled = vtc.compile(f, (x, b), plan="all")
+    for got, want in zip(compiled(x, b), f(x, b)):
+        torch.testing.assert_close(got, want, equal_nan=True, **ROW_TOL)
+    assert compiled.report.to_dict()["materialized_movement_bytes"] == 0
+    assert _sources(compiled).count("_npart[32] = {}") == 2

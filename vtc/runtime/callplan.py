@@ -22,7 +22,11 @@ first runs:
   each is over an int64 input buffer, run in the same C call as the kernel
   (``vtc.runtime.checks.checked_caller``: a bad index stops the call before
   the kernel runs and raises the same IndexError as before), and the kernel
-  is called through a ctypes prototype without argtypes (half the call cost);
+  is called through a ctypes prototype without argtypes (half the call cost),
+  its pointer array packed into a bytes object (``pointer_array``) and its small
+  outputs made without torch's ``dtype=`` keyword where they have the default
+  dtype (``_allocator``): together ~1.3 us less per kernel (c3k2_b1, 9 kernels
+  made empty: 80 -> 67 us per call, 1 thread, load 5);
 - which slots each step frees (``Step.frees``).
 
 A call allocates one list and nothing else of its own; the plan is never
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import struct
 import weakref
 from typing import Any, Callable
 
@@ -236,7 +241,7 @@ class CallPlan:
         outs = [self.slot[b.name] for b in ck.outputs]
         allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
         sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
-        pointers = ck._pointers
+        pointers = pointer_array(ck._pointers._length_)
         call_checked = checked_caller() if ck.step.checks else None
         fused, other = _split_checks(ck) if call_checked is not None else ([], ck.step.checks)
         python_checks = [(c, self.slot[c.tensor]) for c in other]
@@ -315,14 +320,34 @@ def _pooled_out(node, target, pool: BufferPool) -> Callable[[], torch.Tensor] | 
 
 
 def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Callable[[], torch.Tensor]:
-    """A function returning a new contiguous tensor of `shape` and `dtype`: from the pool when it is large."""
+    """A function returning a new contiguous tensor of `shape` and `dtype`: from the pool when it is large.
+
+    A small one is a ``torch.empty``, its sizes unpacked (torch parses them faster than a Size); of the
+    default dtype, without the ``dtype=`` keyword, whose parsing is a third of the call (1.7 -> 1.1 us, 1
+    thread), and the result's dtype checked: if the default dtype has changed since (it is global, another
+    thread may set it), the tensor is made again with the keyword."""
     if shape.numel() * dtype.itemsize >= MIN_BYTES and POOL_ENABLED:
         return lambda: pool.empty(shape, dtype)
     sizes = tuple(int(d) for d in shape)
     empty = torch.empty
-    if sizes:
-        return lambda: empty(*sizes, dtype=dtype)  # sizes unpacked: torch parses them faster than a Size
-    return lambda: empty(shape, dtype=dtype)
+    if not sizes:
+        return lambda: empty(shape, dtype=dtype)
+    if dtype != torch.get_default_dtype():
+        return lambda: empty(*sizes, dtype=dtype)
+
+    def default_dtype() -> torch.Tensor:
+        t = empty(*sizes)
+        return t if t.dtype is dtype else empty(*sizes, dtype=dtype)
+    return default_dtype
+
+
+def pointer_array(n: int) -> Callable[..., bytes]:
+    """A function packing n buffer addresses into a kernel's pointer array (``void* const* bufs``).
+
+    The array is a bytes object: ctypes passes a bytes argument as a pointer to its data, and packing n
+    ints with a ``struct.Struct`` and passing the bytes takes half the time of building a ctypes array of
+    n ``c_void_p`` (0.9 -> 0.4 us with the call, 4 pointers, 1 thread).  The kernel only reads it."""
+    return struct.Struct(f"{n}P").pack
 
 
 def _arguments(args: tuple, slot: dict[str, int]) -> Callable[[Slots], tuple] | None:
