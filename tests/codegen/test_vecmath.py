@@ -27,6 +27,10 @@ SWEEPS = [
     ("gelu", F.gelu, (-12.0, 12.0), 2e-6, None),
     ("gelu_pos", lambda x: F.gelu(x.abs()), (0.0, 12.0), None, 6e-7),
     ("sigmoid", torch.sigmoid, (-80.0, 80.0), None, 5e-7),
+    ("sin", torch.sin, (-20.0, 20.0), 1.2e-7, None),
+    ("cos", torch.cos, (-20.0, 20.0), 1.2e-7, None),
+    ("sin_far", torch.sin, (-1e6, 1e6), 1.2e-7, None),  # RoPE angles: a position times a frequency <= 1
+    ("cos_far", torch.cos, (-1e6, 1e6), 1.2e-7, None),
 ]
 
 
@@ -72,7 +76,32 @@ def test_edge_values_exactly():
     assert torch.signbit(erf[4]) and torch.signbit(tanh[4])  # -0 stays -0
 
 
+@pytest.mark.parametrize("name", ["sin", "cos", "sin_far", "cos_far"])
+def test_sin_cos_relative_error(swept, name):
+    """sin / cos: relative error < 2.4e-7 (2 ulp) wherever the result is at least 1e-3 in magnitude."""
+    got, want = swept[name]
+    big = want.abs() >= 1e-3
+    rel = ((got - want).abs()[big] / want.abs()[big]).max().item()
+    assert rel <= 2.4e-7, f"{name}: max relative error {rel:.3g}"
+
+
+def test_sin_cos_edge_values():
+    """sin / cos: torch's values at 0, -0 (sin keeps its sign), tiny and large angles; NaN for inf, NaN and
+    |x| >= 2^51 (vecmath.py: the quadrant is no longer exact there), never a finite wrong value."""
+    x = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-5, 0.7853982, 1.5707964, 3.1415927, 1e4, -1e4, 16777216.0,
+                      1e9, -1e12, 2.0 ** 50, float("inf"), float("-inf"), float("nan"), 2.0 ** 51, -3e38])
+    compiled = compile_cpu(lambda v: (torch.sin(v), torch.cos(v)), (x,))
+    for got, f in zip(compiled(x), (torch.sin, torch.cos)):
+        ok = x.abs() < 2.0 ** 51
+        torch.testing.assert_close(got[ok], f(x[ok]), rtol=3e-7, atol=1.2e-7)
+        assert bool(got[~ok].isnan().all()), got
+    sin = compiled(x)[0]
+    assert torch.signbit(sin[1]) and not torch.signbit(sin[0])
+
+
 OPS = [
+    ("sin", torch.sin),
+    ("cos", torch.cos),
     ("gelu", F.gelu),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
     ("erf", torch.erf),
@@ -142,9 +171,11 @@ def test_cheap_sum_terms_are_recomputed():
 
 
 def test_float_math_has_no_library_calls_in_loops():
-    """gelu, erf and tanh compile to arithmetic (no call to the C library's erff/tanhf/expf in the source)."""
+    """gelu, erf, tanh, sin and cos compile to arithmetic (no call to the C library's erff/tanhf/expf/sinf/cosf
+    in the source)."""
     x = torch.randn(3, 17, generator=gen(9))
-    compiled = compile_cpu(lambda v: (F.gelu(v), torch.erf(v), torch.tanh(v), torch.exp(v)), (x,))
+    compiled = compile_cpu(lambda v: (F.gelu(v), torch.erf(v), torch.tanh(v), torch.exp(v), torch.sin(v),
+                                      torch.cos(v)), (x,))
     for k in kernels(compiled):
         body = _body(k)
-        assert not re.search(r"std::(erf|tanh|exp)\(", body), body
+        assert not re.search(r"std::(erf|tanh|exp|sin|cos)\(", body), body

@@ -187,6 +187,13 @@ def gemm_store(low, k: Kernel, y: Buffer, fwd: Mapping, value: str, write: Mappi
     pushed op's push mapping of `value`), at the GEMM's own index (its first store's); or why it cannot."""
     if k.gemm.dtype != torch.float32:
         return f"a {k.gemm.dtype} GEMM stores only its own result"
+    return pushed_store(low, k.stores[0], y, fwd, value, write)
+
+
+def pushed_store(low, st: Store, y: Buffer, fwd: Mapping, value: str, write: Mapping) -> Store | str:
+    """Store `st` (of the root's element at st's index) redirected into pushed output `y`: root -> `value`
+    (fwd) -> y (`write`, the pushed op's push mapping of `value`), with the predicate where it lands; or why
+    it cannot be (also the attention kernel's, ``vtc.codegen.push.Pusher._attention_stores``)."""
     if len(write.pieces) != 1 or write.pieces[0].source != "out0":
         return "the push mapping is not one store per element"
     to_y = Mapping(write.shape, (Piece(y.name, write.pieces[0].index),), {y.name: tuple(y.shape)},
@@ -196,7 +203,6 @@ def gemm_store(low, k: Kernel, y: Buffer, fwd: Mapping, value: str, write: Mappi
     if land is None:
         return f"%{value} lands in %{y.name} through several pieces"
     idx, when = land
-    st = k.stores[0]
     env = {f"i{j}": e for j, e in enumerate(st.index)}
     when = low._fold(subs(when, env))
     if loads(when):

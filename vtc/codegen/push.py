@@ -60,6 +60,10 @@ from vtc.virtual import movement
 from vtc.virtual.ops import base_name, packet_name
 
 PUSH_OPS = frozenset({"cat", "stack", "slice_scatter", "select_scatter", "index_copy", "index_put", "scatter"})
+# identity copies (a transpose's ``reshape`` decomposes to clone + view): pushed only where an attention kernel
+# computes their input, through a chain of views and permutes (it stores its rows in the copy's layout; see
+# ``attention_computes``); any other producer keeps its own store and the copy
+COPY_OPS = frozenset({"clone", "contiguous"})
 _UPDATE_ARG = {"slice_scatter": "src", "select_scatter": "src", "index_copy": "source", "index_put": "values",
                "scatter": "src"}  # the scatters' update operand; their base is `self`
 READER = "push:"  # reader-name prefix: the write of one input of a pushed op (push:<node>:<input>)
@@ -77,7 +81,7 @@ class Write:
 def push_writes(node: Node) -> list[Write] | str:
     """The writes that replace movement node `node` (base first), or why it cannot be pushed."""
     name = base_name(packet_name(node.target) or "")
-    if name not in PUSH_OPS:
+    if name not in PUSH_OPS | COPY_OPS:
         return f"no store-side lowering for {node.op}"
     if len(node.outputs) != 1:
         return f"{node.op} has {len(node.outputs)} outputs"
@@ -88,6 +92,8 @@ def push_writes(node: Node) -> list[Write] | str:
     if name in ("cat", "stack"):
         data = [t for t in args["tensors"] if not (name == "cat" and len(t.shape) == 1 and t.shape[0] == 0)]
         base = None
+    elif name in COPY_OPS:
+        data, base = [args["self"]], None
     else:
         base, data = args["self"], [args.get(_UPDATE_ARG[name])]
         if not isinstance(data[0], Value):
@@ -150,6 +156,8 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
         writes = push_writes(n)
         if isinstance(writes, str):
             return False
+        if base_name(packet_name(n.target) or "") in COPY_OPS:
+            return attention_computes(low, writes[0].value)
         made = any(w.value in low.producer and low.kind.get(low.producer[w.value].name) in ("pointwise", "row")
                    or gemm_computes(low, w.value) for w in writes)
         y = n.outputs[0].name  # virtual (pull form) or kept physical (torch's copy into a fresh buffer)
@@ -186,6 +194,17 @@ def gemm_computes(low, value: str) -> bool:
         return False
     p = low.producer.get(found[0])
     return p is not None and (low.kind.get(p.name) == "gemm" or p.name in low.epilogue) and gemm_push.stores_pushed(p)
+
+
+def attention_computes(low, value: str) -> bool:
+    """True when an attention kernel computes `value`, or a virtual tensor `value` is over its output by movement
+    ops with a push form (its transpose back to [B, S, H, D]): the kernel can store its rows there
+    (``Pusher._attention_stores``)."""
+    found = gemm_push.forward(low, value)
+    if isinstance(found, str):
+        return False
+    p = low.producer.get(found[0])
+    return p is not None and p.name in low.attention
 
 
 def all_pushes(graph: Graph, gemm: str = "auto") -> dict[str, str]:
@@ -255,6 +274,7 @@ class Pusher:
         self._names: dict[str, Node] = {n.name: n for n in low.graph.nodes}
         self._copy_steps: dict[tuple[str, str], object] = {}  # (pushed node, value) -> its copy kernel's step
         self.by_gemm: dict[tuple[str, str], str] = {}  # (pushed node, value) -> the GEMM node whose kernel stores it
+        self.by_attention: dict[tuple[str, str], str] = {}  # (pushed node, value) -> the attention kernel storing it
         self.why_copied: dict[tuple[str, str], str] = {}  # (pushed node, value) a GEMM computes -> why it is copied
         order = {n.name: k for k, n in enumerate(low.graph.nodes)}
         self._order = order
@@ -427,6 +447,47 @@ class Pusher:
         low._finish(k)
         return copies, done
 
+    def _attention_stores(self, step) -> set[int]:
+        """Attention kernel `step` stores its output rows straight into a pushed copy of a virtual tensor over
+        its output (``COPY_OPS``: attn [B*H, S, D] viewed [B, H, S, D], transposed to [B, S, H, D], cloned) in
+        place of its own store, so the copy kernel and the kernel's output disappear.  Only where that write
+        is the output's one reader and lands on every element with no predicate (the emitters store each row
+        once, through the one store); else the copy stays, with the reason in why_copied.  Returns the ids
+        of the copy steps it replaces."""
+        low, k = self.low, step.kernel
+        p = k.stores[0].buffer.name
+        todo = []
+        for node, value in sorted(self.copies):
+            n = self._names[node]
+            if base_name(packet_name(n.target) or "") not in COPY_OPS:
+                continue
+            w = next(w for w in self.writes[node] if w.value == value)
+            if low.plan.is_virtual(value) and p in low.plan.mappings[value].sources:
+                todo.append((n, w))
+        done: set[int] = set()
+        for n, w in todo:
+            y = n.outputs[0]
+            fwd = gemm_push.forward(low, w.value)
+            why = fwd if isinstance(fwd, str) else None
+            if why is None and (p in low.outputs or low.readers(p) != {self.reader_name(n, w.value)} or len(todo) > 1):
+                why = f"the attention output %{p} has other readers"
+            st = None
+            if why is None:
+                st = gemm_push.pushed_store(low, k.stores[0], Buffer(y.name, y.shape, y.dtype), fwd[1], w.value,
+                                            w.mapping)
+                why = st if isinstance(st, str) else ("it lands on part of the output only" if st.when is not None
+                                                      or st.buffer.dtype != k.stores[0].buffer.dtype else None)
+            if why is not None:
+                self.why_copied[(n.name, w.value)] = why
+                continue
+            k.stores = [st]
+            low._finish(k)
+            self._add_checks(step, w)
+            self.by_attention[(n.name, w.value)] = k.source_nodes[-1]
+            self.copies.discard((n.name, w.value))
+            done.add(id(self._copy_steps[(n.name, w.value)]))
+        return done
+
     def _after(self, n: Node, w: Write, anchor: int) -> str | None:
         """Why a GEMM kernel at graph position `anchor` cannot store write w of pushed node n: an index tensor
         of w computed after it, or a scatter base written after it (None when it can)."""
@@ -456,6 +517,8 @@ class Pusher:
                 steps[at + 1:at + 1] = copies
                 replaced |= done
                 continue
+            if k.kind == "attention":  # it stores its rows through a transpose back to [B, S, H, D]
+                replaced |= self._attention_stores(step)
             if not any(st.buffer.name in self.direct for st in k.stores):
                 continue
             if k.kind not in ("pointwise", "row"):  # e.g. an attention kernel: it stores in its own order only

@@ -179,5 +179,7 @@ def _push_why(plan: Plan, node, executor) -> str:
     tail += f" (not stored by the GEMM computing it: {'; '.join(whys)})" if whys else ""
     by_gemm = getattr(getattr(low, "push", None), "by_gemm", {})  # vtc.codegen.gemm_push
     stored = sorted(f"%{v} by {g}'s GEMM kernel" for (n, v), g in by_gemm.items() if n == node.name)
+    by_attention = getattr(getattr(low, "push", None), "by_attention", {})  # Pusher._attention_stores
+    stored += sorted(f"%{v} by {a}'s attention kernel" for (n, v), a in by_attention.items() if n == node.name)
     tail += f"; stored: {', '.join(stored)}" if stored else ""
     return plan.pushed[node.name] + tail
