@@ -35,14 +35,29 @@ kernels are of the same order):
   r = x - n pi/2 in double (pi/2 in two parts, FMA: exact for |x| < 2^51), then Cephes' sinf / cosf
   polynomials of r on [-pi/4, pi/4] in float; error < 2 ulp of the result's magnitude in [-1, 1]
   (absolute < 1.2e-7 measured, relative < 2.4e-7 where |result| >= 1e-3, on sweeps up to |x| = 1e6).
-  |x| >= 2^51 (2.3e15, where a float is a multiple of 2^28) gives NaN, as do inf and NaN (torch: a
-  value from a full reduction there; a RoPE angle is a position times a frequency <= 1).  Targets
-  without FMA call the C library's sinf / cosf (not vectorised).
+  From |x| = 2^51 (2.3e15) on, where a float is m * 2^k with an integer m < 2^24 and k >= 28, x is first
+  replaced by m * (2^k mod 2 pi), the factor from a table of 77 doubles (``_TWO_POW_MOD_2PI``, made here
+  with exact rational arithmetic and 125 digits of pi): the same sine, to ~1.2e-8 absolute.  NaN for inf
+  and NaN.  Targets without FMA call the C library's sinf / cosf (not vectorised).
 
 The double versions call the C library (exact to an ulp, and not vectorised;
 no model here computes in double).
 """
 from __future__ import annotations
+
+from fractions import Fraction
+
+PI = Fraction("3.1415926535897932384626433832795028841971693993751058209749445923078164062862089986280348253421170679821480865132823066470938")
+
+
+def _two_pow_mod_2pi(k: int) -> float:
+    """2^k mod 2 pi as the nearest double (2^k is exact; pi to 125 digits leaves an error far below an ulp)."""
+    q = Fraction(2) ** k / (2 * PI)
+    return float((q - (q.numerator // q.denominator)) * 2 * PI)
+
+
+# k = 28..104: a float of magnitude >= 2^51 is m * 2^k, m < 2^24 an integer (vtc_sincos_)
+_TWO_POW_MOD_2PI = tuple(_two_pow_mod_2pi(k) for k in range(28, 105))
 
 ERF_CLAMP = 4.0  # |x| beyond which erf(x) rounds to +-1 in float
 TANH_CLAMP = 9.0  # |x| beyond which tanh(x) rounds to +-1 in float
@@ -119,11 +134,17 @@ static inline double vtc_gelu(double x) {
   return d != d ? d : r;
 }
 #if defined(__FMA__)
+// 2^(k + 28) mod 2 pi, k = 0..76 (vecmath.py)
+static const double vtc_two_pow_mod_2pi[77] = {%(two_pow_mod_2pi)s};
 // sin (odd = 0) or cos (odd = 1) of x: the quadrant n = round(x * 2/pi) and r = x - n * pi/2 in double
 // (pi/2 in two parts, each product exact in the FMA), then Cephes' sinf / cosf polynomials of r in float
-// on [-pi/4, pi/4], chosen and signed by n + odd.  |x| >= 2^51 (2.3e15): NaN (see vecmath.py).
+// on [-pi/4, pi/4], chosen and signed by n + odd.  |x| >= 2^51 = m * 2^k (2.3e15): x replaced by
+// m * (2^k mod 2 pi), which has the same sine (see vecmath.py).
 static inline float vtc_sincos_(float x, uint32_t odd) {
-  const double xd = x;
+  const uint32_t bits = __builtin_bit_cast(uint32_t, x), e = (bits >> 23) & 0xffu;
+  const bool big = e >= 127u + 51u && e < 255u;  // finite, |x| >= 2^51: m * 2^(e - 150), e - 150 >= 28
+  const double mant = (double)((bits & 0x7fffffu) | 0x800000u);
+  const double xd = big ? std::copysign(mant * vtc_two_pow_mod_2pi[big ? e - 178u : 0u], (double)x) : (double)x;
   const double m = __builtin_fma(xd, 0.63661977236758134308, 6755399441055744.0);  // 1.5 * 2^52 + n
   const double q = m - 6755399441055744.0;
   const uint32_t n = (uint32_t)__builtin_bit_cast(uint64_t, m) + odd;
@@ -136,7 +157,7 @@ static inline float vtc_sincos_(float x, uint32_t odd) {
                                   4.166664568298827e-2f), z * z, VTC_FMA(-0.5f, z, 1.0f));
   float v = (n & 1u) ? c : s;
   v = (n & 2u) ? -v : v;
-  v = std::fabs(x) < 2251799813685248.0f ? v : NAN;  // 2^51: beyond it n is not exact (inf, NaN: NaN too)
+  v = e < 255u ? v : NAN;  // inf, NaN
   return x == 0.0f && !odd ? x : v;  // sin(-0) = -0
 }
 static inline float vtc_sin(float x) { return vtc_sincos_(x, 0u); }
@@ -150,4 +171,5 @@ static inline double vtc_cos(double x) { return std::cos(x); }
 template <class T> static inline T vtc_gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 """ % dict(erf_c=f"{ERF_CLAMP}f", erf_p=_horner(ERF_P, "t"), erf_q=_horner(ERF_Q, "t"),
-           tanh_c=f"{TANH_CLAMP}f", tanh_p=_horner(TANH_P, "t"), tanh_q=_horner(TANH_Q, "t"))
+           tanh_c=f"{TANH_CLAMP}f", tanh_p=_horner(TANH_P, "t"), tanh_q=_horner(TANH_Q, "t"),
+           two_pow_mod_2pi=", ".join(f"{v!r}" for v in _TWO_POW_MOD_2PI))
