@@ -1,25 +1,32 @@
-"""The implicit-GEMM convolution's loops: B packed one NR-column panel at a time, the epilogue per panel.
+"""The implicit-GEMM convolution's loops: the im2col read in place where it is a shifted input plane.
 
-vtc.codegen.gemm's loops (Goto's algorithm) pack the whole KC x NC block of B
-into panels first, then run every A micro-panel against every B panel: an A
-micro-panel (MR x KC) stays in L1 while the B block streams from L2.  For a
-convolution that is the wrong way round: B is the im2col, packed from the
-input once per use, and M (the output channels, 32 to 128 in a YOLO block) is
-small, so the A block (M x KC) is smaller than the B block and the packed B
-block (up to 1 MB) is written to L2 and read back once per A micro-panel.
-Here (``generate``) each NR-column panel of B is packed into a buffer that
-stays in L1 (KC x NR floats) and used at once by every A micro-panel of the
-M block (the A block packed once per M block and KC slice, read from L1 / L2);
-after the last KC slice the epilogue (bias, batch norm, activation, pushed
-stores) runs over the M x NR strip of C just computed, still in L1, instead of
-a pass over the whole block afterwards.  The N range is cut into equal chunks
-(a multiple of NR): at batch 1 a 40x40 map (1600 pixels) is two chunks of 800,
-one per thread, where the GEMM's 1024-column chunks would give 1024 and 576.
+vtc.codegen.gemm's loops (Goto's algorithm) pack the KC x NC block of B into
+panels, then run every A micro-panel against them.  For a convolution B is the
+im2col, and the pack writes 9x the input for a 3x3 one (at 40x40 with 32
+channels, 1.8 MB per image through L2 for 30 MFLOP), a fifth of the kernel's
+time; the epilogue (batch norm, SiLU) then re-reads the whole C block.  Here
+(``generate``):
 
-The pack (``GemmOperands.pack_b``: ``vtc.codegen.conv.Im2colPack``), the A
-pack, the micro-kernel and the epilogue are those of vtc.codegen.gemm; only
-the loop nest differs, in scope the same names (``n0``, ``nb``, ``bp``, ``ct``),
-each panel's redefined in an inner block.
+- **conv_taps** (a stride-1 "same" convolution over a plain input,
+  ``Im2colPack.direct``; AVX-512): row (channel c, tap t) of B at output pixel
+  q is the input plane of c at q + shift(t), zero where the tap is in the
+  padding.  The micro-kernel (``vtc_ukr_taps``, 12 x 32 like vtc_ukr) loads it
+  straight from the input with lane masks per tap (the pack's ``cv_masks``
+  table, which also masks the columns past N), taps outer so that a tap's two
+  masks stay in registers; per NR-column strip every A micro-panel runs against
+  the same input lines (in L1).  No B pack.  The epilogue runs every
+  ``EPI_COLS`` columns, over C just computed.
+- **panels** (every other convolution, and conv_taps without AVX-512): B packed
+  ``SUB`` columns at a time (``Im2colPack.lines``), every A micro-panel against
+  them, then the epilogue over those columns.  (A 1x1 convolution read in
+  place measured 15% slower than packed: its B rows, whole planes apart, fall
+  into few of L1's sets.)
+
+In both, a thread's work is (image, chunk of output pixels, block of output
+channels), the chunks equal and a multiple of NR: at batch 1 on two threads a
+40x40 map is two chunks of 800 pixels where the GEMM's 1024-column chunks give
+1024 and 576.  The A pack, micro-kernel and epilogue are vtc.codegen.gemm's,
+their names in scope (``n0``, ``nb``, ``ct``, ``bp``) redefined per block.
 """
 from __future__ import annotations
 
@@ -51,13 +58,17 @@ static inline void vtc_ukr_taps(int64_t nci, const float* __restrict a, const fl
     _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
     c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
   }
-  for (int64_t ci = 0; ci < nci; ++ci, x += hw, a += T * VTC_MR) {
-    #pragma GCC unroll 9
-    for (int t = 0; t < T; ++t) {
-      const __m512 b0 = _mm512_maskz_loadu_ps(m0[t], x + d[t]), b1 = _mm512_maskz_loadu_ps(m1[t], x + d[t] + 16);
+  for (int t = 0; t < T; ++t) {  // a tap's masks stay in registers over the channels (3-5% faster than
+    //                                 the taps inner, their 2 T masks reloaded per channel)
+    const __mmask16 k0t = m0[t], k1t = m1[t];
+    const float* xt = x + d[t];
+    const float* at = a + t * VTC_MR;
+    #pragma GCC unroll 2
+    for (int64_t ci = 0; ci < nci; ++ci) {
+      const __m512 b0 = _mm512_maskz_loadu_ps(k0t, xt + ci * hw), b1 = _mm512_maskz_loadu_ps(k1t, xt + ci * hw + 16);
       #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const __m512 av = _mm512_set1_ps(a[t * VTC_MR + r]);
+        const __m512 av = _mm512_set1_ps(at[ci * T * VTC_MR + r]);
         c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
         c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
       }
