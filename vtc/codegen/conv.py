@@ -16,7 +16,9 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  The pack copies the im2col by runs of the input (``Im2colPack``).  On
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``); the loops around it are
+vtc.codegen.conv_panels', where a stride-1 "same" convolution over a plain input reads the im2col from the
+input in place instead (``Im2colPack.direct``; ``GemmChoice.path`` "conv_taps", else "panels").  On
 a small map with a long reduction (ShuffleNetV2's last 1x1 convolution) the
 same kernel runs as dot products along the reduction instead, the weight read
 in place (vtc.codegen.conv_t; ``GemmChoice.path``).
