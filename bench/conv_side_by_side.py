@@ -10,7 +10,8 @@ repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
 machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot form of small maps off
-(vtc.codegen.conv_t), the packed-panel implicit GEMM.  A profile aid, not the benchmark.
+(vtc.codegen.conv_t), the packed-panel implicit GEMM; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
+the implicit GEMM instead of vtc.codegen.conv_panels'.  A profile aid, not the benchmark.
 """
 import os
 import sys
@@ -66,6 +67,14 @@ CASES = {  # name: (module, input shape)
     "shuffle_s4_pw14": (lambda: _conv(232, 232, act=nn.ReLU), (1, 232, 14, 14)),  # stage 4's first unit
     "shuffle_dw7_s2": (lambda: _conv(232, 232, 3, 2, groups=232), (1, 232, 14, 14)),
     "shuffle_dw7": (lambda: _conv(232, 232, 3, groups=232), (1, 232, 7, 7)),
+    # YOLOv11 C3k2(128, 128, n=1, c3k=True) at 40x40 (bench/workloads/c3k2.py): its convs, each + BN + SiLU
+    "c3k2_cv2": (lambda: _conv(192, 128, act=nn.SiLU), (1, 192, 40, 40)),  # the projection over the cat
+    "c3k2_cv1": (lambda: _conv(128, 128, act=nn.SiLU), (1, 128, 40, 40)),
+    "c3k2_3x3": (lambda: _conv(32, 32, 3, act=nn.SiLU), (1, 32, 40, 40)),  # the bottlenecks' convs
+    "c3k2_c3k_cv1": (lambda: _conv(64, 32, act=nn.SiLU), (1, 64, 40, 40)),  # C3k's cv1 / cv2
+    "c3k2_c3k_cv3": (lambda: _conv(64, 64, act=nn.SiLU), (1, 64, 40, 40)),
+    "c3k2_cv2_b16": (lambda: _conv(192, 128, act=nn.SiLU), (16, 192, 40, 40)),
+    "c3k2_3x3_b16": (lambda: _conv(32, 32, 3, act=nn.SiLU), (16, 32, 40, 40)),
 }
 
 
@@ -90,6 +99,15 @@ def main(names: list[str], rounds: int) -> None:
             finally:
                 conv_t.MAX_PIXELS = keep
             fns["vtc-panels"] = lambda: panels(x)
+        if os.environ.get("GOTO"):  # also vtc with the GEMM's own loops for its convolutions (not conv_panels)
+            from vtc.codegen import conv_panels
+
+            conv_panels.ENABLED = False
+            try:
+                goto = vtc.compile(model, (x,))
+            finally:
+                conv_panels.ENABLED = True
+            fns["vtc-goto"] = lambda: goto(x)
         with torch.no_grad():
             times = time_side_by_side(fns, rounds, clk)
         ms = {s: t["median_ms"] for s, t in times.items()}

@@ -16,7 +16,9 @@ tap) and ``p`` over output pixels, where ``X`` is a *virtual* im2col: the
 generated GEMM (vtc.codegen.gemm) packs its panels straight from the input
 through the im2col index arithmetic and the input's own mapping, so neither
 the im2col matrix nor a channel shuffle / cat / split / pad in front exists in
-memory.  The pack copies the im2col by runs of the input (``Im2colPack``).  On
+memory.  The pack copies the im2col by runs of the input (``Im2colPack``); the loops around it are
+vtc.codegen.conv_panels', where a stride-1 "same" convolution over a plain input reads the im2col from the
+input in place instead (``Im2colPack.direct``; ``GemmChoice.path`` "conv_taps", else "panels").  On
 a small map with a long reduction (ShuffleNetV2's last 1x1 convolution) the
 same kernel runs as dot products along the reduction instead, the weight read
 in place (vtc.codegen.conv_t; ``GemmChoice.path``).
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import conv_t, depthwise, kernel_ir as K
+from vtc.codegen import conv_panels, conv_t, depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
@@ -218,8 +220,13 @@ def conv_kernel(low, n: Node) -> Kernel:
     if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
         if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
-        else:
-            choice.path = "panels"
+            return kern
+        choice.path = "panels"
+    if conv_panels.ENABLED:  # vtc.codegen.conv_panels' loops: B read in place or packed by blocks of columns
+        kern.gemm.generate = conv_panels.generate
+        pack.taps = pack.direct({v.name: v.shape for v in low.values.values()})
+        if choice is not None and pack.taps is not None:
+            choice.path = conv_panels.TAPS_PATH
     return kern
 
 
@@ -300,6 +307,7 @@ class Im2colPack:
         # stride 1 and output rows as long as input rows: output pixel q of tap (a, b) reads input pixel
         # q + (a * dil - pad) * width + (b * dil - pad), 16 pixels at a time across row ends (masked)
         self.shifted = not self.flat and (sh, sw) == (1, 1) and geo["ow"] == geo["wd"]
+        self.taps = None  # ``direct``'s answer where vtc.codegen.conv_panels reads B in place
 
     def _mask_table(self, ind: str) -> list[str]:
         """Per 16 output pixels, which lanes' tap row a / tap column b lies inside the input (built once)."""
@@ -408,6 +416,44 @@ class Im2colPack:
                     f"{i3}for (int64_t jj = hi; jj < seg; ++jj) dst[j + jj] = 0.0f;"]
         out += [f"{i3}j += seg; ++oh; ow = 0;", f"{i2}}}", f"{i2}for (; j < VTC_NR; ++j) dst[j] = 0.0f;", f"{ind}}}"]
         return shifted + out
+
+    def direct(self, shapes: dict) -> tuple[K.Scalar, int, list[int]] | None:
+        """Where the micro-kernel can read B straight from the input (vtc.codegen.conv_panels, path
+        ``TAPS_PATH``): (the input's load, whose address ``_plain_run`` gives; the taps T per input channel;
+        per tap, the offset of its input pixel from the output pixel's).  That needs a stride-1 convolution
+        with output rows as long as the input's (``shifted``: a 3x3 "same" one), over an input that is one
+        plain float32 load (no cat or split in front: one piece case) with unit stride along the width, rows
+        one row length apart and the input channel (r // T) as its only term in r, so that row r of B is
+        the plane of channel r // T shifted by its tap's offset.  None otherwise (the pack by runs copies B
+        into panels).  `shapes`: {buffer: shape} of the loaded buffers."""
+        geo = self.geo
+        # (a 1x1 convolution read in place measured 15% slower than packed: its B rows, one input plane apart,
+        # fall into few of L1's sets; a 3x3's taps read neighbouring lines of each plane)
+        if not self.shifted or geo["stride"][1] != 1:
+            return None
+        cases = piece_cases(self.value, self.inner)
+        if cases is None or len(cases) != 1 or cases[0][0]:
+            return None
+        s = cases[0][1]
+        if s.op != "load" or s.dtype != torch.float32 or s.args[0] not in shapes:
+            return None
+        taps = geo["kh"] * geo["kw"]
+        _, terms = _terms(linear_offset(s.args[1], shapes[s.args[0]]))
+        seen = set()
+        for atom, k in terms.items():
+            names = free_vars(atom)
+            if atom.op == "var" and atom.args[0] in ("cv_ih", "cv_iw"):
+                seen.add((atom.args[0], k))
+            elif names & {"cv_ih", "cv_iw"}:
+                return None
+            elif "r" in names and not (atom.op == "floordiv" and atom.args[0].op == "var"
+                                       and atom.args[0].args[0] == "r" and atom.args[1] == taps):
+                return None
+        if seen - {("cv_ih", geo["wd"])} != {("cv_iw", 1)} or (geo["h"] > 1 and ("cv_ih", geo["wd"]) not in seen):
+            return None
+        (dh, dw), (ph, pw), w = geo["dil"], geo["pad"], geo["wd"]
+        shifts = [(a * dh - ph) * w + (b * dw - pw) for a in range(geo["kh"]) for b in range(geo["kw"])]
+        return s, taps, shifts
 
     def _row_stride(self, em, s: K.Scalar) -> int | None:
         """The coefficient of the input row in load s's offset."""
