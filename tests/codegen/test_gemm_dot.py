@@ -115,6 +115,28 @@ def test_lite_linear_attention_matches_eager(batch, hw):
     assert r["materialized_movement_bytes"] == 0
 
 
+@pytest.mark.parametrize("case", [(1, 17, 5, 1, 9, 9), (16, 3, 4, 2, 7, 7)], ids=["b1_flat", "b16_stride2"])
+def test_inlined_batch_norm_in_an_im2col_pack_is_computed_once_per_panel_row(case):
+    """conv1x1(hardswish(BN(x))): the BN is computed in the convolution's pack loop (one kernel), its
+    per-channel w / sqrt(var + eps) hoisted out of the run loops (vtc.codegen.conv.Im2colPack._runs)."""
+    from vtc.codegen.cpp import generate
+
+    b, c, o, stride, h, w = case
+    g = gen(sum(case))
+    weight = rand((o, c, 1, 1), g)
+    mean, var, gamma, beta = rand((c,), g), rand((c,), g, positive=True), rand((c,), g), rand((c,), g)
+
+    def fn(x):
+        return F.conv2d(F.hardswish(F.batch_norm(x, mean, var, gamma, beta, False)), weight, None, stride)
+
+    c = _check(fn, (rand((b, c, h, w), g),), gemm="vtc")
+    (k,) = kernels(c)
+    src = generate(k)
+    pack = src[src.index(f"extern \"C\" void {k.name}"):]
+    assert k.kind == "gemm" and "std::sqrt" in pack
+    assert pack.index("std::sqrt") < pack.index("for (int64_t jr = jb; jr < je; jr += VTC_NR)"), pack[:3000]
+
+
 def vtc_compile(m, x):
     import vtc
 
