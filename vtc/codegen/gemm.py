@@ -217,10 +217,11 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
                                    torch_b_packed=library == "mkl_packed")
-    # a single-use pointwise producer of an operand: computed in the generated kernel's pack loop (once per NC
-    # columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
+    # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
+    # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
     inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in
-               ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1)) if not needs_copy(low, v)]
+               ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
+               if not needs_copy(low, v) and n.op in gemm_inline.OPS]
     inlined = [(name, nbytes, reuse) for (name, nbytes), reuse in inlined if nbytes]
     if inlined and a.dtype == torch.float32:
         vtc_us += sum(nbytes // 4 * reuse for _, nbytes, reuse in inlined) * MAPPED_PACK_NS * 1e-3

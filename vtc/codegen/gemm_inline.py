@@ -7,7 +7,10 @@ pack loop evaluates the producer per element and the value never exists in memor
 needs it in memory, so the producer runs as its own kernel first: a launch, a store of the value and
 its read back.  ``inlined_producer_bytes`` finds such an operand for ``vtc.codegen.gemm.choose``, which
 prices that on torch's side like a copy (EfficientViT's linear attention: ``relu(q) @ (k^T v)`` with
-``q`` a slice of a permuted view; torch's bmm needs ``relu(q)`` in memory, 0.8 MB at batch 1).
+``q`` a slice of a permuted view; torch's bmm needs ``relu(q)`` in memory, 0.8 MB at batch 1).  Only for
+batched GEMMs (``OPS``): on a 2-D x @ W^T (Llama's down projection after silu(gate) * up) it would move
+MKL's packed GEMM to the generated kernel at some token counts and not others (a choice that changes with
+the size rebuilds kernels, vtc.runtime.generic), unmeasured there.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import torch
 
 from vtc.codegen.kernel_ir import scalars_under
 from vtc.ir.graph import Node, Value
+
+OPS = ("aten.bmm.default", "aten.baddbmm.default")  # the GEMMs whose choice sees an inlined producer
 
 
 def inlined_producer_bytes(low, v: Value, gemm: Node) -> tuple[str, int]:
