@@ -104,7 +104,8 @@ class GemmChoice:
     #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
-    path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot" or "b_rows";
+    path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot", "packed_dot"
+    #                 (vtc.codegen.gemm_dot) or "b_rows";
     #                 a convolution's "panels" or "conv_dot" (vtc.codegen.conv_t); "" when torch runs it
 
     def to_dict(self) -> dict:
@@ -802,6 +803,8 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
 
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
+    - "packed_dot": M <= SKINNY_M, N and K as in vtc.codegen.gemm_dot, B with unit stride along k through any
+      mapping: B^T and A packed as rows, then the dot products;
     - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
