@@ -365,7 +365,10 @@ class Im2colPack:
         run = self._plain_run(em, s)
         em.forget()
         i2, i3 = ind + "  ", ind + "    "
-        out = [f"{ind}for (int64_t jr = jb; jr < je; jr += VTC_NR) {{",
+        # what does not change along the runs (a batch norm's scale and shift of an inlined producer, per
+        # input channel) computed once per panel row, not per element
+        out = [] if run else em.hoist_invariant([s], self.inner, ind)
+        out += [f"{ind}for (int64_t jr = jb; jr < je; jr += VTC_NR) {{",
                f"{i2}float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
                f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
         if self.flat:

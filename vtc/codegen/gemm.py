@@ -53,7 +53,7 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
-from vtc.codegen import gemm_bf16, gemm_pack
+from vtc.codegen import gemm_bf16, gemm_dot, gemm_inline, gemm_pack
 from vtc.codegen.gemm_push import pushed_bytes
 from vtc.runtime import packed
 from vtc.index.mapping import linear_offset
@@ -104,7 +104,8 @@ class GemmChoice:
     #                      (vtc.codegen.gemm_pack.a_packing); "" when A is physical or a strided view
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
-    path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot" or "b_rows";
+    path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot", "packed_dot"
+    #                 (vtc.codegen.gemm_dot) or "b_rows";
     #                 a convolution's "panels" or "conv_dot" (vtc.codegen.conv_t); "" when torch runs it
 
     def to_dict(self) -> dict:
@@ -217,6 +218,15 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
                                    torch_b_packed=library == "mkl_packed")
+    # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
+    # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
+    inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in
+               ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
+               if not needs_copy(low, v) and n.op in gemm_inline.OPS]
+    inlined = [(name, nbytes, reuse) for (name, nbytes), reuse in inlined if nbytes]
+    if inlined and a.dtype == torch.float32:
+        vtc_us += sum(nbytes // 4 * reuse for _, nbytes, reuse in inlined) * MAPPED_PACK_NS * 1e-3
+        torch_us += sum(CALL_US + 2 * nbytes / (COPY_GBPS * 1e3) for _, nbytes, _ in inlined)
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -246,6 +256,12 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         return pick("torch", f"{names} is not a strided view, but copying {copy_bytes} bytes and running "
                              f"torch's faster library kernel is estimated cheaper")
     if torch_us - vtc_us >= max(MIN_SAVING[0], MIN_SAVING[1] * torch_us):
+        if inlined:
+            names = ", ".join(f"%{name}" for name, _, _ in inlined)
+            return pick("vtc", f"every operand is physical or a zero-copy strided view; the generated kernel "
+                               f"computes {names} (a pointwise producer nothing else reads) in its pack loop, "
+                               f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
+                               f"back): estimated faster")
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
                            "estimated faster than torch's library kernel here")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
@@ -787,6 +803,8 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
 
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
+    - "packed_dot": M <= SKINNY_M, N and K as in vtc.codegen.gemm_dot, B with unit stride along k through any
+      mapping: B^T and A packed as rows, then the dot products;
     - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
@@ -802,6 +820,8 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     if g.m <= SKINNY_M:
         if cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) != 1:
             return "dot"
+        if gemm_dot.applies(g, shapes):
+            return gemm_dot.PATH
         return "b_rows" if cb is not None and cb.get(nv, 0) == 1 else "panels"
     return "panels"
 
@@ -953,7 +973,7 @@ def generate(k: Kernel) -> str:
              "  float* __restrict ct = cg + m0 * LDC;"]
     ind = "        "
     lines += _weight_rows(em, g, ind, bt, stream)
-    dot = _dot_path(em, g, ind, block) if g.pack_b is None else []
+    dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
     if dot:
         lines += dot
     direct = _direct_b(em, g) if g.pack_b is None else None
@@ -1074,6 +1094,9 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
                     f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"]
+    along_m = None if rows else gemm_inline.pack_a_along_m(em, g, ind)  # a transposed A through a producer
+    if along_m is not None:
+        return along_m
     em.forget()
     inner = ind + "    "
     temps = em.hoist([g.a], inner)
