@@ -210,19 +210,26 @@ depthwise convolutions and max pools are vector kernels plane by plane; a
 producer of a cat or KV-cache update (a GEMM included: the new V of a decode
 step) stores into its output; the cost model prices a cat read element by
 element through a transpose, so greedy keeps EfficientViT's q/k/v cat
-physical (its convolutions store into it).  Since the last run: outputs of
-1 MB and more are written with streaming stores (no read of each line before
-its store); a Linear's x @ W^T on its constant weight runs MKL's packed GEMM
-on W packed once (32 rows and more; re-packed when the weight changes in
-place) or, for 12-31 rows, a generated kernel reading W's rows in place;
-library GEMM results go into recycled buffers; convolutions over maps of up to
-256 pixels are dot products with the weight read in place.  The other GEMMs
-and convolutions run through torch on zero-copy views or after a copy kernel.
-Where vtc loses: at batch 1, c3k2 and EfficientViT are a few ms per call and
-vtc's 2-thread times swing most (c3k2_b1: min 1.93 vs ONNX Runtime's 1.72 ms,
-median 2.72 vs 2.12); llama_model and shufflenet_v2_model are at parity with
-OpenVINO / ONNX Runtime (GEMM- and convolution-bound: vtc's own float32 GEMM
-is 0.95-1.0x of MKL on 256-2048 squares at 1 thread).
+physical (its convolutions store into it); outputs of 1 MB and more are
+written with streaming stores; a Linear's x @ W^T on its constant weight runs
+MKL's packed GEMM on W packed once (32 rows and more) or, for 12-31 rows, a
+generated kernel reading W's rows in place; convolutions over maps of up to
+256 pixels are dot products with the weight read in place.  Since the last
+run: a stride-1 'same' convolution reads its im2col straight from the input
+tap by tap (no pack), and a batch-1 convolution's pixels are split evenly
+between the threads (c3k2); EfficientViT's k^T v is packed dot products and
+relu(q) @ kv a generated GEMM with the ReLU in its pack; the attention kernel
+stores the head merge in front of o_proj; RoPE's sin / cos are vector code;
+a kernel call packs its pointer array as bytes; and the harness pauses 60 ms
+before each system's block, so that ONNX Runtime's spinning threads (~45 ms
+after a call) no longer run during the next system's timed calls.  The other
+GEMMs and convolutions run through torch on zero-copy views or after a copy
+kernel.  Where vtc loses or ties: the prefill units and llama_model are
+GEMM-bound and at 2 threads within a few percent of OpenVINO (vtc's own
+float32 GEMM is 0.95-1.0x of MKL on 256-2048 squares), and the medians of
+these 30-50 ms calls swing by 1.5x on this shared machine; shufflenet_v2_model
+loses to ONNX Runtime (at 1 thread CPU time 5.1 vs 4.9 ms min; stage 4's 1x1
+convolutions on 7x7 maps are 0.68x of ONNX Runtime's as single layers).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
