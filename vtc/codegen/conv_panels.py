@@ -104,17 +104,12 @@ def generate(k: Kernel) -> str:
     """The C++ source of convolution kernel k (k.gemm: a GemmOperands whose pack_b is the im2col pack,
     ``vtc.codegen.conv.Im2colPack.lines``)."""
     from vtc.codegen import gemm, gemm_pack
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, ctype
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
 
     g = k.gemm
     em = _Emitter(k)
     out = k.stores[0].buffer
-    lines = []
-    stored = {st.buffer.name for st in k.stores}
-    for b in buffer_order(k):
-        qual = "" if b.name in stored else "const "
-        lines.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
-                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
     bt = g.vars[0] or "bt"
     pack = g.pack_b.__self__  # the Im2colPack whose lines pack B

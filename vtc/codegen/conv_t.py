@@ -226,16 +226,11 @@ def generate(k) -> str:
     is the convolution's Im2colPack; k.stores: the epilogue, at (i0 = image x group, i1 = output channel of
     the group, i2 = output pixel))."""
     from vtc.codegen import gemm
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, ctype
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
 
     g = k.gemm
     em = _Emitter(k)
-    lines = []
-    stored = {st.buffer.name for st in k.stores}
-    for b in buffer_order(k):
-        qual = "" if b.name in stored else "const "
-        lines.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
-                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    lines = buffer_pointers(k, em)
     rows = weight_rows(g.a, em.shapes)
     if rows is None:  # pragma: no cover - conv.choose_conv takes the dot form only for such a weight
         raise AssertionError(f"{k.name}: the dot form needs a plain row-major weight")

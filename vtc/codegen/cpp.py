@@ -349,6 +349,20 @@ def buffer_order(k: Kernel) -> list[Buffer]:
     return [*k.inputs, *[b for b in _outputs(k) if b.name not in names]]
 
 
+def buffer_pointers(k: Kernel, em, ctype_of=None) -> list[str]:
+    """The kernel body's first lines: one ``__restrict`` pointer per buffer, taken from ``bufs`` in
+    ``buffer_order``, const where the kernel does not store into it; `ctype_of` (default ``ctype``) gives
+    the C element type of a buffer's dtype."""
+    ctype_of = ctype_of or ctype
+    stored = {st.buffer.name for st in k.stores}
+    lines = []
+    for b in buffer_order(k):
+        qual = "" if b.name in stored else "const "
+        t = ctype_of(b.dtype)
+        lines.append(f"  {qual}{t}* __restrict {em.ptr[b.name]} = ({qual}{t}*)bufs[{list(em.ptr).index(b.name)}];")
+    return lines
+
+
 def _decompose(names: list[str], sizes: tuple[int, ...], flat: str, indent: str) -> list[str]:
     lines, stride = [], 1
     strides = []
@@ -372,11 +386,7 @@ def generate(k: Kernel) -> str:
 
         return generate_gemm(k)
     em = _Emitter(k)
-    body: list[str] = []
-    for b in buffer_order(k):
-        qual = "" if b.name in {x.buffer.name for x in k.stores} else "const "
-        body.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
-                    f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    body = buffer_pointers(k, em)
     head = PRELUDE
     if k.kind == "attention":
         from vtc.codegen.attention import emit_attention

@@ -906,7 +906,7 @@ def generate(k: Kernel) -> str:
     MR x NR tiles of the block.  Blocks are made a multiple of the thread count by splitting the larger
     of M and N, so both threads get the same work.
     """
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, ctype
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
 
     g: GemmOperands = k.gemm
     if g.generate is not None:
@@ -916,12 +916,7 @@ def generate(k: Kernel) -> str:
     em = _Emitter(k)
     bv, mv, nv = g.vars
     out = k.stores[0].buffer
-    lines = []
-    stored = {st.buffer.name for st in k.stores}
-    for b in buffer_order(k):
-        qual = "" if b.name in stored else "const "
-        lines.append(f"  {qual}{ctype(b.dtype)}* __restrict {em.ptr[b.name]} = "
-                     f"({qual}{ctype(b.dtype)}*)bufs[{list(em.ptr).index(b.name)}];")
+    lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
     c = em.ptr[out.name]
     flops = 2 * B * M * N * KK

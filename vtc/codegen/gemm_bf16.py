@@ -308,7 +308,7 @@ def _load_of(s):
 
 def generate(k) -> str:
     """The C++ source of bf16 gemm kernel k (see the module docstring)."""
-    from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_order
+    from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_pointers
     from vtc.codegen.gemm import PARALLEL_MIN_FLOPS, RUNTIME as F32_RUNTIME, _strided
 
     g = k.gemm
@@ -326,11 +326,7 @@ def generate(k) -> str:
             raise ValueError(f"bf16 gemm kernel {k.name}: operand {role} is not a strided bf16 load "
                              f"(gemm_bf16.why_not should have sent it to torch)")
         ops[role] = st
-    lines = []
-    stored = {st.buffer.name for st in k.stores}
-    for b in buffer_order(k):
-        qual = "" if b.name in stored else "const "
-        lines.append(f"  {qual}vtc_bf16* __restrict {em.ptr[b.name]} = ({qual}vtc_bf16*)bufs[{list(em.ptr).index(b.name)}];")
+    lines = buffer_pointers(k, em, lambda dtype: "vtc_bf16")
     abuf, aoff, aco, _ = ops["A"]
     bbuf, boff, bco, _ = ops["B"]
     sm, ska = aco.get(mv, 0), aco.get("r", 0)
