@@ -1,6 +1,7 @@
 """Helpers of the code generator tests: random inputs, compile + compare, what ran where."""
 from __future__ import annotations
 
+import zlib
 from typing import Callable, Sequence
 
 import torch
@@ -15,6 +16,12 @@ ROW_TOL = dict(rtol=1e-4, atol=1e-4)
 def gen(seed: int) -> torch.Generator:
     """A CPU generator with this seed."""
     return torch.Generator().manual_seed(seed)
+
+
+def case_seed(case, modulus: int = 1000) -> int:
+    """A seed from a test case's parameters, the same in every process (``hash`` of a str is salted per
+    process, so a seed made from it gives other inputs on every run)."""
+    return zlib.crc32(repr(case).encode()) % modulus
 
 
 def rand(shape: Sequence[int], g: torch.Generator, dtype: torch.dtype = torch.float32, *,
