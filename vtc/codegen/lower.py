@@ -708,6 +708,11 @@ def lower(graph: Graph, plan: Plan, gemm: str = "auto") -> tuple[Lowering, list]
 
 
 def _step(low: Lowering, k: Kernel) -> KernelStep:
+    """k with the range checks of the index tensors it loads.  A mapping that k reads through may hold more
+    index tensors than k loads (bilinear interpolation's four corners: another kernel reads the others, and
+    may run later); their checks belong to the kernels that load them."""
     maps = low.mappings_read(k)
-    checks = list(dict.fromkeys(c for m in maps for c in m.checks if c.tensor not in low.folded))
+    loaded = {b.name for b in k.inputs}
+    checks = list(dict.fromkeys(c for m in maps for c in m.checks
+                                if c.tensor not in low.folded and (c.tensor in loaded or c.tensor not in low.values)))
     return KernelStep(k, checks, maps)
