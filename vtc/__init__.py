@@ -4,8 +4,8 @@
     out = compiled(*example_inputs)
     print(compiled.report)                             # what was removed, what is still moved
 """
-from vtc.compiler import Compiled, compile  # noqa: A004 - the public name is vtc.compile
+from vtc.compiler import Compiled, FallbackWarning, compile  # noqa: A004 - the public name is vtc.compile
 from vtc.frontend import torch_backend as _torch_backend  # noqa: F401 - registers backend "vtc"
 
-__all__ = ["Compiled", "compile"]
+__all__ = ["Compiled", "FallbackWarning", "compile"]
 __version__ = "0.1.0"

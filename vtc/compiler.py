@@ -16,6 +16,7 @@ values in the error.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -87,7 +88,21 @@ def specialize(graph: Graph, options: dict, plan: Plan | None = None, kernel_bui
     plan = make_plan(graph, options) if plan is None else plan
     executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"],
                         kernel_builder=kernel_builder)
-    return Specialization(graph, plan, executor, build_report(graph, plan, executor))
+    report = build_report(graph, plan, executor)
+    warn_fallbacks(report.fallback_ops)
+    return Specialization(graph, plan, executor, report)
+
+
+class FallbackWarning(UserWarning):
+    """Ops of the model that vtc runs through the framework (torch or onnxruntime), not generated kernels."""
+
+
+def warn_fallbacks(ops: list[str]) -> None:
+    """One FallbackWarning naming the ops vtc does not lower (shown once per distinct list of ops)."""
+    if ops:
+        names = sorted(set(ops))
+        warnings.warn(f"vtc: {len(names)} op(s) without a generated kernel run through the framework: "
+                      f"{', '.join(names)} (report.fallback_ops)", FallbackWarning, stacklevel=3)
 
 
 def compile_graph(graph: Graph, **options) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:

@@ -212,3 +212,21 @@ def test_index_put_with_index_tensors_that_are_views():
     torch.testing.assert_close(greedy(d, idx, u), f(d, idx, u))
     with pytest.raises(IndexError, match="index 5 is out of"):
         greedy(d, torch.tensor([[0, 1], [5, 3], [4, 5]]), u)
+
+
+def test_an_op_without_a_generated_kernel_warns_and_is_in_the_report():
+    x = torch.randn(4, 17)
+    with pytest.warns(vtc.FallbackWarning, match=r"1 op\(s\) .* aten\.median\.dim"):
+        compiled = vtc.compile(lambda a: a.median(-1).values * 2 + a.sum(-1), (x,))
+    assert compiled.report.to_dict()["fallback_ops"] == ["aten.median.dim"]
+    torch.testing.assert_close(compiled(x), x.median(-1).values * 2 + x.sum(-1), **TOL)
+
+
+def test_a_model_that_vtc_lowers_whole_does_not_warn():
+    import warnings
+
+    x = torch.randn(4, 17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", vtc.FallbackWarning)
+        compiled = vtc.compile(lambda a: (a.softmax(-1) * 2).t() + 1, (x,))
+    assert compiled.report.to_dict()["fallback_ops"] == []
