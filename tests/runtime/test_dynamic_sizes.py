@@ -266,3 +266,25 @@ def test_array_sizes_and_pragma_arguments_stay_constant():
     f1 = generic.parse(_src("  b0[0] = 24 * 0.125f;\n"), "k_x")  # a float that varies (a mean): not generic
     f2 = generic.parse(_src("  b0[0] = 27 * 0.111f;\n"), "k_x")
     assert generic.fit("k_x", f1, {(0,): f1, (1,): f2}, [8], [1], 1) is None
+
+
+class _Windows(torch.nn.Module):
+    """Pads the sequence to a multiple of 4 when it is not one (a Python branch on a size), then averages
+    windows of 4 tokens: torch.export captures one branch and guards it ("S % 4 == 0")."""
+
+    def forward(self, x):
+        if x.shape[1] % 4 != 0:
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - x.shape[1] % 4))
+        return x.view(x.shape[0], -1, 4, x.shape[2]).mean(2)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_a_size_outside_the_captures_guards_is_captured_again(dynamic):
+    model = _Windows()
+    compiled = vtc.compile(model, (torch.randn(2, 8, 3),), dynamic=dynamic)
+    for s in (12, 16, 10, 6, 20, 7):  # 10, 6 and 7 take the other branch than 8, 12, 16 and 20
+        x = torch.randn(2, s, 3)
+        want = model(x)
+        got = compiled(x)
+        assert got.shape == want.shape, f"S={s}: {list(got.shape)} vs eager {list(want.shape)}"
+        torch.testing.assert_close(got, want, **TOL)

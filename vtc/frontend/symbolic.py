@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import sympy
 import torch
@@ -51,8 +51,11 @@ class SymbolicGraph:
     """An ATen fx graph with symbolic sizes; ``instantiate`` makes a concrete Graph for given sizes."""
 
     def __init__(self, gm: fx.GraphModule, consts: dict[str, torch.Tensor] | None = None, in_spec: Any = None,
-                 out_spec: Any = None, ranges: dict | None = None) -> None:
+                 out_spec: Any = None, ranges: dict | None = None, guards: Callable[..., None] | None = None) -> None:
         self.gm, self.consts, self.in_spec, self.out_spec = gm, dict(consts or {}), in_spec, out_spec
+        # torch.export's shape guards (a branch on a size, e.g. "S % 4 == 0"): called on the flat user inputs,
+        # AssertionError where they fail; range constraints alone do not hold them
+        self.guards = guards
         self.ranges: dict[sympy.Symbol, tuple[int, float]] = {}  # symbol -> (lo, hi), hi may be inf
         for s, vr in (ranges or {}).items():
             self.ranges[s] = (_bound(vr.lower, 0), _bound(vr.upper, float("inf")))
@@ -111,6 +114,13 @@ class SymbolicGraph:
             lo, hi = self.ranges.get(s, (0, float("inf")))
             if not lo <= v <= hi:
                 raise NotInstantiable(f"size {s} = {v} is outside the captured range [{lo}, {hi}]")
+        if self.guards is not None:
+            try:
+                self.guards(*leaves)
+            except AssertionError as e:
+                raise NotInstantiable(f"a shape guard of the capture fails: {e}") from None
+            except Exception as e:  # a guard that cannot be evaluated is not known to hold
+                raise NotInstantiable(f"the shape guards could not be checked: {type(e).__name__}: {e}") from None
         return env
 
     def instantiate(self, env: dict[sympy.Symbol, int]) -> Graph:
@@ -224,4 +234,20 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
         raise CaptureError(f"torch.export with dynamic sizes failed: {type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
     consts = program_constants(ep, "the model")
-    return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints)
+    return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints,
+                         guards=_guards(ep))
+
+
+def _guards(ep: torch.export.ExportedProgram) -> Callable[..., None]:
+    """The program's shape guards as a function of the flat user inputs (torch's own, from ``ep.module()``).
+
+    A program with guards that torch cannot turn into a function accepts no other sizes: its symbolic graph
+    would take a branch that torch.export chose for the example sizes only."""
+    if not getattr(ep, "_guards_code", None):
+        return lambda *leaves: None
+    fn = getattr(ep.module(), "_guards_fn", None)
+    if fn is None:
+        def refuse(*leaves):
+            raise AssertionError(f"torch gave no guard function for {ep._guards_code}")
+        return refuse
+    return fn
