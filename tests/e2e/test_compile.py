@@ -230,3 +230,29 @@ def test_a_model_that_vtc_lowers_whole_does_not_warn():
         warnings.simplefilter("error", vtc.FallbackWarning)
         compiled = vtc.compile(lambda a: (a.softmax(-1) * 2).t() + 1, (x,))
     assert compiled.report.to_dict()["fallback_ops"] == []
+
+
+def test_one_tensor_given_twice_as_example_inputs_stays_two_inputs():
+    class Sub(torch.nn.Module):
+        def forward(self, x, y):
+            return x - y
+
+    x = torch.randn(2, 3)
+    compiled = vtc.compile(Sub(), (x, x))  # e.g. self-attention compiled as mha(x, x, x)
+    a, b = torch.randn(2, 3), torch.randn(2, 3)
+    torch.testing.assert_close(compiled(a, b), a - b, **TOL)
+
+
+def test_a_buffer_of_the_model_given_as_example_input_stays_an_input():
+    class Shift(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("pos", torch.randn(6))
+
+        def forward(self, x):
+            return x * 2 + self.pos
+
+    m = Shift()
+    compiled = vtc.compile(m, (m.pos,))
+    x = torch.randn(6)
+    torch.testing.assert_close(compiled(x), m(x), **TOL)

@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from vtc.frontend.torch_export import CaptureError, _as_module, graph_from_fx, program_constants
+from vtc.frontend.torch_export import CaptureError, _as_module, distinct_inputs, graph_from_fx, program_constants
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -214,6 +214,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
     from torch.export import Dim
 
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
+    args, kwargs = distinct_inputs(model, tuple(args), dict(kwargs))
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if dims is None:
         dims = [set(range(x.dim())) if isinstance(x, torch.Tensor) else set() for x in leaves]

@@ -88,6 +88,7 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    args, example_kwargs = distinct_inputs(model, args, example_kwargs)
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", repr(model_or_fn))
     graph, refused = _fast_capture(model, args, example_kwargs)
@@ -111,6 +112,23 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     graph.meta["capture"] = how
     graph.meta["fast_capture_refused"] = refused
     return graph
+
+
+def distinct_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
+    """args and kwargs where a tensor sharing memory with an earlier input or with a parameter / buffer of the
+    model is replaced by a copy.  A capture traces fake tensors made per storage: the same tensor given twice
+    (self-attention's ``mha(x, x, x)``) became one graph input read for both, so a later call with two
+    different tensors used the first for both; a buffer given as an input became that input."""
+    taken = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
+    flat, spec = pytree.tree_flatten((args, kwargs))
+    changed = False
+    for i, x in enumerate(flat):
+        if isinstance(x, torch.Tensor) and x.numel() and x.device.type != "meta":
+            ptr = x.untyped_storage().data_ptr()
+            if ptr in taken:
+                flat[i], changed = x.detach().clone(), True
+            taken.add(ptr)
+    return pytree.tree_unflatten(flat, spec) if changed else (args, kwargs)
 
 
 def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[Graph | None, str]:
