@@ -105,6 +105,7 @@ class CallPlan:
             frees = tuple(self.slot[n] for n in s.frees)
             if frees:
                 self.fns.append(_freer(frees))
+        self.own_outputs = _owning_outputs(executor, graph)
 
     def __call__(self, inputs: list[torch.Tensor], checked: bool = False) -> list[torch.Tensor]:
         """The graph's outputs for `inputs`; checked: their dtypes and shapes are known to be the graph's
@@ -118,7 +119,10 @@ class CallPlan:
             slots[i] = t
         for fn in self.fns:
             fn(slots)
-        return [slots[i] for i in self.outputs]
+        outs = [slots[i] for i in self.outputs]
+        if self.own_outputs is not None:
+            self.own_outputs(outs, inputs)
+        return outs
 
     # -- one closure per step ---------------------------------------------------
     def _step(self, s) -> Callable[[Slots], None] | None:
@@ -394,6 +398,36 @@ def _taker(slots: list[int]) -> Callable[[Slots], tuple]:
         (i,) = slots
         return lambda call: (call[i],)
     return lambda call: ()
+
+
+def _owning_outputs(executor, graph) -> Callable[[list, list], None] | None:
+    """What makes every output of a call own its memory, contiguous, as torch's results of the graph's ops
+    do (``x.clone()``, ``.contiguous()``, ``cat([x])``); None when every output is a kernel's new buffer.
+
+    An output may share memory with an input, a constant (a weight) or another output where it is a graph
+    input or constant itself, a view step (a removed movement op), a framework op's result, or the same
+    value twice.  Those are checked per call and copied where they do: a caller who changes one of them in
+    place must not change its input, the model's weight, another output or the next call's result."""
+    made_by = {name: s.kind for s in executor.steps for name in s.writes}
+    names = [v.name for v in graph.outputs]
+    risky = [k for k, n in enumerate(names) if made_by.get(n) in (None, "view", "run") or n in names[:k]]
+    if not risky:
+        return None
+    consts = {t.untyped_storage().data_ptr() for t in executor.consts.values()}
+    views = {k for k in risky if made_by.get(names[k]) == "view"}
+    safe = [k for k in range(len(names)) if k not in risky]
+
+    def own(outs: list, inputs: list) -> None:
+        taken = consts | {t.untyped_storage().data_ptr() for t in inputs}
+        taken.update(outs[k].untyped_storage().data_ptr() for k in safe)
+        for k in risky:
+            t = outs[k]
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in taken or (k in views and not t.is_contiguous()):
+                t = outs[k] = t.clone(memory_format=torch.contiguous_format)
+                ptr = t.untyped_storage().data_ptr()
+            taken.add(ptr)
+    return own
 
 
 def _freer(frees: tuple[int, ...]) -> Callable[[Slots], None]:
