@@ -203,7 +203,7 @@ class Compiled:
         if sig is None or len(args) != len(sig):
             return False
         for t, (dt, shape) in zip(args, sig):  # a loop: a third faster than all() over a generator
-            if type(t) is not torch.Tensor or t.dtype != dt or t.shape != shape:
+            if type(t) is not torch.Tensor or t.dtype != dt or t.shape != shape or not t.is_cpu:
                 return False
         return True
 

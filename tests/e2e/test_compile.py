@@ -256,3 +256,9 @@ def test_a_buffer_of_the_model_given_as_example_input_stays_an_input():
     compiled = vtc.compile(m, (m.pos,))
     x = torch.randn(6)
     torch.testing.assert_close(compiled(x), m(x), **TOL)
+
+
+def test_a_tensor_on_another_device_raises_naming_the_device():
+    compiled = vtc.compile(lambda x: torch.nn.functional.gelu(x) * 2, (torch.randn(4, 8),))
+    with pytest.raises(TypeError, match="input 0 .* compiled this graph for the CPU, received a tensor on meta"):
+        compiled(torch.empty(4, 8, device="meta"))  # the kernels would read its null data pointer

@@ -111,7 +111,7 @@ class CallPlan:
         """The graph's outputs for `inputs`; checked: their dtypes and shapes are known to be the graph's
         (``vtc.Compiled`` checked them), else they are checked here (kernels trust them)."""
         if not checked and (len(inputs) != len(self.input_types) or not all(
-                isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape
+                isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.is_cpu
                 for t, (shape, dtype) in zip(inputs, self.input_types))):
             check_inputs(self.graph, list(inputs))  # raises, naming the input and what it should be
         slots = self.template.copy()

@@ -22,6 +22,9 @@ def check_inputs(graph: Graph, flat_inputs: list[torch.Tensor], exact_shape: boo
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"input {i} (%{v.name}): expected a tensor {format_type(v.shape, v.dtype)}, "
                             f"received {type(t).__name__} {t!r:.80}")
+        if t.device.type != "cpu":
+            raise TypeError(f"input {i} (%{v.name}): vtc compiled this graph for the CPU, received a tensor on "
+                            f"{t.device} ({format_type(tuple(t.shape), t.dtype)})")
         if t.dtype != v.dtype:
             raise TypeError(f"input {i} (%{v.name}): expected dtype {v.dtype}, received {t.dtype} "
                             f"(shape {list(t.shape)})")
