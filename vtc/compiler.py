@@ -25,7 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.gemm import GEMM_MODES
-from vtc.frontend.torch_export import export_graph, flatten_inputs, unflatten_outputs
+from vtc.frontend.torch_export import CAPTURE_LOCK, export_graph, flatten_inputs, unflatten_outputs
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
@@ -160,17 +160,21 @@ class Compiled:
             if spec is not None:
                 self._specs.move_to_end(key)
                 return spec
-        spec = None
-        if self.options["dynamic"] is not False and self.options["backend"] == "cpu":
-            from vtc.dynamic import dynamic_specialization
+        with CAPTURE_LOCK:  # a capture swaps the module's tensors for fakes while it traces: one at a time
+            with self._lock:
+                spec = self._specs.get(key)  # another thread made it while this one waited
+            if spec is not None:
+                return spec
+            if self.options["dynamic"] is not False and self.options["backend"] == "cpu":
+                from vtc.dynamic import dynamic_specialization
 
-            spec = dynamic_specialization(self, args, kwargs)  # None: these sizes need their own capture
-        if spec is None:
-            spec = specialize(export_graph(self.model, args, kwargs), self.options)
-        with self._lock:
-            self._specs[key] = spec
-            while len(self._specs) > self.options["max_specializations"]:
-                self._specs.popitem(last=False)
+                spec = dynamic_specialization(self, args, kwargs)  # None: these sizes need their own capture
+            if spec is None:
+                spec = specialize(export_graph(self.model, args, kwargs), self.options)
+            with self._lock:
+                self._specs[key] = spec
+                while len(self._specs) > self.options["max_specializations"]:
+                    self._specs.popitem(last=False)
         return spec
 
     def __call__(self, *args, **kwargs):

@@ -262,3 +262,29 @@ def test_a_tensor_on_another_device_raises_naming_the_device():
     compiled = vtc.compile(lambda x: torch.nn.functional.gelu(x) * 2, (torch.randn(4, 8),))
     with pytest.raises(TypeError, match="input 0 .* compiled this graph for the CPU, received a tensor on meta"):
         compiled(torch.empty(4, 8, device="meta"))  # the kernels would read its null data pointer
+
+
+def test_threads_bringing_new_sizes_at_once_capture_one_at_a_time():
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.Softmax(-1)).eval()
+    compiled = vtc.compile(m, (torch.randn(2, 64, 16),))
+    inputs = {s: torch.randn(2, s, 16) for s in (40, 24, 33)}
+    results: dict[int, object] = {}
+
+    def call(s):
+        try:
+            with torch.no_grad():
+                results[s] = compiled(inputs[s])
+        except Exception as e:  # noqa: BLE001 - reported below
+            results[s] = e
+
+    threads = [threading.Thread(target=call, args=(s,)) for s in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with torch.no_grad():
+        for s, x in inputs.items():
+            assert isinstance(results[s], torch.Tensor), f"S={s}: {results[s]!r}"
+            torch.testing.assert_close(results[s], m(x), **TOL)
+    assert type(m[0].weight) is torch.nn.Parameter and type(m[0].weight.data) is torch.Tensor  # no fake left

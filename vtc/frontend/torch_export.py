@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import threading
 from typing import Any, Callable
 
 import torch
@@ -82,6 +83,11 @@ def program_constants(ep: Any, name: str) -> dict[str, torch.Tensor]:
         raise CaptureError(f"{name} mutates state, which vtc does not support: {', '.join(bad)}. "
                            "Call model.eval() and build transformers models with use_cache=False.")
     return consts
+
+
+# held while a model is captured (vtc.Compiled): the capture puts fake tensors into the module's slots until it
+# returns, so a second capture of the same module at that time would trace fakes and restore them as its state
+CAPTURE_LOCK = threading.RLock()
 
 
 def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
