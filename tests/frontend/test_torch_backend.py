@@ -98,3 +98,15 @@ def test_vtc_runs_the_graph_not_eager_after_a_backend_failure(monkeypatch):
         torch._dynamo.reset()
     torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-6)
     assert len(calls) == 1 and any(n.op == "aten.permute.default" for n in calls[0].nodes)
+
+
+def test_a_tensor_literal_in_forward(graphs):
+    class Scale(torch.nn.Module):
+        def forward(self, x):
+            return x * torch.tensor([1.0, 2.0, 3.0]) + 1
+
+    m = Scale()
+    x = torch.randn(4, 3)
+    compiled = torch.compile(m, backend="vtc")
+    torch.testing.assert_close(compiled(x), m(x))
+    assert len(graphs) == 1 and graphs[0].consts  # compiled by vtc, the literal a constant of its graph

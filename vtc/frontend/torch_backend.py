@@ -40,6 +40,13 @@ def _compile_graph(graph: Graph) -> Callable[[list[torch.Tensor]], list[torch.Te
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     """aot_autograd's forward compiler: an ATen GraphModule -> a boxed callable running it with vtc."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # the graph's tensor constants (a literal in forward) are real tensors
+        return _compile_fx(gm, example_inputs)
+
+
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
     if any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
             isinstance(d, torch.SymInt) for d in x.shape)) for x in example_inputs):
         from vtc.compiler import OPTIONS
