@@ -106,6 +106,7 @@ class CallPlan:
             if frees:
                 self.fns.append(_freer(frees))
         self.own_outputs = _owning_outputs(executor, graph)
+        self.const_copies = bool(executor.const_copies)
 
     def __call__(self, inputs: list[torch.Tensor], checked: bool = False) -> list[torch.Tensor]:
         """The graph's outputs for `inputs`; checked: their dtypes and shapes are known to be the graph's
@@ -114,6 +115,8 @@ class CallPlan:
                 isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.is_cpu
                 for t, (shape, dtype) in zip(inputs, self.input_types))):
             check_inputs(self.graph, list(inputs))  # raises, naming the input and what it should be
+        if self.const_copies:
+            self.executor().refresh_const_copies()
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t

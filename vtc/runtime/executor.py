@@ -76,6 +76,10 @@ class Executor:
         self.kernel_builder = kernel_builder  # (kernel steps, executor) -> CompiledKernels; None: build_kernels
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
+        # contiguous copies of non-contiguous constants (a channels_last or transposed parameter): with the
+        # source and the version of it they hold, so an in-place change of the parameter reaches the next call
+        self.const_copies = [[self.consts[v.name], v.data, _version(v.data)] for v in graph.consts
+                             if self.consts[v.name].data_ptr() != v.data.data_ptr() and _version(v.data) is not None]
         self.lowering = None
         self.pool = BufferPool()  # large kernel outputs recycled across steps and calls (vtc.runtime.buffers)
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
@@ -174,8 +178,18 @@ class Executor:
             plan = self._call_plan = CallPlan(self)  # two threads may both build one: each is complete
         return plan
 
+    def refresh_const_copies(self) -> None:
+        """Copies a non-contiguous constant again where its source changed in place since the last call."""
+        for entry in self.const_copies:
+            copy, source, seen = entry
+            if source._version != seen:
+                with torch.no_grad():
+                    copy.copy_(source)
+                entry[2] = source._version
+
     def run_steps(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """A call step by step through ``run_step`` (what ``CallPlan`` does faster; the reference for its tests)."""
+        self.refresh_const_copies()
         env: dict[str, torch.Tensor] = dict(self.consts)
         for v, t in zip(self.graph.inputs, inputs):
             env[v.name] = t
@@ -210,6 +224,14 @@ class Executor:
         tensors = {k: env[k] for k in [*m.sources, *m.index_tensors] if k in env}
         tensors.update(derive_index_tensors(m, tensors))
         return gather(m, tensors, self.values[s.realization.value].dtype)
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter (bumped by every in-place change), None for an inference tensor, which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:

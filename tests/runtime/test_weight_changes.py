@@ -1,0 +1,45 @@
+"""A parameter changed in place after vtc.compile is seen by the next call, whatever its layout.
+
+A non-contiguous parameter (a channels_last convolution weight, a weight stored transposed) is copied
+into a contiguous constant once; the copy is refreshed when the parameter's version counter moves.
+"""
+from __future__ import annotations
+
+import torch
+
+import vtc
+
+
+def test_a_channels_last_weight_loaded_after_compile_is_used():
+    torch.manual_seed(11)
+    conv = torch.nn.Conv2d(8, 16, 3, padding=1).eval().to(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    x = torch.randn(2, 8, 9, 9)
+    with torch.no_grad():
+        compiled = vtc.compile(conv, (x,))
+        torch.testing.assert_close(compiled(x), conv(x), rtol=1e-4, atol=1e-4)
+        conv.load_state_dict({"weight": torch.randn(16, 8, 3, 3), "bias": torch.randn(16)})
+        assert not conv.weight.is_contiguous()
+        torch.testing.assert_close(compiled(x), conv(x), rtol=1e-4, atol=1e-4)
+    assert compiled._first.executor.const_copies, "the channels_last weight was not a refreshed copy"
+
+
+def test_a_transposed_parameter_changed_in_place_is_used():
+    class Proj(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(5, 7).t())  # stored transposed: (7, 5), strides (1, 7)
+
+        def forward(self, x):
+            return torch.relu(x * 2) @ self.w
+
+    torch.manual_seed(12)
+    m = Proj()
+    x = torch.randn(3, 7)
+    with torch.no_grad():
+        compiled = vtc.compile(m, (x,))
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+        m.w.mul_(2).add_(1)
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+        m.w.copy_(torch.randn(7, 5))
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
