@@ -43,3 +43,15 @@ def test_a_transposed_parameter_changed_in_place_is_used():
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
         m.w.copy_(torch.randn(7, 5))
         torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+def test_weights_made_under_inference_mode():
+    """Inference tensors have no version counter: their GEMMs run unpacked (torch's ordinary call)."""
+    torch.manual_seed(13)
+    with torch.inference_mode():
+        m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+        x = torch.randn(64, 32)
+        compiled = vtc.compile(m, (x,))
+        torch.testing.assert_close(compiled(x), m(x), rtol=1e-4, atol=1e-4)
+    plan = compiled._first.executor.call_plan()
+    assert plan.why_not_packed and all("inference tensor" in why for why in plan.why_not_packed.values())

@@ -65,6 +65,8 @@ def why_not(node, a_shape: tuple, b: torch.Tensor | None, bias: torch.Tensor | N
         return f"A of shape {list(a_shape)}: static, 2-D, at least {MIN_ROWS} rows"
     if b.dtype != torch.float32 or b.dim() != 2 or not b.t().is_contiguous():
         return f"B {b.dtype} {list(b.shape)} strides {list(b.stride())}: a float32 W^T of a contiguous W"
+    if b.is_inference():
+        return "W is an inference tensor: it has no version counter to see an in-place change by"
     if node.op == "aten.addmm.default" and (
             bias is None or bias.dtype != torch.float32 or tuple(bias.shape) != (b.shape[1],)):
         return "addmm's bias is not a constant float32 vector of N"
