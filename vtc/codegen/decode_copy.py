@@ -48,7 +48,8 @@ from vtc.index.expr import Expr, evaluate, free_vars, lift, subs, var, walk
 from vtc.index.mapping import out_vars
 
 ENABLED = os.environ.get("VTC_DECODE_COPY", "1") != "0"  # 0: every base keeps its copy kernel (A/B runs)
-MAX_UPDATE_ROWS = 64  # update rows tested per copied row (a decode step writes a few tokens)
+MAX_UPDATE_ROWS = 64
+ORDER_FIRST = os.environ.get("VTC_DECODE_COPY_FIRST", "v")  # update rows tested per copied row (a decode step writes a few tokens)
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class CacheCopy:
     index: tuple[Expr, ...]
     update_row: Expr  # over s_
     updates: int
+    operand: str  # "k" or "v": which of the kernel's reads it is
 
 
 def fuse(pusher, steps: list) -> list:
@@ -119,6 +121,7 @@ def _fuse_one(pusher, steps: list, node: str, base: str):
     found = _read_index(k, y.name)
     if isinstance(found, str):
         return found
+    found, operand = found
     index = _group_index(k, y.shape, found)
     if isinstance(index, str):
         return index
@@ -127,7 +130,7 @@ def _fuse_one(pusher, steps: list, node: str, base: str):
         return row
     update_row, count = row
     k.copy_through.append(CacheCopy(Buffer(x.name, x.shape, x.dtype), Buffer(y.name, y.shape, y.dtype), index,
-                                    update_row, count))
+                                    update_row, count, operand))
     idx = out_vars(y.shape)
     k.stores.append(Store(Buffer(y.name, y.shape, y.dtype), idx, K.load(x.name, idx, x.dtype)))  # pointer writable
     low._finish(k)
@@ -161,7 +164,7 @@ def _read_index(k, y: str):
         other = k.v if root is k.k else k.k
         if any(s.op == "load" and s.args[0] == y for s in scalars_under([other])):
             return f"{k.name} reads %{y} as K and as V"
-        return idx
+        return idx, "k" if root is k.k else "v"
     return f"{k.name} does not read %{y} as K or V"
 
 
@@ -225,7 +228,7 @@ def block_lines(k, em, indent: str) -> list[str]:
     from vtc.codegen.cpp import ctype
 
     lines = []
-    for c in k.copy_through:
+    for c in sorted(k.copy_through, key=lambda c: c.operand != ORDER_FIRST):
         t, d = ctype(c.out.dtype), c.out.shape[-1]
         lines += [
             f"for (int64_t r = r0; r < r1; ++r) {{  // copy-through: cache rows into %{c.out.name} "
