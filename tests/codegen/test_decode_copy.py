@@ -107,6 +107,24 @@ def test_a_second_reader_of_the_cache_keeps_the_copy_kernel():
     assert len(push_kernels(compiled)) >= 1
 
 
+def test_attention_over_a_slice_of_the_cache_keeps_the_copy_kernel():
+    """Attention reads the first 40 rows of a 127-row cache (a cache cut to the current length): the rows
+    after them must still be copied, so the base keeps its own copy kernel."""
+    def fn(q, k_cache, v_cache, k, v, pos):
+        kc, vc = k_cache.index_copy(2, pos, k), v_cache.index_copy(2, pos, v)
+        return F.scaled_dot_product_attention(q, kc[:, :, :40], vc[:, :, :40], enable_gqa=True), kc, vc
+
+    g = torch.Generator().manual_seed(6)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    inputs = (r(1, 4, 1, 32), r(1, 2, 127, 32), r(1, 2, 127, 32), r(1, 2, 1, 32), r(1, 2, 1, 32), torch.tensor([39]))
+    compiled = compile_cpu(fn, inputs)
+    for a, b in zip(compiled(*inputs), fn(*inputs)):
+        torch.testing.assert_close(a, b, **TOL)
+    assert all(not k.copy_through for k in kernels(compiled) if k.kind == "attention")
+    bases = sorted(b.name for k in push_kernels(compiled) for b in k.inputs if b.name.endswith("_cache"))
+    assert bases == ["k_cache", "v_cache"]  # each base copied by its own kernel
+
+
 def test_switched_off_keeps_the_copy_kernels(monkeypatch):
     monkeypatch.setattr(decode_copy, "ENABLED", False)
     torch.manual_seed(3)

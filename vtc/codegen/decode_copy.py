@@ -48,8 +48,8 @@ from vtc.index.expr import Expr, evaluate, free_vars, lift, subs, var, walk
 from vtc.index.mapping import out_vars
 
 ENABLED = os.environ.get("VTC_DECODE_COPY", "1") != "0"  # 0: every base keeps its copy kernel (A/B runs)
-MAX_UPDATE_ROWS = 64
-ORDER_FIRST = os.environ.get("VTC_DECODE_COPY_FIRST", "v")  # update rows tested per copied row (a decode step writes a few tokens)
+MAX_UPDATE_ROWS = 64  # update rows tested per copied row (a decode step writes a few tokens)
+ORDER_FIRST = os.environ.get("VTC_DECODE_COPY_FIRST", "v")  # the cache whose block is copied first (A/B runs)
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,8 @@ def _fuse_one(pusher, steps: list, node: str, base: str):
     if isinstance(found, str):
         return found
     found, operand = found
+    if (y.shape[-2], y.shape[-1]) != (k.r_extent, k.head_dim if operand == "k" else k.value_dim):
+        return f"{k.name} reads {k.r_extent} keys of {y.shape[-2]} (a slice of the cache), or part of a row"
     index = _group_index(k, y.shape, found)
     if isinstance(index, str):
         return index
