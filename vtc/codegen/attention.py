@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vtc.codegen import flash
+from vtc.codegen import decode_copy, flash
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
 from vtc.index.expr import Expr, free_vars, subs, var
@@ -136,6 +136,7 @@ class AttentionKernel(Kernel):
     head_dim: int = 1
     value_dim: int = 1
     zero_empty_rows: bool = False  # a row whose scores are all -inf gives 0 (SDPA's guard), else NaN (softmax)
+    copy_through: list = field(default_factory=list)  # caches copied while read (vtc.codegen.decode_copy)
 
     def roots(self) -> list[Scalar]:
         return [*super().roots(), self.q, self.k, self.score, self.v]
@@ -544,6 +545,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "    }",
         f"    for (int64_t r0 = r_lo; r0 < r_hi; r0 += {kb}) {{",
         f"      const int64_t r1 = std::min<int64_t>(r0 + {kb}, r_hi);",
+        *decode_copy.block_lines(k, em, "      "),  # before a hidden block is skipped: every row is copied
         *(flash.hidden_block_check(pre_m, mx_expr, ["for (int64_t rr = 0; rr < nr && !seen; ++rr) {", *row("")],
                                    ["for (int64_t r = r0; r < r1; ++r) {"], "      ") if mask else []),
         *(flash.shared_scores(k, em, row, rb, pre_k, kx, pre_s, sx) if shared else [

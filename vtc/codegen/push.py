@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtc.codegen import gemm_push
+from vtc.codegen import decode_copy, gemm_push
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
@@ -276,6 +276,7 @@ class Pusher:
         self.by_gemm: dict[tuple[str, str], str] = {}  # (pushed node, value) -> the GEMM node whose kernel stores it
         self.by_attention: dict[tuple[str, str], str] = {}  # (pushed node, value) -> the attention kernel storing it
         self.why_copied: dict[tuple[str, str], str] = {}  # (pushed node, value) a GEMM computes -> why it is copied
+        self.copy_through: dict[str, str] = {}  # pushed node -> the attention kernel copying its base, or why not
         order = {n.name: k for k, n in enumerate(low.graph.nodes)}
         self._order = order
         for n in low.graph.nodes:
@@ -548,6 +549,7 @@ class Pusher:
             copy = next(i for i, (kind, s) in enumerate(steps) if s is self._base_steps[node])
             if copy > first:
                 steps.insert(first, steps.pop(copy))
+        steps = decode_copy.fuse(self, steps)  # an attention kernel copies a base while reading it
         written: set[str] = set()
         targets = {self._names[n].outputs[0].name: self._names[n].outputs[0] for n in self.writes}
         for kind, step in steps:

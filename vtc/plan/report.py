@@ -155,7 +155,10 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
 
 
 def _push_copy_bytes(k) -> int:
-    """Bytes a copy kernel of a pushed op stores (kind "push": it computes nothing, it moves its input)."""
+    """Bytes a copy kernel of a pushed op stores (kind "push": it computes nothing, it moves its input), or an
+    attention kernel copies from an input cache into the updated cache while reading (vtc.codegen.decode_copy)."""
+    if getattr(k, "copy_through", None):
+        return sum(c.out.nbytes for c in k.copy_through)
     if k.kind != "push":
         return 0
     n = k.stores[0].buffer.nbytes // max(1, _numel(k.stores[0].buffer.shape))
@@ -182,4 +185,6 @@ def _push_why(plan: Plan, node, executor) -> str:
     by_attention = getattr(getattr(low, "push", None), "by_attention", {})  # Pusher._attention_stores
     stored += sorted(f"%{v} by {a}'s attention kernel" for (n, v), a in by_attention.items() if n == node.name)
     tail += f"; stored: {', '.join(stored)}" if stored else ""
+    through = getattr(getattr(low, "push", None), "copy_through", {}).get(node.name)  # vtc.codegen.decode_copy
+    tail += f"; base copy: {through}" if through else ""
     return plan.pushed[node.name] + tail
