@@ -268,12 +268,12 @@ def hidden_block_check(pre_m: list[str], mx: str, outer: list[str], inner: list[
     """
     return [
         f"{ind}if (skip_ok) {{  // hidden from every row by the additive mask: adds exactly 0",
-        f"{ind}  bool seen = false;",
+        f"{ind}  int seen = 0;  // an int, not a bool: the reduction below stays in vector lanes",
         f"{ind}  {outer[0]}", *[f"{ind}    {x}" for x in outer[1:]],
-        f"{ind}    #pragma omp simd reduction(||:seen)",
+        f"{ind}    #pragma omp simd reduction(|:seen)",
         f"{ind}    {inner[0]}", *[f"{ind}      {x}" for x in inner[1:]],
         *[f"{ind}      {x.strip()}" for x in pre_m],
-        f"{ind}      seen = seen || !({mx} <= {HIDDEN});",
+        f"{ind}      seen |= !({mx} <= {HIDDEN});  // | not ||: no branch, so the loop is vector code",
         f"{ind}    }}",
         f"{ind}  }}",
         f"{ind}  if (!seen) {{ skipped = true; continue; }}",
