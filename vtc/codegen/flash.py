@@ -148,6 +148,39 @@ static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast lo
   return r;
 #endif
 }
+// dst[j * ds + i] = src[i * ss + j] for i, j < 16: a 16 x 16 block transposed in registers (unpack, then
+// shuffles of pairs, then of 128-bit quarters), 16 loads and 16 stores where one float at a time would be 256;
+// the sequence of gemm.py's vtc_transpose16, which is defined only in the GEMM runtime and only for AVX-512
+static inline void vtc_flash_transpose16(const float* src, int64_t ss, float* dst, int64_t ds) {
+#if defined(__AVX512F__)
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
+#else
+  for (int i = 0; i < 16; ++i)
+    for (int j = 0; j < 16; ++j) dst[j * ds + i] = src[i * ss + j];
+#endif
+}
 // lane t of the result = the sum of x[t]'s lanes (16 horizontal sums as a tree of two-source permutes)
 static inline vtc_v16 vtc_sum16(const vtc_v16* x) {
 #if defined(__AVX512F__)
@@ -268,12 +301,12 @@ def hidden_block_check(pre_m: list[str], mx: str, outer: list[str], inner: list[
     """
     return [
         f"{ind}if (skip_ok) {{  // hidden from every row by the additive mask: adds exactly 0",
-        f"{ind}  bool seen = false;",
+        f"{ind}  int seen = 0;  // an int, not a bool: the reduction below stays in vector lanes",
         f"{ind}  {outer[0]}", *[f"{ind}    {x}" for x in outer[1:]],
-        f"{ind}    #pragma omp simd reduction(||:seen)",
+        f"{ind}    #pragma omp simd reduction(|:seen)",
         f"{ind}    {inner[0]}", *[f"{ind}      {x}" for x in inner[1:]],
         *[f"{ind}      {x.strip()}" for x in pre_m],
-        f"{ind}      seen = seen || !({mx} <= {HIDDEN});",
+        f"{ind}      seen |= !({mx} <= {HIDDEN});  // | not ||: no branch, so the loop is vector code",
         f"{ind}    }}",
         f"{ind}  }}",
         f"{ind}  if (!seen) {{ skipped = true; continue; }}",
@@ -353,6 +386,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
     kb = KEY_BLOCK
     ep = -(-ee // LANES) * LANES  # value dim padded to whole vectors
     ev = ep // LANES
+    ddp = -(-dd // LANES) * LANES  # head dim padded to whole vectors (the rows of Qᵀ transposed 16 at a time)
     qg = 1 << (ACCUMULATORS // ev).bit_length() - 1  # queries per PV micro-kernel step (divides the tile)
     out = k.stores[0]
     v16 = f"vtc_v{LANES}"
@@ -410,7 +444,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         f"    for (int64_t q = 0; q < nr; ++q) {{ li0[q] = i0 + (m_lo + q) / {per_head}; li1[q] = (m_lo + q) % {per_head}; }}",
         f"    const bool one_head = m_lo / {per_head} == (m_lo + nr - 1) / {per_head};",
         f"    const int64_t i1_first = one_head ? li1[0] : 0, i1_last = one_head ? li1[nr - 1] : {per_head - 1};",
-        f"    alignas(64) float qt[{dd}][{qt_n}];",
+        f"    alignas(64) float qt[{ddp}][{qt_n}];",
         *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
         *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
         f"    alignas(64) float st[{kb}][{qt_n}];",
@@ -418,13 +452,22 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
         f"    alignas(64) int bn[{qt_n}];",
         f"    const int64_t qn = nr <= {LANES} ? {LANES} : nr <= {2 * LANES} ? {2 * LANES} : {qt_n};  // lanes in use",
-        "    {  // pack Qᵀ: qt[d][q] = Q of lane q, zeros past the last query",
-        "      for (int64_t q = 0; q < nr; ++q) {",
-        "        const int64_t i0 = li0[q], i1 = li1[q];",
-        "        #pragma omp simd",
-        f"        for (int64_t d = 0; d < {dd}; ++d) {{", *pre_q, f"          qt[d][q] = {qx};", "        }",
+        "    {  // pack Qᵀ: qt[d][q] = Q of lane q (lanes < qn), zeros past the last query: rows of 16 queries",
+        "       // computed along d, then transposed 16 x 16 in registers (not stored a float at a time)",
+        f"      alignas(64) float qr[{LANES}][{ddp}];",
+        f"      for (int64_t q0 = 0; q0 < qn; q0 += {LANES}) {{",
+        f"        for (int64_t j = 0; j < {LANES}; ++j) {{",
+        "          const int64_t q = q0 + j;",
+        "          if (q < nr) {",
+        "            const int64_t i0 = li0[q], i1 = li1[q];",
+        "            #pragma omp simd",
+        f"            for (int64_t d = 0; d < {dd}; ++d) {{", *["    " + x for x in pre_q],
+        f"              qr[j][d] = {qx};", "            }",
+        *([f"            for (int64_t d = {dd}; d < {ddp}; ++d) qr[j][d] = 0.0f;"] if ddp != dd else []),
+        f"          }} else for (int64_t d = 0; d < {ddp}; ++d) qr[j][d] = 0.0f;",
+        "        }",
+        f"        for (int64_t d0 = 0; d0 < {ddp}; d0 += {LANES}) vtc_flash_transpose16(&qr[0][d0], {ddp}, &qt[d0][q0], {qt_n});",
         "      }",
-        f"      for (int64_t q = nr; q < {qt_n}; ++q) for (int64_t d = 0; d < {dd}; ++d) qt[d][q] = 0.0f;",
         "    }",
         *(["    for (bool skip_ok = true;; skip_ok = false) {  // again without skipping: a row saw only hidden keys",
            "    bool skipped = false;"] if mask else []),

@@ -422,6 +422,13 @@ class CostModel:
     uncertain = 1.25  # pessimism on the traffic of accesses of unknown locality (scattered, indirect)
     chunk_penalty = 0.05  # extra traffic of "chunked" accesses (partly used lines at the run ends)
     derive_us = 30.0  # deriving a scatter's inverse index before a kernel reads through it (a few torch calls)
+    # ... where the graph's large ops evict the caches between the calls (``Estimator.cold``): the about nine
+    # small torch calls of ``movement._inverse`` over 256 positions took 55 µs in a loop of their own but
+    # 388 µs right after a 256 x 3584 x 1024 GEMM, and 383 µs inside the Llama prefill layer (the V-cache
+    # update's kernel step; its kernel itself 0.06 ms), 1 thread, load ~5: the dispatcher's code and data
+    # come back from memory.  Priced warm, the greedy read that update through the inverse (0.5 ms per call)
+    # instead of pushing it (0.1 ms, no inverse; docs/prefill.md)
+    derive_cold_us = 330.0
     page_fault_us = 1.0  # one fresh 4 KiB page of a buffer the framework allocates (measured 1-6 µs on a 2-core VM)
     fresh_bytes = 32 << 20  # glibc's largest mmap threshold: from here on every allocation is fresh pages
 
@@ -489,12 +496,14 @@ class CostModel:
                 read += numel * self.torch_strided_ns * 1e-9 / max(self.machine.threads, 1)
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
 
-    def derive(self, m: Mapping) -> float:
+    def derive(self, m: Mapping, cold: bool = False) -> float:
         """Seconds to compute the derived index tensors (a scatter's inverse) that a kernel reading through
-        `m` needs on every call (``vtc.virtual.movement.derive_index_tensors``, a few torch calls each)."""
+        `m` needs on every call (``vtc.virtual.movement.derive_index_tensors``, a few torch calls each);
+        `cold`: amid ops whose data does not fit the cache (``Estimator.cold``)."""
         from vtc.virtual.movement import _parse_derived
 
-        return sum(_parse_derived(n) is not None for n in m.index_tensors) * self.derive_us * 1e-6
+        us = self.derive_us + (self.derive_cold_us if cold else 0.0)
+        return sum(_parse_derived(n) is not None for n in m.index_tensors) * us * 1e-6
 
     def fresh(self, nbytes: int) -> float:
         """Page faults of a new buffer of nbytes that the framework allocates on every call (a kept op's
@@ -607,6 +616,10 @@ class Estimator:
                 self.anc[o.name] = frozenset(up)
         self.component = self._components()
         self.pushed: frozenset[str] = frozenset()
+        # a compute node whose operands and result exceed the cache evicts it between the small torch calls
+        # around it (CostModel.derive_cold_us): a transformer layer's GEMMs do, a toy graph's ops do not
+        self.cold = any(sum(v.nbytes for v in [*n.inputs, *n.outputs]) > self.model.machine.cache_bytes
+                        for n in g.nodes if n.kind != "movement")
 
     # -- mechanism facts ------------------------------------------------------
     def _components(self) -> dict[str, int]:
@@ -746,7 +759,7 @@ class Estimator:
             if kind == "kernel":
                 n = self.reads_of(self.nodes[r])
                 acc = self.kernel_access(m, value, self.nodes[r], n)
-                t = self.model.read(v.numel, size, acc, n) + self.model.derive(m)
+                t = self.model.read(v.numel, size, acc, n) + self.model.derive(m, self.cold)
                 again = f" {n}x" if n > 1 else ""
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
@@ -755,7 +768,8 @@ class Estimator:
                 if not copied:
                     copied = True
                     who = "the graph output" if r == "<output>" else "an index" if r == "<index>" else r
-                    terms.append(Term(("realise", value), self.model.copy(v.numel, size, acc) + self.model.derive(m),
+                    t = self.model.copy(v.numel, size, acc) + self.model.derive(m, self.cold)
+                    terms.append(Term(("realise", value), t,
                                       f"not a strided view: a copy kernel realises it for {who} "
                                       f"({acc.describe()})"))
                 continue
@@ -799,7 +813,7 @@ class Estimator:
                     m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
                 acc = self.access(m, o.name)
             if generated:
-                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k]), "a copy kernel"
+                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k], self.cold), "a copy kernel"
             else:
                 fresh = self.model.fresh(o.nbytes)
                 t = self.model.copy(o.numel, size, acc, generated=False) + fresh
