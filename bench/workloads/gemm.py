@@ -5,6 +5,8 @@
 - ``gemm_skinny_m<m>``: x @ W^T of an nn.Linear(4096, 4096) for m = 1, 4, 16 rows (decoding);
 - ``gemm_<name>_m<M>_k<K>_n<N>``: x @ W^T of llama_model's nn.Linear layers (``logits``: 128 x 512 @
   512 x 32000, half of llama_model's time; ``mlp_up``, ``mlp_down``, ``proj``, ``kv``);
+- ``gemm_prefill_<name>_m256_k<K>_n<N>``: x @ W^T of the prefill units' nn.Linear layers (256 tokens: llama3's
+  ``up`` / ``down`` / ``proj`` / ``kv``, gemma2's ``gemma_up`` / ``gemma_down`` / ``gemma_kv``);
 - operands made by movement ops, where torch needs a copy first unless the mapping is a strided view:
   ``gemm_transposed`` (a.t() @ b: a strided view), ``gemm_gqa_scores`` (q @ repeat_kv(k)^T over a 2048-token
   cache, 4 query heads per KV head), ``gemm_cat`` (cat([a, b], 1) @ w) and ``gemm_gather_rows``
@@ -53,6 +55,10 @@ def _linear(m: int, k: int, n: int):
 # llama_model (prefill of 128 tokens, hidden 512, MLP 1376, vocabulary 32000): logits, MLP up / down, attention
 LINEAR = [("logits", 128, 512, 32000), ("mlp_up", 128, 512, 1376), ("mlp_down", 128, 1376, 512),
           ("proj", 128, 512, 512), ("kv", 128, 512, 128)]
+# the prefill units (256 tokens, hidden 1024): llama3's MLP 3584 and K / V of 4 x 64, gemma2's MLP 4096 and K / V of
+# 4 x 128; q / o projections 1024 -> 1024 in both
+PREFILL = [("up", 256, 1024, 3584), ("down", 256, 3584, 1024), ("proj", 256, 1024, 1024), ("kv", 256, 1024, 256),
+           ("gemma_up", 256, 1024, 4096), ("gemma_down", 256, 4096, 1024), ("gemma_kv", 256, 1024, 512)]
 
 
 def _transposed(quick: bool):
@@ -143,6 +149,9 @@ WORKLOADS = [
     *[Workload(f"gemm_{name}_m{m}_k{k}_n{n}", "gemm", f"x @ W^T (nn.Linear {k} -> {n}, no bias), {m} rows: "
                f"llama_model's {name}", _linear(m, k, n), default=False, params=dict(m=m, n=n, k=k))
       for name, m, k, n in LINEAR],
+    *[Workload(f"gemm_prefill_{name}_m{m}_k{k}_n{n}", "gemm", f"x @ W^T (nn.Linear {k} -> {n}, no bias), {m} rows: "
+               f"the prefill units' {name}", _linear(m, k, n), default=False, params=dict(m=m, n=n, k=k))
+      for name, m, k, n in PREFILL],
     Workload("gemm_transposed", "gemm", "a.t() @ b, 1024^3 (a strided view)", _transposed, default=False),
     Workload("gemm_gqa_scores", "gemm", "q @ repeat_kv(k)^T: 32 query heads x 16 tokens, 8 KV heads x 2048",
              _gqa_scores, in_quick=True, default=False),
