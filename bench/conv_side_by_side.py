@@ -9,8 +9,8 @@ ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
 repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
-machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot form of small maps off
-(vtc.codegen.conv_t), the packed-panel implicit GEMM; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
+machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot and broadcast forms of small maps
+off (vtc.codegen.conv_t, conv_bcast), the packed-panel implicit GEMM; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
 the implicit GEMM instead of vtc.codegen.conv_panels'.  A profile aid, not the benchmark.
 """
 import os
@@ -91,13 +91,13 @@ def main(names: list[str], rounds: int) -> None:
             raise AssertionError(f"{name}: max error {err}")
         fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
         if os.environ.get("PANELS"):  # also vtc with the dot form of small maps off (vtc.codegen.conv_t)
-            from vtc.codegen import conv_t
+            from vtc.codegen import conv_bcast, conv_t
 
-            keep, conv_t.MAX_PIXELS = conv_t.MAX_PIXELS, 0
+            keep, conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS = (conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS), 0, 0
             try:
                 panels = vtc.compile(model, (x,))
             finally:
-                conv_t.MAX_PIXELS = keep
+                conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS = keep
             fns["vtc-panels"] = lambda: panels(x)
         if os.environ.get("GOTO"):  # also vtc with the GEMM's own loops for its convolutions (not conv_panels)
             from vtc.codegen import conv_panels
