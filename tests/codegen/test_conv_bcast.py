@@ -26,6 +26,12 @@ from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the broadcast form is taken on AVX-512 targets only")
 
 
+@pytest.fixture(autouse=True)
+def _enabled(monkeypatch):
+    """The broadcast form is off by default (conv_bcast.ENABLED); these tests turn it on."""
+    monkeypatch.setattr(conv_bcast, "ENABLED", True)
+
+
 def _bn_relu(g, o):
     mean, var = rand((o,), g), rand((o,), g, positive=True)
     gamma, beta = rand((o,), g), rand((o,), g)
@@ -131,6 +137,15 @@ def test_other_convolutions_keep_their_form(case):
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert _forms(compiled) == [conv_t.FORM if c == 300 else "panels"]
+
+
+def test_off_by_default_keeps_the_panel_form(monkeypatch):
+    monkeypatch.setattr(conv_bcast, "ENABLED", False)
+    conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
+    x = torch.randn(1, 40, 7, 7)
+    compiled = compile_cpu(conv, (x,))
+    assert _forms(compiled) == ["panels"]
+    assert "conv_bcast.ENABLED" in conv_bcast.why_not(dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1), True)
 
 
 def test_why_not_names_the_value():

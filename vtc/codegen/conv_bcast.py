@@ -28,7 +28,9 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
   vtc.codegen.conv_t's, per output channel.
 
 A thread's work is (image, block of output channels, a multiple of 16), the
-blocks cut so that every thread gets work at batch 1.  ``why_not`` says where
+blocks cut so that every thread gets work at batch 1.  **Off by default**
+(``ENABLED``): alone it beats the panel form on 7x7 maps, inside the whole
+ShuffleNetV2 it measured slower (docs/gemm.md).  ``why_not`` says where
 a convolution runs this way (``FORM`` in its ``GemmChoice.path``, picked by
 vtc.codegen.conv.choose_conv): an AVX-512 target, one group, a small map, a
 short reduction, at least 16 output channels and a plain row-major weight.
@@ -38,6 +40,9 @@ from __future__ import annotations
 from vtc.codegen import conv_t
 
 FORM = "conv_bcast"  # GemmChoice.path of a convolution computed here
+ENABLED = False  # off by default: faster alone (1x1 232 -> 232 on 7x7, kernel 0.057 vs 0.066 ms), but 20-30%
+#   slower than the panel form as a step of shufflenet_v2_model (0.075-0.095 vs 0.058-0.073 ms, 1 thread, load
+#   8-10; not understood yet, docs/gemm.md); True: taken where why_not allows
 MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
 #   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
 #   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
@@ -51,6 +56,8 @@ KC = 512  # reduction slice (the im2col slice, KC x P floats, stays in L2)
 def why_not(geo: dict, weight_ok: bool) -> str:
     """Why convolution `geo` (conv._geometry) does not run with the channels as vectors ("" when it does)."""
     p, k = geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
+    if not ENABLED:
+        return "the broadcast form is off (conv_bcast.ENABLED): slower than the panel form inside ShuffleNetV2"
     if not conv_t.has_avx512():
         return "the broadcast form is written for AVX-512"
     if geo["groups"] != 1:

@@ -56,6 +56,7 @@ static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
 }
 #endif
 """
+FLAT_EPILOGUE = True  # False: a flat plane's stores run row by row too (a switch for side-by-side timing)
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
 IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
 
@@ -209,6 +210,8 @@ def _flat_epilogue(k: Kernel, em, total: Scalar, n: int, ind: str) -> list[str] 
     residual, a pad).  The row-by-row loop of a 7x7 plane runs 7-lane vectors whose loads of tmp wait for
     the 16-lane stores (half of the kernel's time, `perf`)."""
     values = [st.value for st in k.stores]
+    if not FLAT_EPILOGUE:
+        return None
     for s in scalars_under(values, stop=lambda s: s is total):
         for a in s.args:
             for e in (a if isinstance(a, tuple) else (a,)):
