@@ -10,8 +10,8 @@ repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
 machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot and broadcast forms of small maps
-off (vtc.codegen.conv_t, conv_bcast), the packed-panel implicit GEMM; BCAST=1 turns the broadcast form
-(vtc.codegen.conv_bcast, off by default) on for "vtc"; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
+off (vtc.codegen.conv_t, conv_bcast), the packed-panel implicit GEMM; BCAST=0 turns the broadcast form
+(vtc.codegen.conv_bcast) off for "vtc"; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
 the implicit GEMM instead of vtc.codegen.conv_panels'.  A profile aid, not the benchmark.
 """
 import os
@@ -87,9 +87,9 @@ def main(names: list[str], rounds: int) -> None:
         ctx = Context(name, model, (x,), T, Path(tempfile.mkdtemp()))
         from vtc.codegen import conv_bcast
 
-        conv_bcast.ENABLED = bool(os.environ.get("BCAST"))
+        conv_bcast.ENABLED = os.environ.get("BCAST") != "0"
         c = vtc.compile(model, (x,))
-        conv_bcast.ENABLED = False
+        conv_bcast.ENABLED = True
         with torch.no_grad():
             err = (c(x) - model(x)).abs().max().item()
         if err > 1e-3:

@@ -26,12 +26,6 @@ from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the broadcast form is taken on AVX-512 targets only")
 
 
-@pytest.fixture(autouse=True)
-def _enabled(monkeypatch):
-    """The broadcast form is off by default (conv_bcast.ENABLED); these tests turn it on."""
-    monkeypatch.setattr(conv_bcast, "ENABLED", True)
-
-
 def _bn_relu(g, o):
     mean, var = rand((o,), g), rand((o,), g, positive=True)
     gamma, beta = rand((o,), g), rand((o,), g)
@@ -139,7 +133,7 @@ def test_other_convolutions_keep_their_form(case):
     assert _forms(compiled) == [conv_t.FORM if c == 300 else "panels"]
 
 
-def test_off_by_default_keeps_the_panel_form(monkeypatch):
+def test_switched_off_keeps_the_panel_form(monkeypatch):
     monkeypatch.setattr(conv_bcast, "ENABLED", False)
     conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
     x = torch.randn(1, 40, 7, 7)

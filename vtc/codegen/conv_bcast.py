@@ -12,12 +12,14 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
 - the **pixels are broadcast rows**: a tile of ``ROWS`` pixels x ``VECS`` x 16
   channels keeps ROWS x VECS accumulators; per reduction step VECS loads of
   W^T and ROWS broadcasts of the im2col feed ROWS x VECS FMAs;
-- **W^T is packed once per call** (``vtc_cb_pack_w``: 16 x 16 register
-  transposes, zero past the last channel; the threads of the call split it, a
-  barrier, then every tile reads it).  It is not cached across calls: a
-  parameter changed in place after vtc.compile is read by the next call, as
-  everywhere else in vtc.  (232 x 232: ~4% of the kernel, measured in
-  docs/gemm.md);
+- **W^T is packed per call, VECS x 16 channels at a time** (``vtc_cb_pack_w``:
+  16 x 16 register transposes, zero past the last channel) into a small
+  per-thread buffer that all pixel tiles of those channels then read.  It is
+  not cached across calls: a parameter changed in place after vtc.compile is
+  read by the next call, as everywhere else in vtc.  (A whole W^T per kernel,
+  222 KB for 232 -> 232, made each of ShuffleNet's stage-4 kernels' scratch
+  miss L2 between calls: 20-30% slower than the panel form inside the model
+  while 15% faster alone; docs/gemm.md);
 - the **im2col** is vtc.codegen.conv's ``Im2colPack`` (NR-pixel panels, packed
   by runs through the input's mapping: a channel shuffle, chunk or cat in front
   moves no data); a tile's pixel rows are pointers into them (a tile may
@@ -28,9 +30,7 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
   vtc.codegen.conv_t's, per output channel.
 
 A thread's work is (image, block of output channels, a multiple of 16), the
-blocks cut so that every thread gets work at batch 1.  **Off by default**
-(``ENABLED``): alone it beats the panel form on 7x7 maps, inside the whole
-ShuffleNetV2 it measured slower (docs/gemm.md).  ``why_not`` says where
+blocks cut so that every thread gets work at batch 1.  ``why_not`` says where
 a convolution runs this way (``FORM`` in its ``GemmChoice.path``, picked by
 vtc.codegen.conv.choose_conv): an AVX-512 target, one group, a small map, a
 short reduction, at least 16 output channels and a plain row-major weight.
@@ -40,9 +40,7 @@ from __future__ import annotations
 from vtc.codegen import conv_t
 
 FORM = "conv_bcast"  # GemmChoice.path of a convolution computed here
-ENABLED = False  # off by default: faster alone (1x1 232 -> 232 on 7x7, kernel 0.057 vs 0.066 ms), but 20-30%
-#   slower than the panel form as a step of shufflenet_v2_model (0.075-0.095 vs 0.058-0.073 ms, 1 thread, load
-#   8-10; not understood yet, docs/gemm.md); True: taken where why_not allows
+ENABLED = True  # False: never taken (a switch for side-by-side timing; BCAST=0 in bench.conv_side_by_side)
 MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
 #   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
 #   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
@@ -57,7 +55,7 @@ def why_not(geo: dict, weight_ok: bool) -> str:
     """Why convolution `geo` (conv._geometry) does not run with the channels as vectors ("" when it does)."""
     p, k = geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
     if not ENABLED:
-        return "the broadcast form is off (conv_bcast.ENABLED): slower than the panel form inside ShuffleNetV2"
+        return "the broadcast form is off (conv_bcast.ENABLED)"
     if not conv_t.has_avx512():
         return "the broadcast form is written for AVX-512"
     if geo["groups"] != 1:
@@ -87,23 +85,23 @@ static inline float* vtc_cb_scratch(int which, int64_t n) {
   }
   return buf[which];
 }
-// wt[q * o16 + o] = w[o * ldw + q] for q < k, o < m; 0 for m <= o < o16: rows [o0, o0 + 16) of the weight
-static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t m, int64_t k, int64_t o0,
-                                 float* __restrict wt, int64_t o16) {
-  const int64_t rows = m - o0 < 16 ? m - o0 : 16;
+// wt[q * ldt + i] = w[i * ldw + q] for q < k, i < rows (<= 16); 0 for rows <= i < 16: 16 output channels of the
+// weight as a piece of W^T
+static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t rows, int64_t k,
+                                 float* __restrict wt, int64_t ldt) {
 #if defined(__AVX512F__)
   for (int64_t q0 = 0; q0 < k; q0 += 16) {
     const int64_t cols = k - q0 < 16 ? k - q0 : 16;
     const __mmask16 keep = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
     __m512 r[16];
     #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(keep, w + (o0 + i) * ldw + q0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(keep, w + i * ldw + q0) : _mm512_setzero_ps();
     vtc_transpose16_regs(r);
-    for (int i = 0; i < cols; ++i) _mm512_storeu_ps(wt + (q0 + i) * o16 + o0, r[i]);
+    for (int i = 0; i < cols; ++i) _mm512_storeu_ps(wt + (q0 + i) * ldt, r[i]);
   }
 #else
   for (int64_t q = 0; q < k; ++q)
-    for (int64_t i = 0; i < 16; ++i) wt[q * o16 + o0 + i] = i < rows ? w[(o0 + i) * ldw + q] : 0.0f;
+    for (int64_t i = 0; i < 16; ++i) wt[q * ldt + i] = i < rows ? w[i * ldw + q] : 0.0f;
 #endif
 }
 #if defined(__AVX512F__)
@@ -219,7 +217,7 @@ def generate(k) -> str:
     kc = -(-KK // -(-KK // KC))
     lines += [
         f"  const int64_t M = {M}, P = {P}, K = {KK}, BATCH = {B}, KCB = {kc};",
-        "  const int64_t NV = (M + 15) / 16, O16 = NV * 16, NP16 = (P + 15) / 16 * 16;",
+        "  const int64_t NV = (M + 15) / 16, NP16 = (P + 15) / 16 * 16;",
         "  const int64_t PANELS = (P + VTC_NR - 1) / VTC_NR * VTC_NR;",
         f"  const int nt = {flops}LL >= {gemm.PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         # blocks of output channels, whole vectors: at most BLOCK_VECS, a multiple of the thread count in all
@@ -233,11 +231,9 @@ def generate(k) -> str:
         "    vb = (vb + VTC_CB_VECS - 1) / VTC_CB_VECS * VTC_CB_VECS;",
         "  parts = (NV + vb - 1) / vb;",
         "  const int64_t units = BATCH * parts;",
-        "  float* __restrict wt = vtc_cb_scratch(0, K * O16);  // W^T, the calling thread's, shared by the team",
         f"  const float* __restrict w = {em.ptr[wbuf]} + {em.index(wbase)};",
         *OMP_TEAM,
-        "    #pragma omp for schedule(static)",
-        f"    for (int64_t ob = 0; ob < NV; ++ob) vtc_cb_pack_w(w, {lda}, M, K, ob * 16, wt, O16);",
+        "    float* __restrict wt = vtc_cb_scratch(0, KCB * VTC_CB_VECS * 16);  // the W^T piece of a tile column",
         "    float* __restrict bp = vtc_cb_scratch(1, KCB * (PANELS + 16) + vb * 16 * NP16);",
         "    float* __restrict ct = bp + KCB * (PANELS + 16);  // the NCHW block: vb * 16 rows of NP16",
         "    float* __restrict cp = vtc_cb_scratch(2, NP16 * vb * 16);  // the pixel-major block",
@@ -255,7 +251,13 @@ def generate(k) -> str:
     lines += g.pack_b(em, g, ind)  # in scope: i0, k0, kb, n0, nb, bp
     lines += [f"{ind}have = K <= KCB ? i0 * K + k0 : -1;",
               "        }",
-              "        vtc_cb_block(nv, P, kb, bp, kb, wt + k0 * O16 + m0, O16, cp, nv * 16, k0 > 0);",
+              "        for (int64_t v = 0; v < nv; v += VTC_CB_VECS) {  // W^T of VTC_CB_VECS vectors of channels, then its tiles",
+              "          const int64_t vv = std::min<int64_t>(VTC_CB_VECS, nv - v);",
+              "          for (int64_t i = 0; i < vv; ++i)",
+              f"            vtc_cb_pack_w(w + (m0 + 16 * (v + i)) * {lda} + k0, {lda}, "
+              "std::min<int64_t>(16, M - m0 - 16 * (v + i)), kb, wt + 16 * i, vv * 16);",
+              "          vtc_cb_block(vv, P, kb, bp, kb, wt, vv * 16, cp + 16 * v, nv * 16, k0 > 0);",
+              "        }",
               "      }",
               "      vtc_cb_transpose(cp, nv * 16, nv, NP16, ct, NP16);"]
     lines += conv_t._epilogue(em, k, "      ", ldc="NP16")
