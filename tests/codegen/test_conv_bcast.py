@@ -42,9 +42,10 @@ CASES = [
     (1, 17, 17, 1, 1, 7, 7),        # two vectors, the second one lane
     (16, 127, 127, 1, 1, 3, 3),     # batch 16, 9 pixels: a tile of 7 and one of 2; 8 vectors: 3 + 3 + 2
     (16, 33, 17, 1, 1, 1, 1),       # one pixel per image
-    (1, 17, 127, 3, 1, 7, 7),       # 3x3 with padding, K = 153
+    (1, 17, 127, 3, 2, 14, 14),     # 3x3 stride 2 with padding, K = 153 (a stride-1 "same" one reads its im2col
+    #                                 in place, vtc.codegen.conv_panels' taps: test_same_3x3_keeps_the_taps)
     (2, 19, 40, 3, 2, 13, 13),      # stride 2 on 13x13: 7x7 output pixels
-    (1, 20, 48, 3, 1, 5, 9),        # 45 pixels: 6 tiles of 7 + one of 3
+    (1, 20, 48, 3, 2, 9, 17),       # stride 2: 5x9 = 45 pixels, 6 tiles of 7 + one of 3
 ]
 
 
@@ -131,6 +132,19 @@ def test_other_convolutions_keep_their_form(case):
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert _forms(compiled) == [conv_t.FORM if c == 300 else "panels"]
+
+
+def test_same_3x3_keeps_the_taps():
+    g = gen(3)
+    weight = rand((127, 17, 3, 3), g)
+
+    def fn(x):
+        return F.conv2d(x, weight, None, 1, 1)
+
+    x = rand((1, 17, 7, 7), g)
+    compiled = compile_cpu(fn, (x,))
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert _forms(compiled) == ["conv_taps"]
 
 
 def test_switched_off_keeps_the_panel_form(monkeypatch):

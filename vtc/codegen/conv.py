@@ -226,8 +226,9 @@ def conv_kernel(low, n: Node) -> Kernel:
             return kern
         choice.path = "panels"
     if choice is not None and choice.path == conv_bcast.FORM:  # output channels as vectors, where the weight allows
+        # and the im2col is not read in place (a stride-1 "same" one keeps conv_panels' taps, measured there)
         rows = conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values})
-        if rows is not None and not free_vars(rows[1]):
+        if rows is not None and not free_vars(rows[1]) and pack.direct({v.name: v.shape for v in low.values.values()}) is None:
             kern.gemm.generate = conv_bcast.generate
             return kern
         choice.path = "panels"
