@@ -9,8 +9,9 @@ ShuffleNetV2 x1.0 at 28/14/7).  Calls are interleaved system by system, N
 repeats a fast call to at least 20 ms); the median is printed with
 the ratio of the best other system to vtc.  T (env, default 1) threads; CPU=1
 times each call by the calling thread's CPU time (use with T=1 on a loaded
-machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot form of small maps off
-(vtc.codegen.conv_t), the packed-panel implicit GEMM; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
+machine, like bench/units_side_by_side.py); PANELS=1 adds vtc with the dot and broadcast forms of small maps
+off (vtc.codegen.conv_t, conv_bcast), the packed-panel implicit GEMM; BCAST=0 turns the broadcast form
+(vtc.codegen.conv_bcast) off for "vtc"; GOTO=1 adds vtc with vtc.codegen.gemm's loops for
 the implicit GEMM instead of vtc.codegen.conv_panels'.  A profile aid, not the benchmark.
 """
 import os
@@ -84,20 +85,24 @@ def main(names: list[str], rounds: int) -> None:
         torch.manual_seed(0)
         model, x = build(), torch.randn(shape)
         ctx = Context(name, model, (x,), T, Path(tempfile.mkdtemp()))
+        from vtc.codegen import conv_bcast
+
+        conv_bcast.ENABLED = os.environ.get("BCAST") != "0"
         c = vtc.compile(model, (x,))
+        conv_bcast.ENABLED = True
         with torch.no_grad():
             err = (c(x) - model(x)).abs().max().item()
         if err > 1e-3:
             raise AssertionError(f"{name}: max error {err}")
         fns = {"eager": _eager(ctx).fn, "onnxruntime": _onnxruntime(ctx).fn, "vtc": lambda: c(x)}
         if os.environ.get("PANELS"):  # also vtc with the dot form of small maps off (vtc.codegen.conv_t)
-            from vtc.codegen import conv_t
+            from vtc.codegen import conv_bcast, conv_t
 
-            keep, conv_t.MAX_PIXELS = conv_t.MAX_PIXELS, 0
+            keep, conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS = (conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS), 0, 0
             try:
                 panels = vtc.compile(model, (x,))
             finally:
-                conv_t.MAX_PIXELS = keep
+                conv_t.MAX_PIXELS, conv_bcast.MAX_PIXELS = keep
             fns["vtc-panels"] = lambda: panels(x)
         if os.environ.get("GOTO"):  # also vtc with the GEMM's own loops for its convolutions (not conv_panels)
             from vtc.codegen import conv_panels

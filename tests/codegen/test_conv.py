@@ -408,6 +408,26 @@ def test_depthwise_conv_plane_by_plane(case):
     assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
     src = _sources(compiled)
     assert {"flat": "masks.m" in src, "rows": "cols.m" in src, "generic": "_mm512" not in src}[emitted], src
-    if emitted != "generic":  # the per-channel scale and shift are read once per plane, before its rows
+    if emitted != "generic":  # the per-channel scale and shift are read once per plane, before its rows (or
+        # before its one loop over the whole plane, vtc.codegen.depthwise._flat_epilogue)
         plane = src[src.index("for (int64_t pl = 0"):src.index("dw_sum = tmp")]
-        assert re.search(r"const float t\d+ = .*\n\s*for \(int64_t i2 = ", plane), plane
+        loop = r"#pragma omp simd\n\s*for \(int64_t q = " if emitted == "flat" else r"for \(int64_t i2 = "
+        assert re.search(r"const float t\d+ = .*\n\s*" + loop, plane), plane
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plane_loop", "residual_rows"])
+def test_depthwise_epilogue_over_the_whole_plane_unless_it_reads_along_it(residual):
+    """A flat depthwise kernel's batch norm runs as one loop over the 7x7 plane; a residual read along the plane
+    keeps the loop over rows (vtc.codegen.depthwise._flat_epilogue)."""
+    g = gen(77 + residual)
+    x, r = rand((16, 17, 7, 7), g), rand((16, 17, 7, 7), g)
+    weight, scale, shift = rand((17, 1, 3, 3), g), rand((17, 1, 1), g), rand((17, 1, 1), g)
+
+    def fn(x, r):
+        y = F.conv2d(x, weight, None, 1, 1, groups=17) * scale + shift
+        return y + r if residual else y
+
+    compiled = compile_cpu(fn, (x, r), plan="all")
+    assert_matches_eager(compiled, fn, (x, r), **ROW_TOL)
+    src = _sources(compiled)
+    assert "masks.m" in src and ("for (int64_t q = 0; q < 49; ++q)" in src) != residual, src

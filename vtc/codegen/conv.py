@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import conv_panels, conv_t, depthwise, kernel_ir as K
+from vtc.codegen import conv_bcast, conv_panels, conv_t, depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
@@ -157,10 +157,13 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
 
     # a small map: dot products, the weight read in place (vtc.codegen.conv_t)
     dot = geo is not None and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    # ... with a short reduction: the output channels as vectors (vtc.codegen.conv_bcast)
+    bcast = geo is not None and not dot and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    form = conv_t.FORM if dot else conv_bcast.FORM if bcast else "panels"
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
-                          x.nbytes if copy else 0, path=(conv_t.FORM if dot else "panels") if choice == "vtc" else "")
+                          x.nbytes if copy else 0, path=form if choice == "vtc" else "")
 
     if why:
         return pick("torch", why)
@@ -220,6 +223,13 @@ def conv_kernel(low, n: Node) -> Kernel:
     if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
         if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
+            return kern
+        choice.path = "panels"
+    if choice is not None and choice.path == conv_bcast.FORM:  # output channels as vectors, where the weight allows
+        # and the im2col is not read in place (a stride-1 "same" one keeps conv_panels' taps, measured there)
+        rows = conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values})
+        if rows is not None and not free_vars(rows[1]) and pack.direct({v.name: v.shape for v in low.values.values()}) is None:
+            kern.gemm.generate = conv_bcast.generate
             return kern
         choice.path = "panels"
     if conv_panels.ENABLED:  # vtc.codegen.conv_panels' loops: B read in place or packed by blocks of columns

@@ -276,9 +276,10 @@ def generate(k) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
-def _epilogue(em, k, ind: str) -> list[str]:
-    """Every store of kernel k over the finished block ct[mb x P]: its value of acc at (i0, m0 + ii, jj), where
-    its predicate holds; per output channel the terms that do not change along the pixels once."""
+def _epilogue(em, k, ind: str, ldc: str = "P") -> list[str]:
+    """Every store of kernel k over the finished block ct[mb x P] (rows `ldc` floats apart): its value of acc at
+    (i0, m0 + ii, jj), where its predicate holds; per output channel the terms that do not change along the
+    pixels once."""
     from vtc.codegen.cpp import ctype
     from vtc.codegen.gemm import ACC
 
@@ -296,7 +297,7 @@ def _epilogue(em, k, ind: str) -> list[str]:
     lines += [f"{ind}  #pragma omp simd",
               f"{ind}  for (int64_t jj = 0; jj < P; ++jj) {{",
               f"{inner}const int64_t i2 = jj;",
-              f"{inner}const float acc_{ACC} = ct[ii * P + jj];",
+              f"{inner}const float acc_{ACC} = ct[ii * {ldc} + jj];",
               *temps, *body,
               f"{ind}  }}",
               f"{ind}}}"]

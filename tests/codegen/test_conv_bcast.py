@@ -1,0 +1,166 @@
+"""Convolutions over small maps with the output channels as vectors (vtc/codegen/conv_bcast.py), against torch.
+
+A one-group convolution with at most ``conv_bcast.MAX_PIXELS`` output pixels,
+a reduction shorter than the dot form's (``conv_t.MIN_K``) and at least 16
+output channels runs as the transposed product: W^T packed per call (16 x 16
+transposes, zero past the last channel), the im2col's pixels broadcast; the
+report's ``path`` says "conv_bcast".  The tests check the values on odd maps
+(1x1, 3x3, 5x9, 7x7) and channel counts (17, 127: partial vectors, tiles of 1
+and 2 vectors, pixel tiles of 1-6), batch 1 and 16, a 3x3 with padding,
+stride 2, a batch norm + ReLU in the epilogue, a channel shuffle / chunk in
+front (ShuffleNet's unit at 7x7: nothing materialised), two threads, a weight
+changed in place after compiling, and the convolutions that must not take it.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vtc.codegen import conv_bcast, conv_t
+from vtc.zoo.shufflenet import ShuffleUnit
+
+from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, \
+    gen, kernels, rand, report
+
+pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the broadcast form is taken on AVX-512 targets only")
+
+
+def _bn_relu(g, o):
+    mean, var = rand((o,), g), rand((o,), g, positive=True)
+    gamma, beta = rand((o,), g), rand((o,), g)
+    return lambda y: torch.relu(F.batch_norm(y, mean, var, gamma, beta, False, eps=1e-5))
+
+
+def _forms(compiled) -> list[str]:
+    return [q["path"] for q in report(compiled)["gemm"]]
+
+
+# (batch, in channels, out channels, kernel, stride, height, width)
+CASES = [
+    (1, 232, 232, 1, 1, 7, 7),      # ShuffleNet's stage 4: 15 vectors = 5 tiles of 3, 49 pixels = 7 tiles of 7
+    (1, 17, 17, 1, 1, 7, 7),        # two vectors, the second one lane
+    (16, 127, 127, 1, 1, 3, 3),     # batch 16, 9 pixels: a tile of 7 and one of 2; 8 vectors: 3 + 3 + 2
+    (16, 33, 17, 1, 1, 1, 1),       # one pixel per image
+    (1, 17, 127, 3, 2, 14, 14),     # 3x3 stride 2 with padding, K = 153 (a stride-1 "same" one reads its im2col
+    #                                 in place, vtc.codegen.conv_panels' taps: test_same_3x3_keeps_the_taps)
+    (2, 19, 40, 3, 2, 13, 13),      # stride 2 on 13x13: 7x7 output pixels
+    (1, 20, 48, 3, 2, 9, 17),       # stride 2: 5x9 = 45 pixels, 6 tiles of 7 + one of 3
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}c{}o{}k{}s{}_{}x{}".format(*c))
+def test_broadcast_form_conv_bn_relu_matches_torch(case):
+    b, c, o, k, s, h, w = case
+    g = gen(case_seed(case, 991))
+    weight = rand((o, c, k, k), g)
+    post = _bn_relu(g, o)
+
+    def fn(x):
+        return post(F.conv2d(x, weight, None, s, k // 2))
+
+    x = rand((b, c, h, w), g)
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert_all_generated(compiled)
+    assert _forms(compiled) == [conv_bcast.FORM]
+    assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
+
+
+def test_broadcast_form_with_bias_on_two_threads():
+    """Blocks of output-channel vectors split between the threads (batch 1), and whole images (batch 3)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for b, o in ((1, 232), (3, 50)):
+            g = gen(b * 100 + o)
+            weight, bias = rand((o, 200, 1, 1), g), rand((o,), g)
+
+            def fn(x):
+                return torch.relu(F.conv2d(x, weight, bias))
+
+            x = rand((b, 200, 7, 7), g)
+            compiled = compile_cpu(fn, (x,))
+            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+            assert _forms(compiled) == [conv_bcast.FORM]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_shufflenet_unit_at_7x7_moves_nothing(batch):
+    """ShuffleNet's stage-4 unit (chunk -> 1x1 -> depthwise 3x3 -> 1x1 -> cat -> channel shuffle) and a 1x1 over
+    its shuffled output, the three 1x1s in the broadcast form: no movement materialised."""
+    torch.manual_seed(5 + batch)
+    unit = torch.nn.Sequential(ShuffleUnit(66, 66, 1), torch.nn.Conv2d(66, 40, 1)).eval()
+    for m in unit.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.normal_(0, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    x = torch.randn(batch, 66, 7, 7)
+    compiled = compile_cpu(unit, (x,))
+    assert_matches_eager(compiled, unit, (x,), **ROW_TOL)
+    assert_no_movement(compiled)
+    assert report(compiled)["materialized_movement_bytes"] == 0
+    assert _forms(compiled) == [conv_bcast.FORM] * 3
+
+
+def test_weight_changed_in_place_is_read_by_the_next_call():
+    """W^T is packed on every call: a parameter changed in place after compiling is seen."""
+    conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
+    x = torch.randn(1, 40, 7, 7)
+    compiled = compile_cpu(conv, (x,))
+    assert _forms(compiled) == [conv_bcast.FORM]
+    assert_matches_eager(compiled, conv, (x,), **ROW_TOL)
+    with torch.no_grad():
+        conv.weight.mul_(-2.0).add_(0.5)
+    assert_matches_eager(compiled, conv, (x,), **ROW_TOL)
+
+
+@pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 14, 14, 1), (1, 64, 64, 1, 1, 7, 7, 2),
+                                  (1, 300, 64, 1, 1, 7, 7, 1), (1, 32, 8, 1, 1, 7, 7, 1)],
+                         ids=["196_pixels", "groups", "k300_dot_form", "8_channels"])
+def test_other_convolutions_keep_their_form(case):
+    b, c, o, k, s, h, w, groups = case
+    g = gen(h * 10 + c + groups)
+    weight = rand((o, c // groups, k, k), g)
+
+    def fn(x):
+        return F.conv2d(x, weight, None, s, k // 2, 1, groups)
+
+    x = rand((b, c, h, w), g)
+    compiled = compile_cpu(fn, (x,))
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert _forms(compiled) == [conv_t.FORM if c == 300 else "panels"]
+
+
+def test_same_3x3_keeps_the_taps():
+    g = gen(3)
+    weight = rand((127, 17, 3, 3), g)
+
+    def fn(x):
+        return F.conv2d(x, weight, None, 1, 1)
+
+    x = rand((1, 17, 7, 7), g)
+    compiled = compile_cpu(fn, (x,))
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert _forms(compiled) == ["conv_taps"]
+
+
+def test_switched_off_keeps_the_panel_form(monkeypatch):
+    monkeypatch.setattr(conv_bcast, "ENABLED", False)
+    conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
+    x = torch.randn(1, 40, 7, 7)
+    compiled = compile_cpu(conv, (x,))
+    assert _forms(compiled) == ["panels"]
+    assert "conv_bcast.ENABLED" in conv_bcast.why_not(dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1), True)
+
+
+def test_why_not_names_the_value():
+    geo = dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1)
+    assert conv_bcast.why_not(geo, True) == ""
+    assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True)
+    assert "2 groups" in conv_bcast.why_not({**geo, "groups": 2}, True)
+    assert "reduction of 300" in conv_bcast.why_not({**geo, "cg": 300}, True)
+    assert "8 output channels" in conv_bcast.why_not({**geo, "og": 8}, True)
+    assert "weight" in conv_bcast.why_not(geo, False)

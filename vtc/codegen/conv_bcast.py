@@ -1,0 +1,266 @@
+"""Convolutions over small maps with a short reduction: output channels as the vector dimension.
+
+The implicit GEMM of vtc.codegen.conv (``out[o, p] = sum_r W[o, r] * X[r, p]``)
+has the output pixels as its vector dimension: on a 7x7 map the panel form
+fills 49 of 64 columns (and pads the channels to its 12-row panels), the dot
+form of vtc.codegen.conv_t pays a 16-lane fold per output that a short
+reduction (ShuffleNetV2's 1x1 232 -> 232, 116 -> 116) does not amortise.  Here
+the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
+
+- the **output channels are the vectors**: 232 channels fill 240 lanes (15
+  vectors), not 232 x 64/49 of a panel tile;
+- the **pixels are broadcast rows**: a tile of ``ROWS`` pixels x ``VECS`` x 16
+  channels keeps ROWS x VECS accumulators; per reduction step VECS loads of
+  W^T and ROWS broadcasts of the im2col feed ROWS x VECS FMAs;
+- **W^T is packed per call, VECS x 16 channels at a time** (``vtc_cb_pack_w``:
+  16 x 16 register transposes, zero past the last channel) into a small
+  per-thread buffer that all pixel tiles of those channels then read.  It is
+  not cached across calls: a parameter changed in place after vtc.compile is
+  read by the next call, as everywhere else in vtc.  (A whole W^T per kernel,
+  222 KB for 232 -> 232, made each of ShuffleNet's stage-4 kernels' scratch
+  miss L2 between calls: 20-30% slower than the panel form inside the model
+  while 15% faster alone; docs/gemm.md);
+- the **im2col** is vtc.codegen.conv's ``Im2colPack`` (NR-pixel panels, packed
+  by runs through the input's mapping: a channel shuffle, chunk or cat in front
+  moves no data); a tile's pixel rows are pointers into them (a tile may
+  straddle two panels);
+- the tiles accumulate into a per-thread block ``ct^T`` (pixel-major), turned
+  into the NCHW block ``ct`` by 16 x 16 register transposes; the epilogue (the
+  kernel's stores: batch norm, activation, residual, pushes into a cat) is
+  vtc.codegen.conv_t's, per output channel.
+
+A thread's work is (image, block of output channels, a multiple of 16), the
+blocks cut so that every thread gets work at batch 1.  ``why_not`` says where
+a convolution runs this way (``FORM`` in its ``GemmChoice.path``, picked by
+vtc.codegen.conv.choose_conv): an AVX-512 target, one group, a small map, a
+short reduction, at least 16 output channels and a plain row-major weight.
+"""
+from __future__ import annotations
+
+from vtc.codegen import conv_t
+
+FORM = "conv_bcast"  # GemmChoice.path of a convolution computed here
+ENABLED = True  # False: never taken (a switch for side-by-side timing; BCAST=0 in bench.conv_side_by_side)
+MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
+#   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
+#   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
+MIN_CHANNELS = 16  # output channels at least (one vector)
+ROWS = 7  # pixels per tile (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
+VECS = 3  # vectors of 16 output channels per tile (ROWS x VECS = 21 accumulators)
+BLOCK_VECS = 6  # vectors of output channels per unit of work at most (its ct block: P x 96 floats)
+KC = 512  # reduction slice (the im2col slice, KC x P floats, stays in L2)
+
+
+def why_not(geo: dict, weight_ok: bool) -> str:
+    """Why convolution `geo` (conv._geometry) does not run with the channels as vectors ("" when it does)."""
+    p, k = geo["oh"] * geo["ow"], geo["cg"] * geo["kh"] * geo["kw"]
+    if not ENABLED:
+        return "the broadcast form is off (conv_bcast.ENABLED)"
+    if not conv_t.has_avx512():
+        return "the broadcast form is written for AVX-512"
+    if geo["groups"] != 1:
+        return f"{geo['groups']} groups: the broadcast form packs one weight"
+    if p > MAX_PIXELS:
+        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS}: the panel form fills its columns"
+    if k >= conv_t.MIN_K:
+        return f"a reduction of {k} >= {conv_t.MIN_K}: the dot form"
+    if geo["og"] < MIN_CHANNELS:
+        return f"{geo['og']} output channels < {MIN_CHANNELS}"
+    if not weight_ok:
+        return "the weight is not one plain row-major load"
+    return ""
+
+
+RUNTIME = r"""
+#ifndef VTC_CONV_BCAST_RUNTIME
+#define VTC_CONV_BCAST_RUNTIME
+// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
+static inline float* vtc_cb_scratch(int which, int64_t n) {
+  static thread_local float* buf[3] = {nullptr, nullptr, nullptr};
+  static thread_local int64_t cap[3] = {0, 0, 0};
+  if (cap[which] < n) {
+    std::free(buf[which]);
+    buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
+    cap[which] = n;
+  }
+  return buf[which];
+}
+// wt[q * ldt + i] = w[i * ldw + q] for q < k, i < rows (<= 16); 0 for rows <= i < 16: 16 output channels of the
+// weight as a piece of W^T
+static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t rows, int64_t k,
+                                 float* __restrict wt, int64_t ldt) {
+#if defined(__AVX512F__)
+  for (int64_t q0 = 0; q0 < k; q0 += 16) {
+    const int64_t cols = k - q0 < 16 ? k - q0 : 16;
+    const __mmask16 keep = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
+    __m512 r[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(keep, w + i * ldw + q0) : _mm512_setzero_ps();
+    vtc_transpose16_regs(r);
+    for (int i = 0; i < cols; ++i) _mm512_storeu_ps(wt + (q0 + i) * ldt, r[i]);
+  }
+#else
+  for (int64_t q = 0; q < k; ++q)
+    for (int64_t i = 0; i < 16; ++i) wt[q * ldt + i] = i < rows ? w[i * ldw + q] : 0.0f;
+#endif
+}
+#if defined(__AVX512F__)
+// c[j * ldc + 16 v + l] (+)= sum_q X[q, p0 + j] * wt[q * ldw + 16 v + l] for j < R, v < V: R pixels of the
+// im2col slice x (VTC_NR-pixel panels of kp rows; the R pixels may straddle two panels), broadcast, against V
+// vectors of output channels of W^T
+template <int R, int V>
+static inline void vtc_cb_tile(int64_t kb, const float* __restrict x, int64_t kp, int64_t p0,
+                               const float* __restrict wt, int64_t ldw, float* __restrict c, int64_t ldc, bool add) {
+  const float* xr[R];
+  #pragma GCC unroll 8
+  for (int j = 0; j < R; ++j) xr[j] = x + ((p0 + j) / VTC_NR) * VTC_NR * kp + (p0 + j) % VTC_NR;
+  __m512 s[R][V];
+  #pragma GCC unroll 8
+  for (int j = 0; j < R; ++j)
+    #pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) s[j][v] = _mm512_setzero_ps();
+  #pragma GCC unroll 2
+  for (int64_t q = 0; q < kb; ++q) {
+    __m512 wv[V];
+    #pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(wt + q * ldw + 16 * v);
+    #pragma GCC unroll 8
+    for (int j = 0; j < R; ++j) {
+      const __m512 b = _mm512_set1_ps(xr[j][q * VTC_NR]);
+      #pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) s[j][v] = _mm512_fmadd_ps(b, wv[v], s[j][v]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int j = 0; j < R; ++j)
+    #pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) {
+      float* cj = c + j * ldc + 16 * v;
+      _mm512_storeu_ps(cj, add ? _mm512_add_ps(s[j][v], _mm512_loadu_ps(cj)) : s[j][v]);
+    }
+}
+template <int V>
+static inline void vtc_cb_cols(int64_t np, int64_t kb, const float* x, int64_t kp, const float* wt, int64_t ldw,
+                               float* c, int64_t ldc, bool add) {
+  int64_t j = 0;
+  for (; j + VTC_CB_ROWS <= np; j += VTC_CB_ROWS)
+    vtc_cb_tile<VTC_CB_ROWS, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add);
+  switch (np - j) {
+    case 6: vtc_cb_tile<6, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    case 5: vtc_cb_tile<5, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    case 4: vtc_cb_tile<4, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    case 3: vtc_cb_tile<3, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    case 2: vtc_cb_tile<2, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    case 1: vtc_cb_tile<1, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+  }
+}
+#endif
+// c[j * ldc + o] (+)= sum_q X[q, j] * wt[q * ldw + o] for j < np, o < nv * 16: the im2col slice x (kb rows in
+// VTC_NR-pixel panels, kp their row count) against nv vectors of W^T, VTC_CB_VECS vectors at a time
+__attribute__((noinline)) static void vtc_cb_block(int64_t nv, int64_t np, int64_t kb, const float* x, int64_t kp,
+                                                   const float* wt, int64_t ldw, float* c, int64_t ldc, bool add) {
+#if defined(__AVX512F__)
+  int64_t v = 0;
+  for (; v + VTC_CB_VECS <= nv; v += VTC_CB_VECS)
+    vtc_cb_cols<VTC_CB_VECS>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
+  if (nv - v == 2) vtc_cb_cols<2>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
+  if (nv - v == 1) vtc_cb_cols<1>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
+#else
+  for (int64_t j = 0; j < np; ++j)
+    for (int64_t o = 0; o < nv * 16; ++o) {
+      float s = 0.0f;
+      for (int64_t q = 0; q < kb; ++q) s += x[(j / VTC_NR) * VTC_NR * kp + q * VTC_NR + j % VTC_NR] * wt[q * ldw + o];
+      c[j * ldc + o] = (add ? c[j * ldc + o] : 0.0f) + s;
+    }
+#endif
+}
+// ct[o * ldt + j] = c[j * ldc + o] for o < nv * 16, j < np16 (a multiple of 16): the pixel-major block in NCHW
+static inline void vtc_cb_transpose(const float* __restrict c, int64_t ldc, int64_t nv, int64_t np16,
+                                    float* __restrict ct, int64_t ldt) {
+  for (int64_t j0 = 0; j0 < np16; j0 += 16)
+    for (int64_t o0 = 0; o0 < nv * 16; o0 += 16) {
+#if defined(__AVX512F__)
+      vtc_transpose16(c + j0 * ldc + o0, ldc, ct + o0 * ldt + j0, ldt);
+#else
+      for (int64_t j = 0; j < 16; ++j)
+        for (int64_t o = 0; o < 16; ++o) ct[(o0 + o) * ldt + j0 + j] = c[(j0 + j) * ldc + o0 + o];
+#endif
+    }
+}
+#endif
+"""
+
+
+def runtime() -> str:
+    """The C++ helpers of a broadcast-form kernel (tile sizes ROWS x VECS)."""
+    return f"#define VTC_CB_ROWS {ROWS}\n#define VTC_CB_VECS {VECS}\n" + RUNTIME
+
+
+def generate(k) -> str:
+    """The C++ source of conv kernel k with the output channels as vectors (k.gemm: vtc.codegen.gemm.GemmOperands
+    whose pack_b is the convolution's Im2colPack; k.stores: the epilogue at (i0 = image, i1 = output channel,
+    i2 = output pixel)); the weight is ``k.gemm.a``, a plain row-major load at a constant offset
+    (vtc.codegen.conv checks it)."""
+    from vtc.codegen import gemm
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
+    from vtc.index.expr import free_vars
+
+    g = k.gemm
+    em = _Emitter(k)
+    lines = buffer_pointers(k, em)
+    rows = conv_t.weight_rows(g.a, em.shapes)
+    if rows is None or free_vars(rows[1]):  # pragma: no cover - conv.conv_kernel checks the weight first
+        raise AssertionError(f"{k.name}: the broadcast form needs a plain row-major weight at a constant offset")
+    wbuf, wbase, lda = rows
+    M, P, KK, B = g.m, g.n, g.k, g.batch
+    flops = 2 * B * M * P * KK
+    kc = -(-KK // -(-KK // KC))
+    lines += [
+        f"  const int64_t M = {M}, P = {P}, K = {KK}, BATCH = {B}, KCB = {kc};",
+        "  const int64_t NV = (M + 15) / 16, NP16 = (P + 15) / 16 * 16;",
+        "  const int64_t PANELS = (P + VTC_NR - 1) / VTC_NR * VTC_NR;",
+        f"  const int nt = {flops}LL >= {gemm.PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
+        # blocks of output channels, whole vectors: at most BLOCK_VECS, a multiple of the thread count in all
+        # where that needs more (one image on two threads: two blocks)
+        f"  int64_t parts = (NV + {BLOCK_VECS} - 1) / {BLOCK_VECS};",
+        "  if ((BATCH * parts) % nt) parts = std::min<int64_t>(NV, (parts + nt - 1) / nt * nt);",
+        "  int64_t vb = (NV + parts - 1) / parts;",
+        # whole tiles of VTC_CB_VECS vectors where that keeps the number of blocks (a 2-vector tail per block
+        # of 5 costs 232 -> 232 on 7x7 ~10%)
+        "  if ((NV + (vb + VTC_CB_VECS - 1) / VTC_CB_VECS * VTC_CB_VECS - 1) / ((vb + VTC_CB_VECS - 1) / VTC_CB_VECS * VTC_CB_VECS) == parts)",
+        "    vb = (vb + VTC_CB_VECS - 1) / VTC_CB_VECS * VTC_CB_VECS;",
+        "  parts = (NV + vb - 1) / vb;",
+        "  const int64_t units = BATCH * parts;",
+        f"  const float* __restrict w = {em.ptr[wbuf]} + {em.index(wbase)};",
+        *OMP_TEAM,
+        "    float* __restrict wt = vtc_cb_scratch(0, KCB * VTC_CB_VECS * 16);  // the W^T piece of a tile column",
+        "    float* __restrict bp = vtc_cb_scratch(1, KCB * (PANELS + 16) + vb * 16 * NP16);",
+        "    float* __restrict ct = bp + KCB * (PANELS + 16);  // the NCHW block: vb * 16 rows of NP16",
+        "    float* __restrict cp = vtc_cb_scratch(2, NP16 * vb * 16);  // the pixel-major block",
+        "    int64_t have = -1;  // the image and slice whose im2col is in bp (one slice: kept)",
+        "    const int64_t u1 = units * (tid + 1) / nth;",
+        "    for (int64_t u = units * tid / nth; u < u1; ++u) {",
+        "      const int64_t i0 = u / parts, v0 = (u % parts) * vb, nv = std::min<int64_t>(vb, NV - v0);",
+        "      const int64_t m0 = v0 * 16, mb = std::min<int64_t>(nv * 16, M - m0);",
+        "      for (int64_t k0 = 0; k0 < K; k0 += KCB) {",
+        "        const int64_t kb = std::min<int64_t>(KCB, K - k0);",
+        "        if (have != i0 * K + k0) {",
+        "          const int64_t n0 = 0, nb = P;",
+    ]
+    ind = "          "
+    lines += g.pack_b(em, g, ind)  # in scope: i0, k0, kb, n0, nb, bp
+    lines += [f"{ind}have = K <= KCB ? i0 * K + k0 : -1;",
+              "        }",
+              "        for (int64_t v = 0; v < nv; v += VTC_CB_VECS) {  // W^T of VTC_CB_VECS vectors of channels, then its tiles",
+              "          const int64_t vv = std::min<int64_t>(VTC_CB_VECS, nv - v);",
+              "          for (int64_t i = 0; i < vv; ++i)",
+              f"            vtc_cb_pack_w(w + (m0 + 16 * (v + i)) * {lda} + k0, {lda}, "
+              "std::min<int64_t>(16, M - m0 - 16 * (v + i)), kb, wt + 16 * i, vv * 16);",
+              "          vtc_cb_block(vv, P, kb, bp, kb, wt, vv * 16, cp + 16 * v, nv * 16, k0 > 0);",
+              "        }",
+              "      }",
+              "      vtc_cb_transpose(cp, nv * 16, nv, NP16, ct, NP16);"]
+    lines += conv_t._epilogue(em, k, "      ", ldc="NP16")
+    lines += ["    }", "  }"]
+    head = PRELUDE + gemm.RUNTIME + g.runtime + runtime()
+    return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
