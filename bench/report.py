@@ -215,21 +215,23 @@ written with streaming stores; a Linear's x @ W^T on its constant weight runs
 MKL's packed GEMM on W packed once (32 rows and more) or, for 12-31 rows, a
 generated kernel reading W's rows in place; convolutions over maps of up to
 256 pixels are dot products with the weight read in place.  Since the last
-run: a stride-1 'same' convolution reads its im2col straight from the input
-tap by tap (no pack), and a batch-1 convolution's pixels are split evenly
-between the threads (c3k2); EfficientViT's k^T v is packed dot products and
-relu(q) @ kv a generated GEMM with the ReLU in its pack; the attention kernel
-stores the head merge in front of o_proj; RoPE's sin / cos are vector code;
-a kernel call packs its pointer array as bytes; and the harness pauses 60 ms
-before each system's block, so that ONNX Runtime's spinning threads (~45 ms
-after a call) no longer run during the next system's timed calls.  The other
+run: the attention's prefill tiles pack Q^T by 16 x 16 register transposes
+and test hidden key blocks in vector code; the greedy prices the KV-cache
+position's inverse as the cold torch calls it is inside a layer, so it
+pushes the prefill's V-cache update (no torch copy of the transposed V);
+decode's attention copies the input KV caches into the updated ones as it
+reads them (one pass in place of a copy kernel per cache); convolutions on
+maps of up to 64 pixels with short reductions run with the output channels
+as vector lanes (ShuffleNetV2's stage 4), and a depthwise kernel's epilogue
+is one vector loop over the plane.  The other
 GEMMs and convolutions run through torch on zero-copy views or after a copy
-kernel.  Where vtc loses or ties: the prefill units and llama_model are
-GEMM-bound and at 2 threads within a few percent of OpenVINO (vtc's own
-float32 GEMM is 0.95-1.0x of MKL on 256-2048 squares), and the medians of
-these 30-50 ms calls swing by 1.5x on this shared machine; shufflenet_v2_model
-loses to ONNX Runtime (at 1 thread CPU time 5.1 vs 4.9 ms min; stage 4's 1x1
-convolutions on 7x7 maps are 0.68x of ONNX Runtime's as single layers).
+kernel.  Where vtc loses or ties: c3k2_b1 (a 2 ms
+call) against ONNX Runtime, whose best calls are faster at 2 threads
+(1.61 vs 1.87 ms min in a recheck, medians tied); the prefill units and
+llama_model are GEMM-bound, within a few percent of OpenVINO (vtc's own
+float32 GEMM is 0.85-1.0x of MKL; MKL runs on the weight packed once), and
+the medians of these 30-50 ms calls swing by 1.5x; shufflenet_v2_model ties
+ONNX Runtime.
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
