@@ -356,3 +356,11 @@ def test_why_torch_says_why_a_known_op_runs_through_torch():
     assert [s.node.op for s in steps(compiled, "run")] == ["aten.pow.Tensor_Scalar"]
     why = compiled._first.executor.lowering.why_torch
     assert list(why.values()) == ["integer pow"], why
+
+
+def test_relu_keeps_negative_zero_and_nan_as_torch_does():
+    """torch.relu(-0.0) is -0.0 (1 / relu(x) is then -inf, not inf); a NaN stays NaN."""
+    x = torch.tensor([-0.0, 0.0, -1.5, 2.0, float("nan"), -float("inf"), float("inf"), -1e-40] * 4)
+    compiled = compile_cpu(lambda a: 1 / torch.relu(a * 1.0), (x,))
+    assert_all_generated(compiled)
+    torch.testing.assert_close(compiled(x), 1 / torch.relu(x), rtol=0, atol=0, equal_nan=True)

@@ -68,6 +68,7 @@ PRELUDE = r"""
 static inline int64_t vtc_floordiv(int64_t a, int64_t b) { int64_t q = a / b; return q - ((a % b != 0) & ((a < 0) != (b < 0))); }
 static inline int64_t vtc_mod(int64_t a, int64_t b) { int64_t r = a % b; return r + ((r != 0) & ((r < 0) != (b < 0))) * b; }
 template <class T> static inline T vtc_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T> static inline T vtc_relu(T x) { return x < (T)0 ? (T)0 : x; }  // torch: -0.0 and NaN kept
 template <class T> static inline T vtc_min(T a, T b) { return (a < b || a != a) ? a : b; }
 // exp, erf, tanh, sigmoid, gelu, sin, cos: vtc/codegen/vecmath.py
 """ + VECMATH_PRELUDE + r"""
@@ -77,7 +78,7 @@ template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0))
 
 _UNARY_FMT = {
     "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "std::log({x})", "tanh": "vtc_tanh({x})",
-    "sigmoid": "vtc_sigmoid({x})", "relu": "vtc_max({x}, ({t})0)", "rsqrt": "(({t})1 / std::sqrt({x}))",
+    "sigmoid": "vtc_sigmoid({x})", "relu": "vtc_relu({x})", "rsqrt": "(({t})1 / std::sqrt({x}))",
     "sqrt": "std::sqrt({x})", "abs": "std::abs({x})", "cos": "vtc_cos({x})", "sin": "vtc_sin({x})",
     "erf": "vtc_erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "({x} * vtc_sigmoid({x}))",
     "floor": "std::floor({x})", "ceil": "std::ceil({x})", "expm1": "std::expm1({x})", "log1p": "std::log1p({x})",
