@@ -74,17 +74,6 @@ def why_not(geo: dict, weight_ok: bool) -> str:
 RUNTIME = r"""
 #ifndef VTC_CONV_BCAST_RUNTIME
 #define VTC_CONV_BCAST_RUNTIME
-// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
-static inline float* vtc_cb_scratch(int which, int64_t n) {
-  static thread_local float* buf[3] = {nullptr, nullptr, nullptr};
-  static thread_local int64_t cap[3] = {0, 0, 0};
-  if (cap[which] < n) {
-    std::free(buf[which]);
-    buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    cap[which] = n;
-  }
-  return buf[which];
-}
 // wt[q * ldt + i] = w[i * ldw + q] for q < k, i < rows (<= 16); 0 for rows <= i < 16: 16 output channels of the
 // weight as a piece of W^T
 static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t rows, int64_t k,
@@ -233,10 +222,10 @@ def generate(k) -> str:
         "  const int64_t units = BATCH * parts;",
         f"  const float* __restrict w = {em.ptr[wbuf]} + {em.index(wbase)};",
         *OMP_TEAM,
-        "    float* __restrict wt = vtc_cb_scratch(0, KCB * VTC_CB_VECS * 16);  // the W^T piece of a tile column",
-        "    float* __restrict bp = vtc_cb_scratch(1, KCB * (PANELS + 16) + vb * 16 * NP16);",
+        "    float* __restrict wt = vtc_gemm_scratch(3, KCB * VTC_CB_VECS * 16);  // the W^T piece of a tile column",
+        "    float* __restrict bp = vtc_gemm_scratch(4, KCB * (PANELS + 16) + vb * 16 * NP16);",
         "    float* __restrict ct = bp + KCB * (PANELS + 16);  // the NCHW block: vb * 16 rows of NP16",
-        "    float* __restrict cp = vtc_cb_scratch(2, NP16 * vb * 16);  // the pixel-major block",
+        "    float* __restrict cp = vtc_gemm_scratch(5, NP16 * vb * 16);  // the pixel-major block",
         "    int64_t have = -1;  // the image and slice whose im2col is in bp (one slice: kept)",
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1; ++u) {",

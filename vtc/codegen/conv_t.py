@@ -112,17 +112,6 @@ def runtime() -> str:
 RUNTIME = r"""
 #ifndef VTC_CONV_T_RUNTIME
 #define VTC_CONV_T_RUNTIME
-// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
-static inline float* vtc_ct_scratch(int which, int64_t n) {
-  static thread_local float* buf[3] = {nullptr, nullptr, nullptr};
-  static thread_local int64_t cap[3] = {0, 0, 0};
-  if (cap[which] < n) {
-    std::free(buf[which]);
-    buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
-    cap[which] = n;
-  }
-  return buf[which];
-}
 // xt[p * kb + q] = bp[(p / VTC_NR) * VTC_NR * kb + q * VTC_NR + p % VTC_NR] for p < np (a multiple of 16), q < kb:
 // the im2col's NR-pixel panels as rows of the reduction
 static inline void vtc_ct_rows(const float* __restrict bp, int64_t np, int64_t kb, float* __restrict xt) {
@@ -250,9 +239,9 @@ def generate(k) -> str:
         "  parts = (M + mcb - 1) / mcb;",
         "  const int64_t units = BATCH * parts;",
         *OMP_TEAM,
-        "    float* __restrict bp = vtc_ct_scratch(0, KCT * ((P + VTC_NR - 1) / VTC_NR * VTC_NR + 16));",
-        "    float* __restrict xt = vtc_ct_scratch(1, KCT * NP16);",
-        "    float* __restrict ct = vtc_ct_scratch(2, mcb * P);",
+        "    float* __restrict bp = vtc_gemm_scratch(3, KCT * ((P + VTC_NR - 1) / VTC_NR * VTC_NR + 16));",
+        "    float* __restrict xt = vtc_gemm_scratch(4, KCT * NP16);",
+        "    float* __restrict ct = vtc_gemm_scratch(5, mcb * P);",
         "    int64_t have = -1;  // the image x group and slice whose transposed im2col is in xt (one slice: kept)",
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1; ++u) {",

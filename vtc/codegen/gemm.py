@@ -731,10 +731,12 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
 }
 #endif
 
-// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime
+// a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime; slots 0-2:
+// the GEMM loops' packs and staging; 3-5: the blocks of a convolution's dot form (conv_t) or broadcast form
+// (conv_bcast), which live while those kernels run the GEMM's packs into slots 0-2
 static inline float* vtc_gemm_scratch(int which, int64_t n) {
-  static thread_local float* buf[3] = {nullptr, nullptr, nullptr};
-  static thread_local int64_t cap[3] = {0, 0, 0};
+  static thread_local float* buf[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  static thread_local int64_t cap[6] = {0, 0, 0, 0, 0, 0};
   if (cap[which] < n) {
     std::free(buf[which]);
     buf[which] = (float*)std::aligned_alloc(64, (size_t)((n * 4 + 63) / 64 * 64));
