@@ -78,8 +78,9 @@ class Executor:
         self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         # contiguous copies of non-contiguous constants (a channels_last or transposed parameter): with the
         # source and the version of it they hold, so an in-place change of the parameter reaches the next call
-        self.const_copies = [[self.consts[v.name], v.data, _version(v.data)] for v in graph.consts
-                             if self.consts[v.name].data_ptr() != v.data.data_ptr() and _version(v.data) is not None]
+        # (an inference tensor has no version counter: it is not refreshed)
+        self.const_copies = [[self.consts[v.name], v.data, v.data._version] for v in graph.consts
+                             if self.consts[v.name].data_ptr() != v.data.data_ptr() and not v.data.is_inference()]
         self.lowering = None
         self.pool = BufferPool()  # large kernel outputs recycled across steps and calls (vtc.runtime.buffers)
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
@@ -224,14 +225,6 @@ class Executor:
         tensors = {k: env[k] for k in [*m.sources, *m.index_tensors] if k in env}
         tensors.update(derive_index_tensors(m, tensors))
         return gather(m, tensors, self.values[s.realization.value].dtype)
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """t's version counter (bumped by every in-place change), None for an inference tensor, which has none."""
-    try:
-        return t._version
-    except RuntimeError:
-        return None
 
 
 def _own(t: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
