@@ -327,6 +327,30 @@ def test_auto_generates_skinny_rows_against_a_weight_and_keeps_torch_on_large_sq
     assert len(_gemm_kernels(c)) == 1
 
 
+@pytest.fixture
+def slow_library(monkeypatch):
+    """The machine figures of an AMD EPYC (Zen 5), where torch's float32 GEMM (MKL) ran at 0.55x the
+    generated one's speed (384^3, 1 thread, CPU time)."""
+    from vtc.plan import cost
+
+    monkeypatch.setattr(cost, "_machine", lambda: cost.Machine(bandwidth_gbs=20.0, measured=True, gemm_gflops=100.0,
+                                                               library_gemm_ratio=0.55))
+
+
+def test_auto_generates_contiguous_gemms_where_torch_is_measured_slower(slow_library):
+    """Where the machine figures say torch's GEMM runs at half the generated one's speed, gemm="auto" runs
+    a contiguous square and decode's single-row x @ W^T on the generated kernel (measured on that machine,
+    1 thread: 1024^3 9.75 vs 20.2 ms, x @ W^T 1 x 4096 x 4096 1.59 vs 2.75 ms); with the fixed figures of
+    test_auto_generates_skinny_rows_against_a_weight_and_keeps_torch_on_large_squares it keeps torch."""
+    g = gen(25)
+    inputs = (rand((1, 1024), g), rand((3584, 1024), g), rand((256, 256), g), rand((256, 256), g))
+    c = _check(lambda x, w, a, b: (x @ w.t(), a @ b), inputs)
+    r = report(c)["gemm"]
+    assert [x["choice"] for x in r] == ["vtc", "vtc"], r
+    assert all(x["vtc_us"] < x["torch_us"] for x in r), r
+    assert len(_gemm_kernels(c)) == 2
+
+
 @pytest.mark.parametrize("m", [2, 3, 17, 127, 300])  # two rows at least: both pieces of the cat
 def test_epilogue_row_terms_through_a_piece_choice(m):
     """A per-row factor of the epilogue read through a cat (a piece choice on the row index alone) is a row

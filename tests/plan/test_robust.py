@@ -100,3 +100,35 @@ def test_memory_and_measured_planners_schedule_with_the_compile_gemm_option(opti
     c = vtc.compile(fn, (x, w), gemm="torch", **options)
     torch.testing.assert_close(c(x, w), fn(x, w), rtol=1e-4, atol=1e-4)
     assert len(seen) > 1 and set(seen) == {"torch"}
+
+
+def test_library_gemm_speed_follows_the_measured_ratio_beyond_its_noise():
+    """torch's GEMM measured at 0.55x the generated one's speed halves its assumed rates; a ratio within
+    LIBRARY_SPEED_NOISE of the assumed one, or none measured (FALLBACK, no compiler), changes nothing."""
+    from vtc.codegen.gemm import TORCH_GFLOPS, VTC_GFLOPS
+
+    assumed = TORCH_GFLOPS / VTC_GFLOPS
+    speed = cost.library_gemm_speed(cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55))
+    assert speed == pytest.approx(0.55 / assumed)
+    for ratio in (assumed * 0.85, assumed * 1.15, 0.0):
+        assert cost.library_gemm_speed(cost.Machine(bandwidth_gbs=20.0, measured=True,
+                                                     library_gemm_ratio=ratio)) == 1.0
+    assert cost.library_gemm_speed(FALLBACK) == 1.0
+
+
+def test_measuring_the_machine_compiles_a_gemm_without_measuring_again(tmp_path, monkeypatch):
+    """The library ratio is measured by compiling a GEMM, whose planning asks for the machine figures: that
+    inner call gets FALLBACK, and the measured figures (not FALLBACK) are what machine() keeps."""
+    monkeypatch.setenv("VTC_NO_MEASURE", "0")
+    monkeypatch.setenv("VTC_MACHINE_FILE", str(tmp_path / "machine.json"))
+    monkeypatch.setattr(cost, "MEASURE_BYTES", 1 << 20)
+    monkeypatch.setattr(cost, "MEASURE_RUNS", 2)
+    threads = torch.get_num_threads()
+    cost.machine.cache_clear()
+    try:
+        m = cost.machine()
+        assert m.measured and m.library_gemm_ratio > 0, m
+        assert cost.machine() is m  # not the FALLBACK the inner call returned
+        assert torch.get_num_threads() == threads  # the 1-thread measurement restores the thread count
+    finally:
+        cost.machine.cache_clear()

@@ -38,7 +38,10 @@ copy first runs here unless copy + torch's kernel is estimated cheaper (a
 large GEMM behind a small copy); one whose operands are all physical or
 zero-copy strided views runs here only where the generated kernel is
 estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
-slightly ahead on large contiguous squares).  Other dtypes
+slightly ahead on large contiguous squares on the Intel CPUs the rates were
+measured on; where the machine's figures, ``vtc.plan.cost.machine()``, show
+torch's GEMM slower than the generated one, as MKL is on AMD EPYC, its rates
+are scaled by ``vtc.plan.cost.library_gemm_speed``).  Other dtypes
 run through torch, the reason in the report; bf16 mm / bmm on strided operands have a kernel of
 their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
 every decision with both estimates for the report.
@@ -55,6 +58,7 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
 from vtc.codegen import gemm_bf16, gemm_dot, gemm_inline, gemm_pack
 from vtc.codegen.gemm_push import pushed_bytes
+from vtc.plan.cost import library_gemm_speed
 from vtc.runtime import packed
 from vtc.index.mapping import linear_offset
 from vtc.ir.graph import Node, Value
@@ -145,7 +149,7 @@ WT_GFLOPS = 296.0
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
                 b_unit_stride: str = "n", path: str | None = None,
-                torch_b_packed: bool = False) -> tuple[float, float]:
+                torch_b_packed: bool = False, torch_speed: float = 1.0) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
@@ -156,25 +160,27 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     per element of B (packed by both libraries, read in place by weight_rows; a cost that the flops of
     few rows do not hide) and the weight_rows rate over its transposed tiles; None (convolutions) keeps
     the flat rates.  `torch_b_packed`: torch's side runs on its weight packed once (vtc.runtime.packed) and
-    pays no per-element B term.
+    pays no per-element B term.  `torch_speed` scales torch's GEMM rates (vtc.plan.cost.library_gemm_speed:
+    0.5 where torch's GEMM runs at half the rates assumed here).
     """
-    torch_b_ns = 0.0 if torch_b_packed else B_ELEM_NS["torch"]
+    torch_b_ns = 0.0 if torch_b_packed else B_ELEM_NS["torch"] / torch_speed
+    torch_gflops = TORCH_GFLOPS * torch_speed
     flops = 2.0 * batch * m * n * k
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
         (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
-        lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
+        lib = b_bytes / (tbw * torch_speed * 1e3) + flops / (trate * torch_speed * 1e3)
     elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
         width = 16 if m <= 16 else 32
         used = m / (-(-m // width) * width) * n / (-(-n // 12) * 12)
         vtc = flops / (WT_GFLOPS * 1e3 * used) + batch * k * n * B_ELEM_NS["weight_rows"] * 1e-3
-        lib = flops / (TORCH_GFLOPS * 1e3) + batch * k * n * torch_b_ns * 1e-3
+        lib = flops / (torch_gflops * 1e3) + batch * k * n * torch_b_ns * 1e-3
     else:
         mr, nr = TILE
         used = m / (-(-m // mr) * mr) * n / (-(-n // nr) * nr)
         vtc = flops / (VTC_GFLOPS * 1e3 * used)
-        lib = flops / (TORCH_GFLOPS * 1e3)
+        lib = flops / (torch_gflops * 1e3)
         if path is not None:
             vtc += batch * k * n * B_ELEM_NS["panels"] * 1e-3
             lib += batch * k * n * torch_b_ns * 1e-3
@@ -217,7 +223,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     library = packed.planned(low, n, a, b)  # "mkl_packed": torch's side runs on its weight packed once
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
-                                   torch_b_packed=library == "mkl_packed")
+                                   torch_b_packed=library == "mkl_packed", torch_speed=library_gemm_speed())
     # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
     # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
     inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in

@@ -3,7 +3,9 @@
 Three layers, from facts to policy:
 
 - ``Machine``: figures of this machine (copy bandwidth and GEMM rate measured
-  once, each the median of several timed torch copies / torch.mm, cache line,
+  once, each the median of several timed torch copies / torch.mm; how torch's
+  GEMM compares with vtc's generated one, which ``library_gemm_speed`` hands to
+  ``vtc.codegen.gemm.choose``; cache line,
   vector width from torch's CPU capability, threads), cached in the vtc cache
   directory or ``$VTC_MACHINE_FILE``;
   ``VTC_NO_MEASURE=1`` gives the fixed ``FALLBACK`` instead (tests set it).
@@ -61,20 +63,30 @@ class Machine:
     threads: int = 1
     measured: bool = False
     gemm_gflops: float = 20.0  # float32 GEMM rate of torch.mm on a mid-sized square problem
+    library_gemm_ratio: float = 0.0  # torch.mm's float32 rate / vtc's generated GEMM's, 1 thread (0: not measured)
 
 
 FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False,
                    gemm_gflops=20.0)
-MACHINE_VERSION = 3  # bump when Machine gains a figure: older cached files are measured again
+MACHINE_VERSION = 4  # bump when Machine gains a figure: older cached files are measured again
 _VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
                  "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
 MEASURE_BYTES = 64 << 20
 MEASURE_RUNS = 7  # timed calls per figure; the figure is their median
 
 
-@lru_cache(maxsize=1)
+_measuring = False  # machine() is measuring (it compiles a GEMM, whose planning asks for machine())
+
+
 def machine() -> Machine:
-    """This machine's figures: measured once and cached on disk, or FALLBACK when VTC_NO_MEASURE=1."""
+    """This machine's figures: measured once and cached on disk, or FALLBACK when VTC_NO_MEASURE=1 (and for
+    the compile that measures the generated GEMM, which must not measure again nor be cached as the figures)."""
+    return FALLBACK if _measuring else _machine()
+
+
+@lru_cache(maxsize=1)
+def _machine() -> Machine:
+    """machine(), measured or read from the machine file once per process."""
     if os.environ.get("VTC_NO_MEASURE", "") not in ("", "0"):
         return FALLBACK
     cap = torch.backends.cpu.get_cpu_capability()
@@ -88,8 +100,14 @@ def machine() -> Machine:
             return Machine(**data["machine"])
     except (OSError, ValueError, KeyError, TypeError, PermissionError):
         pass
-    m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
-                threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm())
+    global _measuring
+    _measuring = True
+    try:
+        m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
+                    threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm(),
+                    library_gemm_ratio=_measure_library_ratio())
+    finally:
+        _measuring = False
     if path is not None:
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -99,6 +117,9 @@ def machine() -> Machine:
         except OSError:
             pass
     return m
+
+
+machine.cache_clear = _machine.cache_clear
 
 
 def machine_file() -> Path:
@@ -136,6 +157,54 @@ def _measure_gemm(n: int = 384) -> float:
     """GFLOP/s of a float32 torch.mm of n x n by n x n (median of MEASURE_RUNS)."""
     a, b = torch.randn(n, n), torch.randn(n, n)
     return 2 * n ** 3 / _steady(lambda: torch.mm(a, b)) / 1e9
+
+
+def _measure_library_ratio(n: int = 384) -> float:
+    """torch.mm's float32 rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product: 1 thread, the
+    calling thread's CPU time (a ratio that other jobs on the machine do not move), calls alternating, median
+    of 2 * MEASURE_RUNS each; 0.0 where the kernel cannot be built (vtc then runs torch's GEMMs anyway).
+    torch's GEMM (MKL) runs as fast as the generated one on the Intel CPUs the rates of vtc.codegen.gemm were
+    measured on, and at half its speed on an AMD EPYC (Zen 5: 1024^3 at 1 thread 20.2 vs 9.75 ms, ONNX
+    Runtime 9.5 ms), so gemm="auto" asks how the two compare here."""
+    import vtc
+    from vtc.runtime.cbuild import KernelBuildError
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            compiled = vtc.compile(lambda x, y: x @ y, (a, b), plan="all", gemm="vtc")
+        fns = (lambda: torch.mm(a, b), lambda: compiled(a, b))
+        times: tuple[list[float], list[float]] = ([], [])
+        for i in range(2 * MEASURE_RUNS + 1):
+            for fn, ts in zip(fns, times):
+                t0 = time.thread_time()
+                fn()
+                if i:  # the first round warms up
+                    ts.append(time.thread_time() - t0)
+    except KernelBuildError:
+        return 0.0
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times[1]) / statistics.median(times[0])
+
+
+def library_gemm_speed(m: Machine | None = None) -> float:
+    """How fast torch's float32 GEMM is here relative to the rates vtc.codegen.gemm assumes for it (1.0: as
+    assumed, i.e. about as fast as the generated GEMM; 0.5: half as fast).  Measured ratios within
+    LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy measurement does not flip the choices
+    the fixed rates were tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1, no compiler)."""
+    from vtc.codegen.gemm import TORCH_GFLOPS, VTC_GFLOPS
+
+    m = m or machine()
+    if not m.measured or m.library_gemm_ratio <= 0:
+        return 1.0
+    speed = m.library_gemm_ratio / (TORCH_GFLOPS / VTC_GFLOPS)
+    return 1.0 if abs(speed - 1.0) <= LIBRARY_SPEED_NOISE else speed
+
+
+LIBRARY_SPEED_NOISE = 0.2
 
 
 # ---------------------------------------------------------------------------
