@@ -348,6 +348,7 @@ def test_auto_generates_contiguous_gemms_where_torch_is_measured_slower(slow_lib
     r = report(c)["gemm"]
     assert [x["choice"] for x in r] == ["vtc", "vtc"], r
     assert all(x["vtc_us"] < x["torch_us"] for x in r), r
+    assert "torch's GEMM measured at 0.5" in r[1]["why"], r[1]["why"]
     assert len(_gemm_kernels(c)) == 2
 
 

@@ -223,7 +223,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     library = packed.planned(low, n, a, b)  # "mkl_packed": torch's side runs on its weight packed once
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
-                                   torch_b_packed=library == "mkl_packed", torch_speed=library_gemm_speed())
+                                   torch_b_packed=library == "mkl_packed", torch_speed=(speed := library_gemm_speed()))
     # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
     # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
     inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in
@@ -268,8 +268,9 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"computes {names} (a pointwise producer nothing else reads) in its pack loop, "
                                f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
                                f"back): estimated faster")
+        measured = f" (torch's GEMM measured at {speed:.2f}x its assumed rate on this machine)" if speed != 1.0 else ""
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
-                           "estimated faster than torch's library kernel here")
+                           f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
                          "(not estimated slower than the generated one by a clear margin)")
 
