@@ -1,9 +1,10 @@
 """Streaming (non-temporal) stores of large outputs (``vtc.codegen.stream``), against torch eager.
 
-The threshold is lowered to 0 bytes so that odd small shapes (1, 3, 17, 127) take the streamed loops:
+The thresholds (``STREAM_MIN_BYTES``, ``CACHE_BYTES``) are lowered to 0 bytes so that odd small shapes (1, 3,
+17, 127) take the streamed loops:
 rows shorter than a block, an unaligned head (rows of 17 or 127 floats start at any offset in a line), a
-tail, a store into a cat's output at an odd offset, two stores in one loop.  At the real threshold the
-generated source of a large output has the streaming store and a small one does not.
+tail, a store into a cat's output at an odd offset, two stores in one loop.  At given cache sizes the
+generated source streams exactly when the kernel's working set does not fit in the last-level cache.
 """
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from vtc.codegen.cpp import generate
 from .util import POINTWISE_TOL, ROW_TOL, assert_no_movement, check, gen, kernels, rand
 
 STREAMED = "vtc_stream16(sp0_"
+
+
+def _always(monkeypatch):
+    """Every qualifying store streams, whatever its size."""
+    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(stream, "CACHE_BYTES", 0)
 
 
 def _sources(compiled) -> list[str]:
@@ -47,7 +54,7 @@ CASES = {  # name: (fn, input shapes, tolerance)
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_streamed_stores_match_eager(case, monkeypatch):
-    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    _always(monkeypatch)
     fn, shapes, tol = CASES[case]
     g = gen(11)
     inputs = tuple(rand(s, g) for s in shapes)
@@ -58,7 +65,7 @@ def test_streamed_stores_match_eager(case, monkeypatch):
 
 def test_streamed_stores_non_contiguous_inputs(monkeypatch):
     """Strided views as inputs (the runtime passes them contiguous) and the output of a row kernel."""
-    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    _always(monkeypatch)
     g = gen(12)
     x = rand((17, 254), g)[:, ::2]
     y = rand((127, 17), g).t()
@@ -71,7 +78,7 @@ def test_streamed_kernels_built_in_one_library(monkeypatch):
     defined once (a GEMM + pointwise model failed to build with them defined twice)."""
     from vtc.runtime import cbuild
 
-    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    _always(monkeypatch)
     monkeypatch.setattr(cbuild, "build_jobs", lambda: 1)
     g = gen(14)
     x, y = rand((17, 127), g), rand((127, 17), g)
@@ -85,7 +92,7 @@ def test_two_stores_at_different_alignments(cols, monkeypatch):
     push mapping, at column 1 of the cat's rows of cols + 1: the two stores are at the same offset within
     a line in some rows only (row i: when i + 1 is a multiple of 16 for 127 columns); those rows stream after a
     common head, the others take the plain loop (checked at run time)."""
-    monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
+    _always(monkeypatch)
     g = gen(13)
     x = rand((37, cols), g)
 
@@ -99,15 +106,76 @@ def test_two_stores_at_different_alignments(cols, monkeypatch):
     assert_no_movement(compiled)
 
 
-@pytest.mark.parametrize("mb, streams", [(8, True), (MB_SMALL := 1 / 16, False)])
-def test_threshold_on_micro_chains(mb, streams):
-    """At the real threshold (1 MB stored): the 8 MB roll -> add and cat -> relu stream, their 64 KB forms do
-    not; the index_select -> sum, whose output is 1 KB per MB read, never does."""
-    for chain in ("roll_add", "cat_relu", "index_select_sum"):
+MB = 1 << 20
+
+
+@pytest.mark.parametrize("chain, cache_mb, streams", [
+    ("cat_relu", 32, False),  # 8 MB in + 8 MB out = 16 MB: fits a 32 MB cache, plain stores
+    ("cat_relu", 12, True),
+    ("roll_add", 32, False),  # 16 MB in + 8 MB out = 24 MB
+    ("roll_add", 16, True),
+    ("transpose_add", 32, True),  # 24 MB, tiles: streamed from half the cache (16 MB)
+    ("transpose_add", 64, False),
+    ("index_select_sum", 4, False),  # 32 KB out: under STREAM_MIN_BYTES whatever the cache
+])
+def test_threshold_is_the_cache_on_8mb_chains(chain, cache_mb, streams, monkeypatch):
+    """The 8 MB micro chains stream exactly when their working set (bytes read + stored) is larger than the
+    last-level cache (half of it for the transposed tiles) and the output is at least 1 MB.  With the
+    previous rule (every output of 1 MB or more) the cases with streams=False fail."""
+    monkeypatch.setattr(stream, "CACHE_BYTES", cache_mb * MB)
+    fn, _ = micro._CHAINS[chain]
+    model, inputs = fn(8 * micro.MB // 4)
+    compiled = check(model, inputs, **ROW_TOL)
+    src = "".join(_sources(compiled))
+    assert (STREAMED in src) == streams, (chain, cache_mb)
+    assert ("vtc_stream_fence();" in src) == streams
+    assert_no_movement(compiled)
+
+
+def test_small_outputs_never_stream(monkeypatch):
+    """Below STREAM_MIN_BYTES of output nothing streams, even with no cache at all."""
+    monkeypatch.setattr(stream, "CACHE_BYTES", 0)
+    for chain in ("roll_add", "cat_relu", "transpose_add"):
         fn, _ = micro._CHAINS[chain]
-        model, inputs = fn(int(mb * micro.MB) // 4)
+        model, inputs = fn(micro.MB // 16 // 4)
         compiled = check(model, inputs, **ROW_TOL)
-        src = "".join(_sources(compiled))
-        assert (STREAMED in src) == (streams and chain != "index_select_sum"), (chain, mb)
-        if STREAMED in src:
-            assert "vtc_stream_fence();" in src
+        assert STREAMED not in "".join(_sources(compiled)), chain
+
+
+def test_working_set_counts_reads_and_stores(monkeypatch):
+    """An add of two 3 x 5 x 7 float32 inputs into one output: 3 buffers of 420 bytes; an int64 index read
+    counts 8 bytes an element."""
+    g = gen(15)
+    compiled = check(lambda x, y: x + y, (rand((3, 5, 7), g), rand((3, 5, 7), g)), **POINTWISE_TOL)
+    (k,) = kernels(compiled)
+    assert stream.working_set_bytes(k) == 3 * 420
+    table, idx = rand((17, 9), g), torch.tensor([3, 0, 16, 3], dtype=torch.int64)
+    compiled = check(lambda t, i: t.index_select(0, i).sum(-1), (table, idx), **ROW_TOL)
+    (k,) = kernels(compiled)
+    assert stream.working_set_bytes(k) == 17 * 9 * 4 + 4 * 8 + 4 * 4
+
+
+def _cache_dir(root, entries):
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    return str(root)
+
+
+def test_machine_cache_bytes_reads_the_last_level(tmp_path):
+    root = _cache_dir(tmp_path / "a", [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+                                       (3, "Unified", "32768K")])
+    assert stream.machine_cache_bytes.__wrapped__(root) == 32 << 20
+    root = _cache_dir(tmp_path / "b", [(1, "Data", "32K"), (2, "Unified", "2M"), (3, "Instruction", "64K")])
+    assert stream.machine_cache_bytes.__wrapped__(root) == 2 << 20  # an instruction cache does not count
+    assert stream.machine_cache_bytes.__wrapped__(str(tmp_path / "missing")) is None
+
+
+def test_cache_bytes_falls_back(monkeypatch):
+    monkeypatch.setattr(stream, "machine_cache_bytes", lambda: None)
+    assert stream.cache_bytes() == stream.FALLBACK_CACHE_BYTES
+    monkeypatch.setattr(stream, "CACHE_BYTES", 5)
+    assert stream.cache_bytes() == 5

@@ -9,9 +9,26 @@ machine (1 thread, CPU time, one process, load ~6; ``relu`` / ``add`` over
 contiguous float32, the same output buffer every call): 8 MB relu 1.46 ->
 0.70 ms, 8 MB add 1.83 -> 1.01 ms, 64 MB add 14.8 -> 10.9 ms, 1 MB add 0.21
 -> 0.13 ms.  The price: the output is not in cache afterwards, so a consumer
-that would have found it there reads it from memory.  Hence only outputs of
-``STREAM_MIN_BYTES`` (1 MB: half of a core's L2 here; the kernel's inputs pass
-through the same L2) and more are streamed.
+that would have found it there reads it from memory, and while the kernel's
+inputs and output fit in the last-level cache a plain store hits a line that
+is already there (the buffer written the call before) and costs no memory
+traffic at all.  Hence a kernel streams only when its working set (the bytes
+of every buffer it reads, plus the bytes it stores) is larger than the
+machine's last-level cache (``cache_bytes``: read from sysfs, 32 MB here; an
+L3 of this size holds a 2-thread 8 MB chain's inputs and output), and its
+output is at least ``STREAM_MIN_BYTES``.  The transposed tiles
+(``vtc.codegen.tiles``) stream from half the cache (``TILED_CACHE_SHARE``):
+their transposed reads span many pages and keep more lines in flight.
+Measured with 2 threads, wall time, one process, individual calls (p10 / p50
+of 300 per variant, load ~3; docs/chains.md, the 2-thread follow-up): a contiguous
+relu streaming vs plain 2.3x slower at 1 MB out, 1.9-2.1x slower from 2 to
+8 MB out (working set 4-16 MB), 1.4x / 1.1x slower at 16 MB out (working set
+32 MB = the L3), 0.96x / 0.79x at 24 MB out (48 MB); an add 1.5x slower at
+1 MB out, 1.2-1.4x at 8 MB out (24 MB), 1.0-1.1x at 10 MB (30 MB), 0.92x at
+16 MB (48 MB); transpose -> add with 8 MB out (24 MB) 0.461 -> 0.370 ms
+(p50) faster streamed, 1 MB out 0.041 -> 0.043 slower.  The earlier rule
+(every output of 1 MB or more, chosen at load 6-12 on this machine when other
+processes kept the L3 full) made cat -> relu 8 MB 2x slower on a quiet one.
 
 gcc ignores ``#pragma omp simd nontemporal``, so the streamed loop is written
 out: the inner loop runs in blocks of 16 elements whose values the vectorised
@@ -39,7 +56,9 @@ and a template must be the same text at every probe size.
 """
 from __future__ import annotations
 
+import functools
 import math
+import os
 from contextvars import ContextVar
 from typing import Callable
 
@@ -49,7 +68,10 @@ from vtc.codegen.kernel_ir import Kernel, Store
 from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
 
-STREAM_MIN_BYTES = 1 << 20  # a kernel's stored bytes from which its stores stream
+STREAM_MIN_BYTES = 1 << 20  # a kernel's stored bytes from which its stores may stream
+FALLBACK_CACHE_BYTES = 8 << 20  # the last-level cache assumed where sysfs does not say (stream from 8 MB)
+TILED_CACHE_SHARE = 0.5  # the transposed tiles stream from this share of the last-level cache (see above)
+CACHE_BYTES: int | None = None  # overrides the machine's last-level cache size (tests, benchmarks)
 LANES = 16  # floats per streaming store: one 64-byte line
 STREAM_STORES: ContextVar[bool] = ContextVar("vtc_stream_stores", default=True)
 
@@ -86,9 +108,61 @@ def stored_bytes(k: Kernel) -> int:
     return sum(math.prod(b.shape) * b.dtype.itemsize for b in seen.values())
 
 
-def applies(k: Kernel, shapes: dict[str, tuple[int, ...]], stores: list[Store], var: str) -> bool:
-    """Whether `stores`, made in a loop over `var`, may stream: see the module docstring."""
+@functools.cache
+def machine_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Size in bytes of the highest-level data or unified cache of cpu0 (the last-level cache), from
+    sysfs; None where it is not readable (another OS, a container without sysfs)."""
+    best = None
+    try:
+        entries = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for e in entries:
+        if not e.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(root, e, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(root, e, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(root, e, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind not in ("Data", "Unified"):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:].upper(), 1)
+        try:
+            nbytes = int(size.rstrip("KMGkmg")) * scale
+        except ValueError:
+            continue
+        if best is None or level > best[0]:
+            best = (level, nbytes)
+    return best[1] if best else None
+
+
+def cache_bytes() -> int:
+    """The last-level cache size the streaming decision is made against (``CACHE_BYTES`` if set)."""
+    if CACHE_BYTES is not None:
+        return CACHE_BYTES
+    return machine_cache_bytes() or FALLBACK_CACHE_BYTES
+
+
+def working_set_bytes(k: Kernel) -> int:
+    """Bytes of every buffer kernel k reads (its inputs, whole, each once: values and index tensors) plus
+    the bytes it stores."""
+    seen = {b.name: b for b in k.inputs}
+    return stored_bytes(k) + sum(math.prod(b.shape) * b.dtype.itemsize for b in seen.values())
+
+
+def applies(k: Kernel, shapes: dict[str, tuple[int, ...]], stores: list[Store], var: str,
+            cache_share: float = 1.0) -> bool:
+    """Whether `stores`, made in a loop over `var`, may stream: see the module docstring.  `cache_share`:
+    the share of the last-level cache the kernel's working set must exceed (``TILED_CACHE_SHARE`` for the
+    transposed tiles)."""
     if not STREAM_STORES.get() or not stores or stored_bytes(k) < STREAM_MIN_BYTES:
+        return False
+    if working_set_bytes(k) <= cache_share * cache_bytes():
         return False
     from vtc.codegen.lower import scalars_of
 

@@ -139,7 +139,7 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
         out += [store(em, s, indent + "  ") for s in k.stores]
         return out + [f"{indent}}}"]
 
-    streamed = stream.applies(k, em.shapes, k.stores, inner)  # a large output: non-temporal stores
+    streamed = stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)  # a large output: non-temporal
 
     lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
