@@ -100,7 +100,9 @@ def test_a_producer_read_elsewhere_is_not_priced_as_inlined():
 @pytest.mark.parametrize("batch,hw", [(16, 9), (2, 28)])
 def test_lite_linear_attention_matches_eager(batch, hw):
     """EfficientViT's LiteMLA under the default plan: k^T v as packed dot products, relu(q) (k^T v) generated
-    with the ReLU in its pack, the division read by the projection's pack; nothing materialised."""
+    with the ReLU in its pack, the division read by the projection's pack; nothing materialised but, at most,
+    the permute in front of the projection: the greedy's choice for it is a few µs either way and follows the
+    machine figures (kept on the fixed ones the tests use, virtual on a measured 2-thread set at 10 GB/s)."""
     torch.manual_seed(batch * 100 + hw)
     m = LiteMLA(32, 16).eval()
     x = torch.randn(batch, 32, hw, hw)
@@ -112,7 +114,10 @@ def test_lite_linear_attention_matches_eager(batch, hw):
     assert bmm["bmm"]["path"] == gemm_dot.PATH, bmm
     if hw == 28:  # on the small maps torch's bmm after the ReLU kernel is estimated as fast
         assert bmm["bmm_1"]["choice"] == "vtc" and "%relu" in bmm["bmm_1"]["why"], bmm
-    assert r["materialized_movement_bytes"] == 0
+    # nothing materialised but, at most, the permute in front of the projection
+    kept = [o for o in r["movement"] if o["fate"] not in ("virtual", "view", "pushed")]
+    assert len(kept) <= 1 and all(o["op"] == "aten.permute.default" and o["fate"] == "kept" for o in kept), kept
+    assert r["materialized_movement_bytes"] == sum(o["bytes"] for o in kept)
 
 
 @pytest.mark.parametrize("case", [(1, 17, 5, 1, 9, 9), (16, 3, 4, 2, 7, 7)], ids=["b1_flat", "b16_stride2"])
@@ -137,7 +142,7 @@ def test_inlined_batch_norm_in_an_im2col_pack_is_computed_once_per_panel_row(cas
     assert pack.index("std::sqrt") < pack.index("for (int64_t jr = jb; jr < je; jr += VTC_NR)"), pack[:3000]
 
 
-def vtc_compile(m, x):
+def vtc_compile(m, x, **options):
     import vtc
 
-    return vtc.compile(m, (x,))
+    return vtc.compile(m, (x,), **options)
