@@ -34,14 +34,9 @@ def _gemm(compiled):
     return k
 
 
-def _built(k, compiled, inputs: tuple, lazy: bool):
-    """Gemm kernel k generated with LAZY_B = `lazy` and built: nthreads -> its output on `inputs`."""
-    saved, gemm.LAZY_B = gemm.LAZY_B, lazy
-    try:
-        src = gemm.generate(k)
-    finally:
-        gemm.LAZY_B = saved
-    fn = getattr(cbuild.build(src, name="gemm_lazy_b"), k.name)
+def _built(k, compiled, inputs: tuple):
+    """Gemm kernel k built from its source: nthreads -> its output on `inputs`."""
+    fn = getattr(cbuild.build(gemm.generate(k), name="gemm_lazy_b"), k.name)
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
     env = dict(zip([v.name for v in compiled.graph.inputs], inputs))
 
@@ -69,7 +64,7 @@ def test_first_strip_pack_matches_torch_on_1_to_4_threads(form, m, k, n):
                   else (_linear, (rand((m, k), g), rand((n, k), g))))
     c = compile_cpu(fn, inputs, gemm="vtc")
     assert_matches_eager(c, fn, inputs, **GEMM_TOL)
-    run, want = _built(_gemm(c), c, inputs, True), fn(*inputs)
+    run, want = _built(_gemm(c), c, inputs), fn(*inputs)
     for nthreads in (1, 2, 3, 4):
         torch.testing.assert_close(run(nthreads), want, **GEMM_TOL, msg=lambda s: f"{nthreads} threads: {s}")
 
@@ -82,7 +77,7 @@ def test_batched_transposed_b_packs_per_batch():
     c = compile_cpu(fn, inputs, gemm="vtc")
     assert_matches_eager(c, fn, inputs, **GEMM_TOL)
     assert "vtc_ukr<VTC_MR, 2>" in gemm.generate(_gemm(c))
-    run = _built(_gemm(c), c, inputs, True)
+    run = _built(_gemm(c), c, inputs)
     for nthreads in (1, 2, 3):
         torch.testing.assert_close(run(nthreads), fn(*inputs), **GEMM_TOL)
 
