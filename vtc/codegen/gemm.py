@@ -12,7 +12,9 @@ output is cut into blocks (batch x NC-column chunk x MC-row block) and each
 thread takes a contiguous range of them, as many as the others (the larger of
 M and N is split into a multiple of the thread count; no synchronisation).
 Per chunk and KC-deep slice of the reduction a thread packs the KC x NC block
-of B into NR-column panels once, for all its row blocks; per row block it
+of B into NR-column panels once, for all its row blocks (a plain strided B
+panel by panel in the first row strip, the next panel's source prefetched
+while the strip's tile computes: ``LAZY_B``); per row block it
 packs the MC x KC block of A into MR-row panels (row-major A by 16 x 16
 register transposes), then a register-blocked micro-kernel (MR x NR
 accumulators in vector registers, broadcast-FMA; AVX-512 12 x 32, AVX2 6 x 16
@@ -409,10 +411,14 @@ RUNTIME = r"""
 #define VTC_NC 1024
 
 // c[R x cols] = (add ? c : 0) + a[kc x MR (R used)] * b[kc x NR (cols used)]: a is a packed panel, b either a
-// packed panel (ldb = NR) or B itself (ldb = its row stride); every b row is read in full (NR floats)
-template <int R>
+// packed panel (ldb = NR) or B itself (ldb = its row stride); every b row is read in full (NR floats).
+// PF: while it runs, the source of the next B panel (NR columns of B at pf) is prefetched into L2, two lines
+// per k step: PF 1, B row-major (row p of the panel at pf + p * pld, two lines); PF 2, B = W^T (NR rows of W
+// pld floats apart, the panel's kc columns of each: line p >> 5 of the 32-float runs of row p & 31)
+template <int R, int PF = 0>
 static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
-                           float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+                           float* __restrict c, int64_t ldc, bool add, int64_t cols,
+                           const float* pf = nullptr, int64_t pld = 0) {
 #if defined(__AVX512F__)
   const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
   const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
@@ -424,6 +430,11 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   }
   #pragma GCC unroll 2
   for (int64_t p = 0; p < kc; ++p) {
+    if constexpr (PF != 0) {
+      const float* q = PF == 1 ? pf + p * pld : pf + (p & 31) * pld + (p >> 5) * 32;
+      _mm_prefetch((const char*)q, _MM_HINT_T1);
+      _mm_prefetch((const char*)(q + 16), _MM_HINT_T1);
+    }
     const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -440,6 +451,7 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
     _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
   }
 #else
+  (void)pf; (void)pld;
   alignas(64) float tmp[R * VTC_NR];
   const bool full = cols == VTC_NR;
   float* dst = full ? c : tmp;
@@ -910,8 +922,9 @@ def generate(k: Kernel) -> str:
     """The C++ source of gemm kernel k (with both preludes).
 
     Each thread takes a contiguous range of output blocks (batch x N chunk x M block, M innermost) and
-    runs the BLIS loops over it: per N chunk and KC slice of the reduction it packs the B block once and
-    reuses it for all its M blocks, packing each MC x KC block of A; the micro-kernel runs over the
+    runs the BLIS loops over it: per N chunk and KC slice of the reduction it packs the B block once (a plain
+    strided B panel by panel in the first row strip: ``_lazy_b``) and reuses it for all its M blocks, packing
+    each MC x KC block of A; the micro-kernel runs over the
     MR x NR tiles of the block.  Blocks are made a multiple of the thread count by splitting the larger
     of M and N, so both threads get the same work.
     """
@@ -989,7 +1002,11 @@ def generate(k: Kernel) -> str:
                   f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
                   f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
                   f"{ind}#else"]
-    lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
+    lazy = _lazy_b(em, g) if LAZY_B and not direct and not dot else None
+    if lazy is None:
+        lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
+    else:
+        lines.append(f"{ind}const float* __restrict bnext = {lazy[0]};  // B's block at (k0, n0): panels packed in the first strip")
     lines += [f"{ind}const float* __restrict bsrc = bp;",
               f"{ind}const float* __restrict btail = nullptr;",
               f"{ind}const int64_t ldb = VTC_NR, bstep = kb;"]
@@ -1002,6 +1019,7 @@ def generate(k: Kernel) -> str:
         f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
+        *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ")),
         f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
         f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
         f"{ind}    }}",
@@ -1014,6 +1032,49 @@ def generate(k: Kernel) -> str:
     lines += ["    }", "  }"]
     head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
+
+
+LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
+#               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
+
+
+def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
+    """(pointer to B's block at (k0, n0), PF mode of vtc_ukr, the prefetch's row stride) where the block's
+    B panels are packed one by one in its first row strip (``_lazy_b_panel``): B a plain strided operand that
+    _pack_b packs itself, row-major (unit stride along n: PF 1) or a transposed weight (unit stride along k:
+    PF 2), and M > SKINNY_M; else None (the whole block packed before the strips)."""
+    if g.pack_b is not None or g.m <= SKINNY_M or gemm_pack.pack_b(em, g, "") is not None:
+        return None
+    st = _strided(g.b, g, em)
+    if st is None or not st[3].is_const:
+        return None
+    buf, off, co, _ = st
+    sn, sk = co.get(g.vars[2], 0), co.get("r", 0)
+    src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0 * {sk}"
+    if sn == 1:
+        return src, 1, sk
+    return (src, 2, sn) if sk == 1 else None
+
+
+def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str) -> list[str]:
+    """In the jr loop of the block's first row strip: pack B's panel jr (_pack_b's lines over NR columns at
+    n0 + jr), then run its full tile with the next panel's source prefetched into L2 (vtc_ukr's PF), so the
+    next pack reads from L2 while this tile's FMAs run instead of waiting on memory."""
+    _, mode, pld = lazy
+    return [f"{ind}if (mi == mlo && ir == 0) {{  // first strip: pack panel jr just before its first use",
+            f"{ind}  float* __restrict const bpj = bp + jr * kb;",
+            f"{ind}  const int64_t n0j = n0 + jr;",
+            f"{ind}  {{ const int64_t n0 = n0j, nb = cols; float* __restrict bp = bpj;",
+            *_pack_b(em, g, ind + "    "),
+            f"{ind}  }}",
+            f"{ind}#if defined(__AVX512F__)",
+            f"{ind}  if (mb >= VTC_MR && jr + VTC_NR < nb) {{",
+            f"{ind}    vtc_ukr<VTC_MR, {mode}>(kb, ap, bp + jr * kb, VTC_NR, ct + jr, LDC, k0 > 0, VTC_NR,",
+            f"{ind}                         bnext + (jr + VTC_NR) * {1 if mode == 1 else pld}, {pld});",
+            f"{ind}    continue;",
+            f"{ind}  }}",
+            f"{ind}#endif",
+            f"{ind}}}"]
 
 
 def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
