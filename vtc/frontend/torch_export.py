@@ -25,7 +25,9 @@ Only static shapes are supported: a symbolic size raises ``CaptureError``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import operator
 import threading
 from typing import Any, Callable
@@ -43,6 +45,41 @@ _TRY_COMPILE = 'Try torch.compile(model, backend="vtc"), which tolerates graph b
 
 class CaptureError(RuntimeError):
     """torch.export could not capture the model, or its graph uses what vtc cannot represent."""
+
+
+class InputShapeError(CaptureError, ValueError):
+    """A call's input sizes differ from the example's and the model does not run with them (a ValueError)."""
+
+
+class _QuietFakeTensorLog(logging.Filter):
+    """Drops fake-tensor's log of an op that failed on fake tensors: the capture raises with the cause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users, self.lock = 0, threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+_QUIET = _QuietFakeTensorLog()
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log():
+    """While a capture runs: an op failing on fake tensors raises (and vtc names it) without torch logging its
+    traceback at ERROR level (``torch._subclasses.fake_tensor``) as well."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    with _QUIET.lock:
+        _QUIET.users += 1
+        logger.addFilter(_QUIET)
+    try:
+        yield
+    finally:
+        with _QUIET.lock:
+            _QUIET.users -= 1
+            if not _QUIET.users:
+                logger.removeFilter(_QUIET)
 
 
 def _as_module(fn: Callable) -> torch.nn.Module:
@@ -85,9 +122,51 @@ def program_constants(ep: Any, name: str) -> dict[str, torch.Tensor]:
     return consts
 
 
-# held while a model is captured (vtc.Compiled): the capture puts fake tensors into the module's slots until it
-# returns, so a second capture of the same module at that time would trace fakes and restore them as its state
+# held while a model is captured (vtc.Compiled): one capture at a time (torch's tracing keeps process-wide
+# state); the user's module is not touched by a capture (``capture_copy``), so eager calls may run meanwhile
 CAPTURE_LOCK = threading.RLock()
+
+
+def capture_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model`'s module tree that shares every tensor, for a capture to swap fake tensors into.
+
+    Both captures (``fx_capture`` and torch.export's non-strict trace) put fake tensors into the parameter,
+    buffer and attribute slots of the module they trace until they return; on the user's module, another
+    thread running it eagerly meanwhile met fake tensors (an AssertionError, or an abort).  Each module
+    reachable through ``_modules`` is copied (its ``__dict__``, parameter, buffer and submodule tables are
+    new dicts); a plain attribute holding one of those modules, directly or in a list, tuple or dict, is
+    pointed at its copy.  Tensors, hooks and other attributes are shared, not copied.  A module that cannot be
+    copied this way (a ScriptModule) is returned as it is."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    try:
+        copies: dict[int, torch.nn.Module] = {}
+        for m in model.modules():
+            c = type(m).__new__(type(m))
+            vars(c).update(vars(m))
+            copies[id(m)] = c
+
+        def remap(x: Any) -> Any:
+            if isinstance(x, torch.nn.Module):
+                return copies.get(id(x), x)
+            if type(x) in (list, tuple) and any(isinstance(y, torch.nn.Module) for y in x):
+                return type(x)(remap(y) for y in x)
+            if type(x) is dict and any(isinstance(y, torch.nn.Module) for y in x.values()):
+                return {k: remap(y) for k, y in x.items()}
+            return x
+
+        for m in model.modules():
+            d = vars(copies[id(m)])
+            for key, v in list(d.items()):
+                if key in ("_parameters", "_buffers"):
+                    d[key] = dict(v)
+                elif key == "_modules":
+                    d[key] = {k: remap(c) for k, c in v.items()}
+                else:
+                    d[key] = remap(v)
+        return copies[id(model)]
+    except Exception:  # noqa: BLE001 - an unusual module class: the capture traces the module itself
+        return model
 
 
 def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
@@ -95,19 +174,23 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     args, example_kwargs = distinct_inputs(model, args, example_kwargs)
+    model = capture_copy(model)  # the user's module keeps its tensors while this traces fakes
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", repr(model_or_fn))
-    graph, refused = _fast_capture(model, args, example_kwargs)
+    with quiet_fake_tensor_log():
+        graph, refused = _fast_capture(model, args, example_kwargs)
     if graph is not None:
         graph.meta["source"] = f"torch.export of {name}"
         return graph
     try:
-        with torch.no_grad():
+        with torch.no_grad(), quiet_fake_tensor_log():
             ep, how = export_core_aten(model, args, example_kwargs)
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
         cause = f"{type(e).__name__}: " + "\n    ".join(lines)
-        raise CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}") from e
+        err = CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}")
+        err.refused = refused  # why the fast capture refused it (its trace error names concrete sizes)
+        raise err from e
 
     consts = program_constants(ep, name)
     try:
