@@ -1,0 +1,37 @@
+"""Defects found by the robustness sweep of session 10 (docs/robustness.md): each test fails on the code before
+its fix.  Results are compared with torch eager with explicit tolerances, on random inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vtc
+
+
+@pytest.mark.parametrize("decimals", [2, 1, -1])
+def test_round_with_decimals_rounds_at_that_decimal(decimals):
+    torch.manual_seed(0)
+    x = torch.randn(64) * 50
+    compiled = vtc.compile(lambda a: torch.round(a, decimals=decimals) * 2, (x,))
+    torch.testing.assert_close(compiled(x), torch.round(x, decimals=decimals) * 2, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["floor", "trunc", "remainder", "fmod"])
+def test_integer_division_by_a_zero_tensor_element_raises_as_torch_does(op):
+    fn = {"floor": lambda a, b: torch.div(a, b, rounding_mode="floor") + 1,
+          "trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc") + 1,
+          "remainder": lambda a, b: torch.remainder(a, b) + 1, "fmod": lambda a, b: torch.fmod(a, b) + 1}[op]
+    torch.manual_seed(1)
+    a, b = torch.randint(-9, 9, (4, 8)), torch.randint(1, 9, (4, 8)) * (1 - 2 * torch.randint(0, 2, (4, 8)))
+    compiled = vtc.compile(fn, (a, b))
+    torch.testing.assert_close(compiled(a, b), fn(a, b), rtol=0, atol=0)
+    b[1, 2] = 0
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # was: the process killed by SIGFPE
+        compiled(a, b)
+
+
+def test_integer_floor_division_by_a_scalar_still_generates_code():
+    a = torch.randint(-50, 50, (4, 8))
+    compiled = vtc.compile(lambda a: a // 3 + a % 5, (a,))
+    torch.testing.assert_close(compiled(a), a // 3 + a % 5, rtol=0, atol=0)
+    assert compiled.report.fallback_ops == []
