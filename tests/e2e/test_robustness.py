@@ -35,3 +35,16 @@ def test_integer_floor_division_by_a_scalar_still_generates_code():
     compiled = vtc.compile(lambda a: a // 3 + a % 5, (a,))
     torch.testing.assert_close(compiled(a), a // 3 + a % 5, rtol=0, atol=0)
     assert compiled.report.fallback_ops == []
+
+
+def test_a_value_dependent_size_is_named_as_such_and_torch_compile_runs_it():
+    torch.manual_seed(2)
+    a, m = torch.randn(6, 5, 4), torch.rand(6, 5) > 0.5
+
+    def fn(a, m):
+        return a[m] * 2
+
+    with pytest.raises(vtc.CaptureError, match=r"size u\d+ depends on the values of the inputs \(a boolean mask"):
+        vtc.compile(fn, (a, m))  # was: "symbolic shape ...; export without dynamic_shapes", which it was not
+    compiled = torch.compile(fn, backend="vtc")
+    torch.testing.assert_close(compiled(a, m), fn(a, m), rtol=1e-6, atol=1e-6)

@@ -348,6 +348,11 @@ def _is_check(target: Any) -> bool:
 
 
 def _static_shape(name: str, t: torch.Tensor) -> tuple[int, ...]:
+    unbacked = [s for s in t.shape if isinstance(s, torch.SymInt) and str(s.node.expr).startswith("u")]
+    if unbacked:  # torch's unbacked symbols (u0, u1, ...): sizes known only once the values are
+        raise CaptureError(f"%{name} has shape {list(t.shape)}: size {unbacked[0]} depends on the values of the "
+                           "inputs (a boolean mask index, nonzero, unique, ...), which vtc's graphs cannot "
+                           "represent (torch.compile runs such an op in eager between two graphs)")
     if any(not isinstance(s, int) for s in t.shape):
         raise CaptureError(f"%{name} has symbolic shape {list(t.shape)}; vtc supports static shapes only "
                            "(export without dynamic_shapes, or torch.compile(..., dynamic=False))")
