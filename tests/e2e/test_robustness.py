@@ -48,3 +48,46 @@ def test_a_value_dependent_size_is_named_as_such_and_torch_compile_runs_it():
         vtc.compile(fn, (a, m))  # was: "symbolic shape ...; export without dynamic_shapes", which it was not
     compiled = torch.compile(fn, backend="vtc")
     torch.testing.assert_close(compiled(a, m), fn(a, m), rtol=1e-6, atol=1e-6)
+
+
+def _one_op_graph(op, x, *args):
+    """A vtc Graph of the single ATen call op(x, *args) (no decomposition on the way)."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vtc.frontend.torch_export import graph_from_fx
+
+    g = fx.Graph()
+    a = g.placeholder("a")
+    v = g.call_function(op, (a, *args))
+    g.output((v,))
+    with FakeTensorMode() as mode:
+        fa = mode.from_tensor(x)
+        a.meta["val"], v.meta["val"] = fa, op(fa, *args)
+    return graph_from_fx(fx.GraphModule(torch.nn.Module(), g))
+
+
+@pytest.mark.parametrize("unbiased", [False, True])
+def test_var_dim_reads_unbiased(unbiased):
+    from vtc.compiler import compile_graph
+
+    torch.manual_seed(3)
+    x = torch.randn(4, 6)
+    run = compile_graph(_one_op_graph(torch.ops.aten.var.dim, x, [1], unbiased))
+    torch.testing.assert_close(run([x])[0], x.var(1, unbiased=unbiased), rtol=1e-5, atol=1e-6)
+    assert run.report.fallback_ops == []
+
+
+def test_a_definition_that_fails_on_a_call_runs_through_torch_with_a_warning(monkeypatch):
+    from vtc.codegen import ops
+
+    def broken(ctx, args, out):
+        raise KeyError("a defect")
+
+    monkeypatch.setitem(ops.POINTWISE, "sigmoid", broken)
+    torch.manual_seed(4)
+    x = torch.randn(5, 7)
+    with pytest.warns(vtc.FallbackWarning, match="aten.sigmoid"):
+        compiled = vtc.compile(lambda a: torch.sigmoid(a * 2) + 1, (x,))  # was: KeyError out of vtc.compile
+    torch.testing.assert_close(compiled(x), torch.sigmoid(x * 2) + 1, rtol=1e-6, atol=1e-6)
+    assert compiled.report.fallback_ops == ["aten.sigmoid.default"]

@@ -338,8 +338,8 @@ def _var(ctx, args, outs):
         raise NotSupported("var of integers")
     dims = _dims(args.get("dim"), len(x.shape))
     n = math.prod(x.shape[d] for d in dims) if dims else 1
-    correction = args.get("correction")
-    correction = 1 if correction is None else correction
+    correction = args.get("correction")  # var.correction; var.dim / var.default say unbiased= instead
+    correction = (1 if args.get("unbiased", True) else 0) if correction is None else correction
     dt = out.dtype
 
     def mean(c):
