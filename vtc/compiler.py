@@ -25,8 +25,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.gemm import GEMM_MODES
-from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, InputShapeError, export_graph, flatten_inputs,
-                                      unflatten_outputs)
+from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, ConstantInputChanged, InputShapeError, export_graph,
+                                      flatten_inputs, unflatten_outputs)
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
@@ -215,7 +215,13 @@ class Compiled:
         if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
         else:
-            tensors = flatten_inputs(graph, args, kwargs)
+            try:
+                tensors = flatten_inputs(graph, args, kwargs)
+            except ConstantInputChanged:  # a new value of a non-tensor input: a capture of its own
+                spec = self._specialize(args, kwargs)
+                tensors = flatten_inputs(spec.graph, args, kwargs)
+                check_inputs(spec.graph, tensors, exact_shape=False)
+                return unflatten_outputs(spec.graph, spec.executor(tensors))
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):

@@ -91,3 +91,20 @@ def test_a_definition_that_fails_on_a_call_runs_through_torch_with_a_warning(mon
         compiled = vtc.compile(lambda a: torch.sigmoid(a * 2) + 1, (x,))  # was: KeyError out of vtc.compile
     torch.testing.assert_close(compiled(x), torch.sigmoid(x * 2) + 1, rtol=1e-6, atol=1e-6)
     assert compiled.report.fallback_ops == ["aten.sigmoid.default"]
+
+
+def test_a_new_value_of_a_non_tensor_input_is_captured_for_it():
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale: float = 1.0, n: int = 2):
+            return x[:n] * scale
+
+    torch.manual_seed(5)
+    m, x = Scaled(), torch.randn(8, 3)
+    compiled = vtc.compile(m, (x, 2.0), {"n": 3})
+    for scale, n in [(2.0, 3), (3.0, 3), (2.0, 5), (0.5, 1)]:  # was: ValueError "capture again for a new value"
+        torch.testing.assert_close(compiled(x, scale, n=n), m(x, scale, n=n), rtol=0, atol=0)
+    y = torch.randn(6, 3)  # new sizes (a symbolic capture) and then a new constant: not the symbolic graph's
+    torch.testing.assert_close(compiled(y, 2.0, n=3), m(y, 2.0, n=3), rtol=0, atol=0)
+    torch.testing.assert_close(compiled(y, 4.0, n=4), m(y, 4.0, n=4), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="do not match the captured structure"):
+        compiled(x, 2.0)  # n missing: another structure, still an error

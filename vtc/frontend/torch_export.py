@@ -47,6 +47,10 @@ class CaptureError(RuntimeError):
     """torch.export could not capture the model, or its graph uses what vtc cannot represent."""
 
 
+class ConstantInputChanged(ValueError):
+    """A non-tensor input (captured as a constant) has another value than in the capture."""
+
+
 class InputShapeError(CaptureError, ValueError):
     """A call's input sizes differ from the example's and the model does not run with them (a ValueError)."""
 
@@ -399,9 +403,9 @@ def flatten_inputs(graph: Graph, args: Any, kwargs: dict | None = None) -> list[
         raise ValueError(f"inputs do not match the captured structure:\n  expected {spec}\n  received {got}")
     consts = graph.meta.get("input_consts", {})
     for i, c in consts.items():
-        if isinstance(leaves[i], torch.Tensor) or leaves[i] != c:
-            raise ValueError(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
-                             "capture again for a new value")
+        if isinstance(leaves[i], torch.Tensor) or type(leaves[i]) is not type(c) or leaves[i] != c:
+            raise ConstantInputChanged(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
+                                       "capture again for a new value")
     return [leaf for i, leaf in enumerate(leaves) if i not in consts]
 
 
