@@ -108,3 +108,18 @@ def test_a_new_value_of_a_non_tensor_input_is_captured_for_it():
     torch.testing.assert_close(compiled(y, 4.0, n=4), m(y, 4.0, n=4), rtol=0, atol=0)
     with pytest.raises(ValueError, match="do not match the captured structure"):
         compiled(x, 2.0)  # n missing: another structure, still an error
+
+
+def test_another_input_structure_names_the_inputs_missing_and_not_expected():
+    class Nest(torch.nn.Module):
+        def forward(self, d, scale=1.0):
+            return d["x"] @ d["y"] * scale + d["z"][0].sum()
+
+    torch.manual_seed(6)
+    d = {"x": torch.randn(3, 4), "y": torch.randn(4, 2), "z": [torch.randn(5)]}
+    compiled = vtc.compile(Nest(), (d,))
+    torch.testing.assert_close(compiled(d), Nest()(d), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"captured structure: missing args\[0\]\['z'\]\[0\]\n  expected"):
+        compiled({"x": d["x"], "y": d["y"]})  # was: only the two TreeSpecs, printed over 10 lines
+    with pytest.raises(ValueError, match=r"captured structure: not expected kwargs\['scale'\]"):
+        compiled(d, scale=2.0)

@@ -400,13 +400,36 @@ def flatten_inputs(graph: Graph, args: Any, kwargs: dict | None = None) -> list[
             kwargs = {k: kwargs[k] for k in keys}  # torch.export's keyword order
     leaves, got = pytree.tree_flatten((args, kwargs))
     if spec is not None and got != spec:
-        raise ValueError(f"inputs do not match the captured structure:\n  expected {spec}\n  received {got}")
+        raise ValueError(f"inputs do not match the captured structure: {_structure_diff(spec, (args, kwargs))}"
+                         f"\n  expected {spec}\n  received {got}")
     consts = graph.meta.get("input_consts", {})
     for i, c in consts.items():
         if isinstance(leaves[i], torch.Tensor) or type(leaves[i]) is not type(c) or leaves[i] != c:
             raise ConstantInputChanged(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
                                        "capture again for a new value")
     return [leaf for i, leaf in enumerate(leaves) if i not in consts]
+
+
+def _structure_diff(spec: Any, received: Any) -> str:
+    """The inputs a call lacks and those it has in excess of the captured structure, by their paths
+    (``args[1]``, ``kwargs['mask']``, ``args[0]['z'][0]``); or what differs in kind."""
+    def paths(tree: Any) -> list[str]:
+        out = []
+        for path, _ in pytree.tree_flatten_with_path(tree)[0]:
+            head = ("args", "kwargs")[path[0].idx] if path else ""
+            out.append(head + pytree.keystr(path[1:]))
+        return out
+
+    try:
+        want = paths(pytree.tree_unflatten([0] * spec.num_leaves, spec))
+        have = paths(received)
+    except Exception:  # noqa: BLE001 - a spec without paths: the specs below say it
+        return "see the specs"
+    missing = [p for p in want if p not in have]
+    extra = [p for p in have if p not in want]
+    parts = ([f"missing {', '.join(missing[:6])}"] if missing else []) + (
+        [f"not expected {', '.join(extra[:6])}"] if extra else [])
+    return "; ".join(parts) if parts else "the same inputs in other containers"
 
 
 def unflatten_outputs(graph: Graph, flat: list[torch.Tensor]) -> Any:
