@@ -123,3 +123,16 @@ def test_another_input_structure_names_the_inputs_missing_and_not_expected():
         compiled({"x": d["x"], "y": d["y"]})  # was: only the two TreeSpecs, printed over 10 lines
     with pytest.raises(ValueError, match=r"captured structure: not expected kwargs\['scale'\]"):
         compiled(d, scale=2.0)
+
+
+def test_a_weight_without_data_is_a_capture_error_naming_it():
+    class Meta(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.empty(16, 8, device="meta"))
+
+        def forward(self, x):
+            return (x @ self.w.to("cpu")).relu()  # eager: "Cannot copy out of meta tensor"
+
+    with pytest.raises(vtc.CaptureError, match=r"tensor %p_w \(\[16, 8\], torch.float32\) has no data \(meta"):
+        vtc.compile(Meta(), (torch.randn(4, 16),))  # was: compiled, and each call read garbage

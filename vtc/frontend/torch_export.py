@@ -264,6 +264,11 @@ def graph_from_fx(
     n_user = 0
 
     def const(name: str, t: torch.Tensor) -> Value:
+        if t.device.type != "cpu":  # kernels would read its data pointer as host memory (a meta tensor's is null)
+            what = "has no data (meta device: load the weights first)" if t.device.type == "meta" else (
+                f"is on {t.device}")
+            raise CaptureError(f"the model's tensor %{name} ({list(t.shape)}, {t.dtype}) {what}; vtc compiles for "
+                               "the CPU: model.to('cpu') before vtc.compile")
         v = Value(name, tuple(t.shape), t.dtype, "const", data=t)
         const_vals.append(v)
         return v
