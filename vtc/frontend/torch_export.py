@@ -26,10 +26,12 @@ Only static shapes are supported: a symbolic size raises ``CaptureError``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import operator
 import threading
+import types
 from typing import Any, Callable
 
 import torch
@@ -139,7 +141,8 @@ def capture_copy(model: torch.nn.Module) -> torch.nn.Module:
     thread running it eagerly meanwhile met fake tensors (an AssertionError, or an abort).  Each module
     reachable through ``_modules`` is copied (its ``__dict__``, parameter, buffer and submodule tables are
     new dicts); a plain attribute holding one of those modules, directly or in a list, tuple or dict, is
-    pointed at its copy.  Tensors, hooks and other attributes are shared, not copied.  A module that cannot be
+    pointed at its copy, and so is a method or ``functools.partial`` bound to one (a forward replaced on the
+    instance).  Tensors, hooks and other attributes are shared, not copied.  A module that cannot be
     copied this way (a ScriptModule) is returned as it is."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
@@ -153,6 +156,10 @@ def capture_copy(model: torch.nn.Module) -> torch.nn.Module:
         def remap(x: Any) -> Any:
             if isinstance(x, torch.nn.Module):
                 return copies.get(id(x), x)
+            if isinstance(x, types.MethodType) and id(x.__self__) in copies:  # m.forward = MethodType(f, m)
+                return types.MethodType(x.__func__, copies[id(x.__self__)])
+            if type(x) is functools.partial and any(id(a) in copies for a in x.args):  # accelerate's hooks
+                return functools.update_wrapper(functools.partial(x.func, *map(remap, x.args), **x.keywords), x)
             if type(x) in (list, tuple) and any(isinstance(y, torch.nn.Module) for y in x):
                 return type(x)(remap(y) for y in x)
             if type(x) is dict and any(isinstance(y, torch.nn.Module) for y in x.values()):
