@@ -6,6 +6,7 @@
 """
 from vtc.compiler import Compiled, FallbackWarning, compile  # noqa: A004 - the public name is vtc.compile
 from vtc.frontend import torch_backend as _torch_backend  # noqa: F401 - registers backend "vtc"
+from vtc.frontend.torch_export import CaptureError, InputShapeError
 
-__all__ = ["Compiled", "FallbackWarning", "compile"]
+__all__ = ["CaptureError", "Compiled", "FallbackWarning", "InputShapeError", "compile"]
 __version__ = "0.1.0"

@@ -25,7 +25,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.gemm import GEMM_MODES
-from vtc.frontend.torch_export import CAPTURE_LOCK, export_graph, flatten_inputs, unflatten_outputs
+from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, ConstantInputChanged, InputShapeError, export_graph,
+                                      flatten_inputs, unflatten_outputs)
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
@@ -170,12 +171,41 @@ class Compiled:
 
                 spec = dynamic_specialization(self, args, kwargs)  # None: these sizes need their own capture
             if spec is None:
-                spec = specialize(export_graph(self.model, args, kwargs), self.options)
+                spec = specialize(self._capture(args, kwargs), self.options)
             with self._lock:
                 self._specs[key] = spec
                 while len(self._specs) > self.options["max_specializations"]:
                     self._specs.popitem(last=False)
         return spec
+
+    def _capture(self, args: tuple, kwargs: dict) -> Graph:
+        """The graph captured for these inputs; InputShapeError (a ValueError) naming the dims that differ from
+        the example's when the model was captured with the example and cannot be with these."""
+        try:
+            return export_graph(self.model, args, kwargs)
+        except CaptureError as e:
+            if not self._specs:
+                raise  # the example inputs themselves
+            graph = self._first.graph
+            try:
+                tensors = flatten_inputs(graph, args, kwargs)
+            except Exception:  # noqa: BLE001 - the inputs' structure differs: the capture's error says more
+                raise e from None
+            diffs = []
+            for i, (v, t) in enumerate(zip(graph.inputs, tensors)):
+                dims = [d for d in range(min(t.dim(), len(v.shape))) if t.shape[d] != v.shape[d]]
+                if dims:
+                    what = ", ".join(f"dim {d} is {t.shape[d]}, expected {v.shape[d]}" for d in dims)
+                    diffs.append(f"input {i} (%{v.name}): {what} (compiled for shape {list(v.shape)}, "
+                                 f"received {list(t.shape)})")
+            if not diffs:
+                raise
+            refused = getattr(e, "refused", "")  # the fast capture's trace error, with the concrete sizes
+            cause = e.__cause__ if e.__cause__ is not None else e
+            why = refused if refused.count(":") else f"{type(cause).__name__}: {cause}"
+            lines = [ln.strip() for ln in why.strip().splitlines() if ln.strip()]
+            raise InputShapeError(f"{'; '.join(diffs)}; the model does not run with the new sizes: "
+                                  f"{lines[0] if lines else ''}") from e
 
     def __call__(self, *args, **kwargs):
         if not kwargs and self._exact(args):  # the captured dtypes and shapes: nothing to check or flatten
@@ -185,7 +215,13 @@ class Compiled:
         if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
         else:
-            tensors = flatten_inputs(graph, args, kwargs)
+            try:
+                tensors = flatten_inputs(graph, args, kwargs)
+            except ConstantInputChanged:  # a new value of a non-tensor input: a capture of its own
+                spec = self._specialize(args, kwargs)
+                tensors = flatten_inputs(spec.graph, args, kwargs)
+                check_inputs(spec.graph, tensors, exact_shape=False)
+                return unflatten_outputs(spec.graph, spec.executor(tensors))
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):

@@ -114,6 +114,9 @@ def dynamic_specialization(compiled, args: tuple, kwargs: dict):
     if dyn is False:
         return None
     first = pytree.tree_leaves((tuple(compiled._args), dict(compiled._kwargs)))
+    if len(first) != len(leaves) or any(not isinstance(a, torch.Tensor) and (type(a) is not type(b) or a != b)
+                                        for a, b in zip(first, leaves)):
+        return None  # a non-tensor input has another value: the symbolic graph holds the example's
     changed = dynamic_dims(first, leaves)
     if dyn is None and compiled.options["dynamic"] is True:
         dyn = _capture(compiled, None, (args, kwargs), None)

@@ -288,3 +288,50 @@ def test_threads_bringing_new_sizes_at_once_capture_one_at_a_time():
             assert isinstance(results[s], torch.Tensor), f"S={s}: {results[s]!r}"
             torch.testing.assert_close(results[s], m(x), **TOL)
     assert type(m[0].weight) is torch.nn.Parameter and type(m[0].weight.data) is torch.Tensor  # no fake left
+
+
+def test_a_wrong_static_size_raises_one_value_error_naming_input_dim_expected_and_received(capfd):
+    torch.manual_seed(4)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    compiled = vtc.compile(m, (torch.randn(4, 16),))
+    capfd.readouterr()
+    with pytest.raises(ValueError, match=r"^input 0 \(%input_1\): dim 1 is 17, expected 16 \(compiled for shape "
+                                         r"\[4, 16\], received \[4, 17\]\); the model does not run with the new "
+                                         r"sizes: RuntimeError: .*\[4, 17\] X \[16, 8\]") as info:
+        compiled(torch.randn(4, 17))
+    assert isinstance(info.value, vtc.InputShapeError) and isinstance(info.value, vtc.CaptureError)
+    assert "\n" not in str(info.value)
+    assert "fake_tensor" not in "".join(capfd.readouterr())  # no traceback logged by torch's fake tensors
+    x = torch.randn(6, 16)  # a size the model runs with is still fine
+    torch.testing.assert_close(compiled(x), m(x), **TOL)
+
+
+def test_compiling_while_another_thread_runs_the_module_eagerly_leaves_the_module_untouched():
+    torch.manual_seed(5)
+    m = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(6)]).eval()
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        want = m(x)
+    stop, errors = threading.Event(), []
+
+    def eager():
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    got = m(x)
+                if not torch.allclose(got, want):
+                    errors.append("wrong result")
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+
+    t = threading.Thread(target=eager)
+    t.start()
+    try:
+        for plan in ("greedy", "none", "greedy"):
+            compiled = vtc.compile(m, (x,), plan=plan)
+    finally:
+        stop.set()
+        t.join()
+    assert errors == []
+    torch.testing.assert_close(compiled(x), want, **TOL)
+    assert all(type(p) is torch.nn.Parameter and type(p.data) is torch.Tensor for p in m.parameters())

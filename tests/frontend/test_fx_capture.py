@@ -181,3 +181,30 @@ def test_a_real_tensor_from_outside_the_model_is_refused():
     """(The trace, like torch.export's, still applies the in-place op to that tensor once: known, not fixed.)"""
     with pytest.raises(fx_capture.Refused, match="FakeTensor"):
         fx_capture.capture(_OutsideTensorAddsInPlace(), (torch.randn(2, 3),), None)
+
+
+@pytest.mark.parametrize("how", ["method", "partial"])
+def test_a_forward_replaced_on_the_instance_takes_the_fast_capture_and_leaves_the_module_as_it_was(how):
+    import functools
+    import types
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.l(x)
+
+    def scaled(mod, x):
+        return mod.l(x) * 3
+
+    torch.manual_seed(7)
+    m = M().eval()
+    m.forward = types.MethodType(scaled, m) if how == "method" else functools.partial(scaled, m)
+    before = (m.forward, m.l, m.l.weight)
+    x = torch.randn(4, 8)
+    graph = export_graph(m, (x,))
+    assert graph.meta["capture"] == fx_capture.CAPTURE  # was: bound to the module, not its copy: torch.export
+    torch.testing.assert_close(run_graph(graph, [x])[0], m(x))
+    assert (m.forward, m.l, m.l.weight) == before and type(m.l.weight) is torch.nn.Parameter

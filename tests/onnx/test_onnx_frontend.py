@@ -170,6 +170,10 @@ def test_calling_conventions():
         c(f32(3, 3), f32(3, 3))
     with pytest.raises(TypeError, match="missing \\['b'\\]"):
         c({"a": a})
+    s3, _ = c(b=b, a=a)  # by name as keywords (was: "got an unexpected keyword argument 'b'")
+    np.testing.assert_array_equal(s3, s)
+    with pytest.raises(TypeError, match="either positionally or by name"):
+        c(a, b=b)
     assert "OnnxCompiled" in repr(c)
 
 

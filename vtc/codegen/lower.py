@@ -84,6 +84,7 @@ class Lowering:
         self.users = graph.users()
         self.outputs = {v.name for v in graph.outputs}
         self.why_torch: dict[str, str] = {}  # node -> why a known op still runs through torch
+        self.defects: dict[str, str] = {}  # node -> the error its definition raised (it runs through torch)
         self.gemm_choices: dict[str, GemmChoice] = {}  # GEMM node -> generated kernel or torch, with both costs
         self.kind = {n.name: self._classify(n) for n in graph.nodes}
         self.folded = self._foldable_index_tensors()
@@ -124,6 +125,10 @@ class Lowering:
                 self._probe(n, kind)
             except NotSupported as e:
                 self._torch(n, str(e))
+                return "library"
+            except Exception as e:  # noqa: BLE001 - a defect of the definition: torch computes the op, reported
+                self._torch(n, f"vtc's definition of {n.op} failed on this call ({type(e).__name__}: {e})")
+                self.defects[n.name] = self.why_torch[n.name]  # in report.fallback_ops, so vtc.compile warns
                 return "library"
             return kind
         return "library"

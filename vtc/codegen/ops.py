@@ -93,7 +93,17 @@ def _unary(fn: str):
     def lower(ctx, args, out):
         if out.dtype not in (torch.float32, torch.float64) and fn not in ("neg", "abs", "relu", "sign"):
             raise NotSupported(f"{fn} on {out.dtype}")
-        return K.unary(fn, ctx.arg(args["self"], out.dtype), out.dtype)
+        extra = {k: v for k, v in args.items() if k not in ("self", "decimals")}
+        if extra:  # an overload with arguments this definition does not read: torch computes it
+            raise NotSupported(f"{fn} with {sorted(extra)}")
+        x = ctx.arg(args["self"], out.dtype)
+        decimals = args.get("decimals", 0)
+        if fn == "round" and decimals:  # torch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d
+            scale = K.const(float(10 ** abs(decimals)), out.dtype)
+            if decimals > 0:
+                return K.binary("div", K.unary("round", K.binary("mul", x, scale), out.dtype), scale, out.dtype)
+            return K.binary("mul", K.unary("round", K.binary("div", x, scale), out.dtype), scale, out.dtype)
+        return K.unary(fn, x, out.dtype)
     return lower
 
 
@@ -144,10 +154,29 @@ def _binary(fn: str, alpha: bool = False):
     return lower
 
 
+def _integer_divisor(args, out) -> None:
+    """NotSupported for an integer division whose divisor may be 0 (anything but a number other than 0 and -1):
+    torch raises ZeroDivisionError there, where C's integer division kills the process (SIGFPE; so does
+    INT_MIN / -1)."""
+    b = args["other"]
+    if not out.dtype.is_floating_point and not (isinstance(b, (int, float)) and not isinstance(b, bool)
+                                                and b not in (0, -1)):
+        raise NotSupported("integer division by a tensor (torch raises ZeroDivisionError for a 0 divisor)")
+
+
+def _division(fn: str):
+    binary = _binary(fn)
+
+    def lower(ctx, args, out):
+        _integer_divisor(args, out)
+        return binary(ctx, args, out)
+    return lower
+
+
 POINTWISE.update({
     "add": _binary("add", alpha=True), "sub": _binary("sub", alpha=True), "rsub": None,
     "mul": _binary("mul"), "maximum": _binary("max"), "minimum": _binary("min"),
-    "fmod": _binary("fmod"), "remainder": _binary("remainder"), "atan2": _binary("atan2"),
+    "fmod": _division("fmod"), "remainder": _division("remainder"), "atan2": _binary("atan2"),
 })
 del POINTWISE["rsub"]
 
@@ -155,6 +184,7 @@ del POINTWISE["rsub"]
 @pointwise("div")
 def _div(ctx, args, out):
     mode = args.get("rounding_mode")
+    _integer_divisor(args, out)
     a, b = ctx.arg(args["self"], out.dtype), ctx.arg(args["other"], out.dtype)
     if mode is None:
         if not out.dtype.is_floating_point:
@@ -308,8 +338,8 @@ def _var(ctx, args, outs):
         raise NotSupported("var of integers")
     dims = _dims(args.get("dim"), len(x.shape))
     n = math.prod(x.shape[d] for d in dims) if dims else 1
-    correction = args.get("correction")
-    correction = 1 if correction is None else correction
+    correction = args.get("correction")  # var.correction; var.dim / var.default say unbiased= instead
+    correction = (1 if args.get("unbiased", True) else 0) if correction is None else correction
     dt = out.dtype
 
     def mean(c):

@@ -618,7 +618,12 @@ class OnnxCompiled:
             out.append(t)
         return out, numpy_in
 
-    def __call__(self, *args: Any) -> list:
+    def __call__(self, *args: Any, **named: Any) -> list:
+        if named:  # inputs by name, as ``compiled({"x": ...})`` takes them
+            if args:
+                raise TypeError(f"give the inputs either positionally or by name, not both (received "
+                                f"{len(args)} positional and {sorted(named)})")
+            args = (named,)
         if len(args) == 1 and isinstance(args[0], (dict, list, tuple)):
             args = args[0]
         tensors, numpy_in = self._tensors(args)

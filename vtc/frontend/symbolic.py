@@ -31,7 +31,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from vtc.frontend.torch_export import CaptureError, _as_module, distinct_inputs, graph_from_fx, program_constants
+from vtc.frontend.torch_export import (CaptureError, _as_module, capture_copy, distinct_inputs, graph_from_fx,
+                                      program_constants, quiet_fake_tensor_log)
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -215,6 +216,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
 
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
     args, kwargs = distinct_inputs(model, tuple(args), dict(kwargs))
+    model = capture_copy(model)  # the user's module keeps its tensors while this traces fakes
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     if dims is None:
         dims = [set(range(x.dim())) if isinstance(x, torch.Tensor) else set() for x in leaves]
@@ -228,7 +230,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
     shapes = {k: (tuple(v) if params[k].kind == inspect.Parameter.VAR_POSITIONAL else v)
               for k, v in bound.arguments.items()}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), quiet_fake_tensor_log():
             ep = torch.export.export(model, tuple(args), dict(kwargs) or None, strict=False,
                                      dynamic_shapes=shapes).run_decompositions()
     except Exception as e:

@@ -25,9 +25,13 @@ Only static shapes are supported: a symbolic size raises ``CaptureError``.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
+import logging
 import operator
 import threading
+import types
 from typing import Any, Callable
 
 import torch
@@ -43,6 +47,45 @@ _TRY_COMPILE = 'Try torch.compile(model, backend="vtc"), which tolerates graph b
 
 class CaptureError(RuntimeError):
     """torch.export could not capture the model, or its graph uses what vtc cannot represent."""
+
+
+class ConstantInputChanged(ValueError):
+    """A non-tensor input (captured as a constant) has another value than in the capture."""
+
+
+class InputShapeError(CaptureError, ValueError):
+    """A call's input sizes differ from the example's and the model does not run with them (a ValueError)."""
+
+
+class _QuietFakeTensorLog(logging.Filter):
+    """Drops fake-tensor's log of an op that failed on fake tensors: the capture raises with the cause."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.users, self.lock = 0, threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+
+_QUIET = _QuietFakeTensorLog()
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log():
+    """While a capture runs: an op failing on fake tensors raises (and vtc names it) without torch logging its
+    traceback at ERROR level (``torch._subclasses.fake_tensor``) as well."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    with _QUIET.lock:
+        _QUIET.users += 1
+        logger.addFilter(_QUIET)
+    try:
+        yield
+    finally:
+        with _QUIET.lock:
+            _QUIET.users -= 1
+            if not _QUIET.users:
+                logger.removeFilter(_QUIET)
 
 
 def _as_module(fn: Callable) -> torch.nn.Module:
@@ -85,9 +128,56 @@ def program_constants(ep: Any, name: str) -> dict[str, torch.Tensor]:
     return consts
 
 
-# held while a model is captured (vtc.Compiled): the capture puts fake tensors into the module's slots until it
-# returns, so a second capture of the same module at that time would trace fakes and restore them as its state
+# held while a model is captured (vtc.Compiled): one capture at a time (torch's tracing keeps process-wide
+# state); the user's module is not touched by a capture (``capture_copy``), so eager calls may run meanwhile
 CAPTURE_LOCK = threading.RLock()
+
+
+def capture_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model`'s module tree that shares every tensor, for a capture to swap fake tensors into.
+
+    Both captures (``fx_capture`` and torch.export's non-strict trace) put fake tensors into the parameter,
+    buffer and attribute slots of the module they trace until they return; on the user's module, another
+    thread running it eagerly meanwhile met fake tensors (an AssertionError, or an abort).  Each module
+    reachable through ``_modules`` is copied (its ``__dict__``, parameter, buffer and submodule tables are
+    new dicts); a plain attribute holding one of those modules, directly or in a list, tuple or dict, is
+    pointed at its copy, and so is a method or ``functools.partial`` bound to one (a forward replaced on the
+    instance).  Tensors, hooks and other attributes are shared, not copied.  A module that cannot be
+    copied this way (a ScriptModule) is returned as it is."""
+    if isinstance(model, torch.jit.ScriptModule):
+        return model
+    try:
+        copies: dict[int, torch.nn.Module] = {}
+        for m in model.modules():
+            c = type(m).__new__(type(m))
+            vars(c).update(vars(m))
+            copies[id(m)] = c
+
+        def remap(x: Any) -> Any:
+            if isinstance(x, torch.nn.Module):
+                return copies.get(id(x), x)
+            if isinstance(x, types.MethodType) and id(x.__self__) in copies:  # m.forward = MethodType(f, m)
+                return types.MethodType(x.__func__, copies[id(x.__self__)])
+            if type(x) is functools.partial and any(id(a) in copies for a in x.args):  # accelerate's hooks
+                return functools.update_wrapper(functools.partial(x.func, *map(remap, x.args), **x.keywords), x)
+            if type(x) in (list, tuple) and any(isinstance(y, torch.nn.Module) for y in x):
+                return type(x)(remap(y) for y in x)
+            if type(x) is dict and any(isinstance(y, torch.nn.Module) for y in x.values()):
+                return {k: remap(y) for k, y in x.items()}
+            return x
+
+        for m in model.modules():
+            d = vars(copies[id(m)])
+            for key, v in list(d.items()):
+                if key in ("_parameters", "_buffers"):
+                    d[key] = dict(v)
+                elif key == "_modules":
+                    d[key] = {k: remap(c) for k, c in v.items()}
+                else:
+                    d[key] = remap(v)
+        return copies[id(model)]
+    except Exception:  # noqa: BLE001 - an unusual module class: the capture traces the module itself
+        return model
 
 
 def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
@@ -95,19 +185,23 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     args, example_kwargs = distinct_inputs(model, args, example_kwargs)
+    model = capture_copy(model)  # the user's module keeps its tensors while this traces fakes
     name = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else getattr(
         model_or_fn, "__name__", repr(model_or_fn))
-    graph, refused = _fast_capture(model, args, example_kwargs)
+    with quiet_fake_tensor_log():
+        graph, refused = _fast_capture(model, args, example_kwargs)
     if graph is not None:
         graph.meta["source"] = f"torch.export of {name}"
         return graph
     try:
-        with torch.no_grad():
+        with torch.no_grad(), quiet_fake_tensor_log():
             ep, how = export_core_aten(model, args, example_kwargs)
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()][:4]
         cause = f"{type(e).__name__}: " + "\n    ".join(lines)
-        raise CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}") from e
+        err = CaptureError(f"torch.export could not capture {name}: {cause}\n{_TRY_COMPILE}")
+        err.refused = refused  # why the fast capture refused it (its trace error names concrete sizes)
+        raise err from e
 
     consts = program_constants(ep, name)
     try:
@@ -177,6 +271,11 @@ def graph_from_fx(
     n_user = 0
 
     def const(name: str, t: torch.Tensor) -> Value:
+        if t.device.type != "cpu":  # kernels would read its data pointer as host memory (a meta tensor's is null)
+            what = "has no data (meta device: load the weights first)" if t.device.type == "meta" else (
+                f"is on {t.device}")
+            raise CaptureError(f"the model's tensor %{name} ({list(t.shape)}, {t.dtype}) {what}; vtc compiles for "
+                               "the CPU: model.to('cpu') before vtc.compile")
         v = Value(name, tuple(t.shape), t.dtype, "const", data=t)
         const_vals.append(v)
         return v
@@ -265,6 +364,11 @@ def _is_check(target: Any) -> bool:
 
 
 def _static_shape(name: str, t: torch.Tensor) -> tuple[int, ...]:
+    unbacked = [s for s in t.shape if isinstance(s, torch.SymInt) and str(s.node.expr).startswith("u")]
+    if unbacked:  # torch's unbacked symbols (u0, u1, ...): sizes known only once the values are
+        raise CaptureError(f"%{name} has shape {list(t.shape)}: size {unbacked[0]} depends on the values of the "
+                           "inputs (a boolean mask index, nonzero, unique, ...), which vtc's graphs cannot "
+                           "represent (torch.compile runs such an op in eager between two graphs)")
     if any(not isinstance(s, int) for s in t.shape):
         raise CaptureError(f"%{name} has symbolic shape {list(t.shape)}; vtc supports static shapes only "
                            "(export without dynamic_shapes, or torch.compile(..., dynamic=False))")
@@ -308,13 +412,36 @@ def flatten_inputs(graph: Graph, args: Any, kwargs: dict | None = None) -> list[
             kwargs = {k: kwargs[k] for k in keys}  # torch.export's keyword order
     leaves, got = pytree.tree_flatten((args, kwargs))
     if spec is not None and got != spec:
-        raise ValueError(f"inputs do not match the captured structure:\n  expected {spec}\n  received {got}")
+        raise ValueError(f"inputs do not match the captured structure: {_structure_diff(spec, (args, kwargs))}"
+                         f"\n  expected {spec}\n  received {got}")
     consts = graph.meta.get("input_consts", {})
     for i, c in consts.items():
-        if isinstance(leaves[i], torch.Tensor) or leaves[i] != c:
-            raise ValueError(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
-                             "capture again for a new value")
+        if isinstance(leaves[i], torch.Tensor) or type(leaves[i]) is not type(c) or leaves[i] != c:
+            raise ConstantInputChanged(f"non-tensor input {i} was {c!r} when captured, received {leaves[i]!r}; "
+                                       "capture again for a new value")
     return [leaf for i, leaf in enumerate(leaves) if i not in consts]
+
+
+def _structure_diff(spec: Any, received: Any) -> str:
+    """The inputs a call lacks and those it has in excess of the captured structure, by their paths
+    (``args[1]``, ``kwargs['mask']``, ``args[0]['z'][0]``); or what differs in kind."""
+    def paths(tree: Any) -> list[str]:
+        out = []
+        for path, _ in pytree.tree_flatten_with_path(tree)[0]:
+            head = ("args", "kwargs")[path[0].idx] if path else ""
+            out.append(head + pytree.keystr(path[1:]))
+        return out
+
+    try:
+        want = paths(pytree.tree_unflatten([0] * spec.num_leaves, spec))
+        have = paths(received)
+    except Exception:  # noqa: BLE001 - a spec without paths: the specs below say it
+        return "see the specs"
+    missing = [p for p in want if p not in have]
+    extra = [p for p in have if p not in want]
+    parts = ([f"missing {', '.join(missing[:6])}"] if missing else []) + (
+        [f"not expected {', '.join(extra[:6])}"] if extra else [])
+    return "; ".join(parts) if parts else "the same inputs in other containers"
 
 
 def unflatten_outputs(graph: Graph, flat: list[torch.Tensor]) -> Any:

@@ -10,7 +10,8 @@ Counts are per call of the compiled graph:
   the copies of a pushed op's inputs that no kernel computes, e.g. the part of
   a KV cache given as a graph input that an out-of-place update keeps);
 - ``kernels``: launches (compute/fallback nodes, kept movement ops, gathers);
-- ``fallback_ops``: ops vtc does not know, run by the framework;
+- ``fallback_ops``: ops vtc does not know, and known ones whose definition failed on this call (a defect of
+  vtc, ``Lowering.defects``), run by the framework;
 - ``peak_memory_bytes``: peak of live intermediate buffers (inputs and
   parameters excluded), from the executor's liveness;
 - ``gemm``: per GEMM node (mm/bmm/addmm/baddbmm) the choice between the
@@ -146,7 +147,8 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         eliminated_movement_ops=eliminated,
         materialized_movement_bytes=moved,
         kernels=sum(1 for s in executor.steps if s.kind in ("run", "gather", "kernel")),
-        fallback_ops=[n.op for n in graph.nodes if n.kind == "fallback"],
+        fallback_ops=[n.op for n in graph.nodes
+                      if n.kind == "fallback" or n.name in getattr(executor.lowering, "defects", ())],
         peak_memory_bytes=executor.peak_bytes,
         movement=movement,
         chains=chains,
