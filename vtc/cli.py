@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, TypeError, RuntimeError, ImportError, IndexError) as e:
+    except (ValueError, TypeError, RuntimeError, ImportError, IndexError, OSError) as e:
         print(f"vtc {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 

@@ -30,3 +30,11 @@ def test_analyze_factory_path(capsys, monkeypatch):
     monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "zoo"))
     assert main(["analyze", "zoo_factory:make", "--size", "tiny"]) == 0
     assert "max |vtc - eager| = 0" in capsys.readouterr().out
+
+
+def test_run_on_a_missing_onnx_file_is_a_clear_error(tmp_path, capsys):
+    """`vtc run` on a path that does not exist: one line naming it, exit status 2, no traceback."""
+    missing = tmp_path / "no_such.onnx"
+    assert main(["run", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "FileNotFoundError" in err and str(missing) in err and "Traceback" not in err
