@@ -2,8 +2,8 @@
 
 A one-group convolution with at most ``conv_bcast.MAX_PIXELS`` output pixels,
 a reduction shorter than the dot form's (``conv_t.MIN_K``) and at least 16
-output channels runs as the transposed product: W^T packed per call (16 x 16
-transposes, zero past the last channel), the im2col's pixels broadcast; the
+output channels runs as the transposed product: W^T packed (once per weight version by the
+call plan, else per call by 16 x 16 transposes, zero past the last channel), the im2col's pixels broadcast; the
 report's ``path`` says "conv_bcast".  The tests check the values on odd maps
 (1x1, 3x3, 5x9, 7x7) and channel counts (17, 127: partial vectors, tiles of 1
 and 2 vectors, pixel tiles of 1-6), batch 1 and 16, a 3x3 with padding,
@@ -106,7 +106,8 @@ def test_shufflenet_unit_at_7x7_moves_nothing(batch):
 
 
 def test_weight_changed_in_place_is_read_by_the_next_call():
-    """W^T is packed on every call: a parameter changed in place after compiling is seen."""
+    """W^T is packed once by the call plan and again when the weight's version moves: a parameter changed in
+    place after compiling is seen (more in tests/runtime/test_packed_conv_weights.py)."""
     conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
     x = torch.randn(1, 40, 7, 7)
     compiled = compile_cpu(conv, (x,))

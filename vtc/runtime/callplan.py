@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from vtc.codegen import conv_bcast
 from vtc.ir.graph import Value
 from vtc.runtime.buffers import ENABLED as POOL_ENABLED
 from vtc.runtime import packed
@@ -94,7 +95,7 @@ class CallPlan:
         # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
         # constants made once, steps that go through Executor.run_step
         self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
-                       "packed_weights": 0}
+                       "packed_weights": 0, "packed_conv_weights": 0}
         self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
         self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
         for s in executor.steps:
@@ -248,7 +249,10 @@ class CallPlan:
         outs = [self.slot[b.name] for b in ck.outputs]
         allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
         sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
-        pointers = pointer_array(ck._pointers._length_)
+        weight = self._packed_conv_weight(ck)  # a conv_bcast kernel's W^T packed once, passed after the buffers
+        if weight is not None and ck.step.checks:  # pragma: no cover - a convolution's kernel has no index checks
+            self.why_not_packed[name], weight = "the kernel has index range checks", None
+        pointers = pointer_array(ck._pointers._length_ + (weight is not None))
         call_checked = checked_caller() if ck.step.checks else None
         fused, other = _split_checks(ck) if call_checked is not None else ([], ck.step.checks)
         python_checks = [(c, self.slot[c.tensor]) for c in other]
@@ -261,23 +265,30 @@ class CallPlan:
             kernel_address, nchecks = ctypes.c_void_p(address), ctypes.c_int64(len(fused))
             table = (ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row])
         take = _taker(ins)
+        if weight is not None:
+            self.counts["packed_conv_weights"] += 1
+            flag = conv_bcast.PACKED_FLAG
+
+            def kernel_packed(slots: Slots) -> None:  # the kernel's buffers, then its weight packed once
+                tensors = take(slots)
+                if strided or checked:
+                    tensors = _contiguous_checked(name, tensors, strided, checked)
+                made = [a() for a in allocs]
+                st = weight()  # held while the kernel runs: another thread's re-pack never frees it under it
+                fn(pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], st[2]),
+                   get_threads() | flag)
+                for i, t in zip(outs, made):
+                    slots[i] = t
+            for b in ck.outputs:
+                self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+            return kernel_packed
 
         def kernel(slots: Slots) -> None:
             for c, i in python_checks:
                 check_range(c, slots[i])
             tensors = take(slots)
             if strided or checked:
-                tensors = list(tensors)
-                for k in strided:
-                    if not tensors[k].is_contiguous():
-                        tensors[k] = tensors[k].contiguous()
-                for k, n, shape, dtype in checked:
-                    t = tensors[k]
-                    if t.dtype != dtype or t.shape != shape:
-                        raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
-                                           f"generated for {dtype} {list(shape)}")
-                    if not t.is_contiguous():
-                        tensors[k] = t.contiguous()
+                tensors = _contiguous_checked(name, tensors, strided, checked)
             made = [a() for a in allocs]
             ptrs = pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], *sizes)
             if not fused:
@@ -292,6 +303,41 @@ class CallPlan:
         for b in ck.outputs:
             self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
         return kernel
+
+
+    def _packed_conv_weight(self, ck) -> Callable[[], tuple] | None:
+        """For a conv_bcast kernel whose weight is a constant: the ``state`` of its W^T packed once
+        (``vtc.runtime.packed.PackedConvWeight``), else None (the kernel packs it per call; why in
+        ``why_not_packed``)."""
+        gemm = getattr(ck.step.kernel, "gemm", None)
+        if not packed.CONV_ENABLED or gemm is None or not hasattr(gemm, "packed_weight") or ck._sizes:
+            return None
+        spec = gemm.packed_weight
+        wbuf = spec[0] if spec is not None else None
+        w = self.template[self.slot[wbuf]] if wbuf in self.slot else None  # set: a constant or a view of one
+        why = packed.conv_weight_why_not(w if isinstance(w, torch.Tensor) else None,
+                                         spec[1:] if spec is not None else None)
+        if why is not None:
+            self.why_not_packed[ck.step.kernel.name] = why
+            return None
+        return packed.PackedConvWeight(w, *spec[1:]).state
+
+
+def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list) -> list:
+    """A kernel's input tensors, made contiguous where they are not (`strided`: positions whose dtype and shape
+    are known; `checked`: (position, value, shape, dtype) checked first)."""
+    tensors = list(tensors)
+    for k in strided:
+        if not tensors[k].is_contiguous():
+            tensors[k] = tensors[k].contiguous()
+    for k, n, shape, dtype in checked:
+        t = tensors[k]
+        if t.dtype != dtype or t.shape != shape:
+            raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
+                               f"generated for {dtype} {list(shape)}")
+        if not t.is_contiguous():
+            tensors[k] = t.contiguous()
+    return tensors
 
 
 def _split_checks(ck) -> tuple[list, list]:
