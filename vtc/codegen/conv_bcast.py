@@ -37,8 +37,11 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
 A thread's work is (image, block of output channels, a multiple of 16), the
 blocks cut so that every thread gets work at batch 1.  ``why_not`` says where
 a convolution runs this way (``FORM`` in its ``GemmChoice.path``, picked by
-vtc.codegen.conv.choose_conv): an AVX-512 target, one group, a small map, a
-short reduction, at least 16 output channels and a plain row-major weight.
+vtc.codegen.conv.choose_conv before the dot form): an AVX-512 target, one
+group, at least 16 output channels, a plain row-major weight, and a small map:
+up to ``MAX_PIXELS`` output pixels with a reduction shorter than conv_t's
+``MIN_K``, up to conv_t's ``MAX_PIXELS`` with a longer one (``LONG_K``: there
+it replaced the dot form, 20-30% faster).
 """
 from __future__ import annotations
 
@@ -49,6 +52,11 @@ ENABLED = True  # False: never taken (a switch for side-by-side timing; BCAST=0 
 MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
 #   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
 #   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
+LONG_K = True  # also a reduction of at least conv_t.MIN_K on maps of up to conv_t.MAX_PIXELS output pixels, where
+#   the dot form ran before (1 thread CPU time, kernel + call alone, min us, load 4-5, dot / this form, W^T packed once:
+#   1x1 464 -> 1024 on 7x7 254 / 198, same at batch 16 4297 / 3315, 1x1 512 -> 512 on 7x7 b16 2248 / 1783, 3x3 s2
+#   256 -> 512 to 7x7 1199 / 823, 1x1 464 -> 1024 on 14x14 898 / 755, 3x3 s2 128 -> 256 to 14x14 939 / 742; a
+#   stride-1 "same" 3x3 keeps conv_panels' taps, which beat the dot form too: 256 -> 256 on 7x7 389 / 343)
 MIN_CHANNELS = 16  # output channels at least (one vector)
 ROWS = 7  # pixels per tile (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
 VECS = 3  # vectors of 16 output channels per tile (ROWS x VECS = 21 accumulators)
@@ -86,10 +94,13 @@ def why_not(geo: dict, weight_ok: bool) -> str:
         return "the broadcast form is written for AVX-512"
     if geo["groups"] != 1:
         return f"{geo['groups']} groups: the broadcast form packs one weight"
-    if p > MAX_PIXELS:
-        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS}: the panel form fills its columns"
-    if k >= conv_t.MIN_K:
-        return f"a reduction of {k} >= {conv_t.MIN_K}: the dot form"
+    if k >= conv_t.MIN_K and not LONG_K:
+        return f"a reduction of {k} >= {conv_t.MIN_K}: the dot form (conv_bcast.LONG_K is off)"
+    if k < conv_t.MIN_K and p > MAX_PIXELS:
+        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS} with a short reduction ({k}): the " \
+               f"panel form fills its columns"
+    if p > conv_t.MAX_PIXELS:
+        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {conv_t.MAX_PIXELS}: the panel form fills its columns"
     if geo["og"] < MIN_CHANNELS:
         return f"{geo['og']} output channels < {MIN_CHANNELS}"
     if not weight_ok:

@@ -92,6 +92,7 @@ class CallPlan:
         self.made: dict[str, tuple[torch.Size, torch.dtype]] = {
             n: (t.shape, t.dtype) for n, t in executor.consts.items() if t.is_contiguous()}
         self.fns: list[Callable[[Slots], None]] = []
+        self.fn_steps: list = []  # the step each of fns runs (None: a closure dropping values; bench/step_profile.py)
         # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
         # constants made once, steps that go through Executor.run_step
         self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
@@ -103,9 +104,11 @@ class CallPlan:
             if fn is None:
                 continue
             self.fns.append(fn)
+            self.fn_steps.append(s)
             frees = tuple(self.slot[n] for n in s.frees)
             if frees:
                 self.fns.append(_freer(frees))
+                self.fn_steps.append(None)
         self.own_outputs = _owning_outputs(executor, graph)
         self.const_copies = bool(executor.const_copies)
 
