@@ -99,6 +99,13 @@ class CallPlan:
                        "packed_weights": 0, "packed_conv_weights": 0}
         self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
         self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
+        # kernel outputs that only kernels read: placed in a per-call arena at offsets fixed here (_arena_layout)
+        self.arena_slot = len(self.template)  # a call's slots[arena_slot]: its arena's pointer lists, by kernel
+        self.template.append(None)
+        self.arena_offsets, self.arena_bytes = _arena_layout(executor, self.made) if ARENA else ({}, 0)
+        self.arena_kernels: list[tuple[list, dict]] = []  # per arena kernel: (arena offset or None by pointer,
+        #                                                      {pointer: address the same in every call})
+        self._arenas: list[list] = []  # free arenas (one per call running at once), each [buffer, lists...]
         for s in executor.steps:
             fn = self._step(s)
             if fn is None:
@@ -124,12 +131,34 @@ class CallPlan:
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t
-        for fn in self.fns:
-            fn(slots)
+        if self.arena_kernels:
+            arena = self.acquire_arena()
+            slots[self.arena_slot] = arena
+            try:
+                for fn in self.fns:
+                    fn(slots)
+            finally:
+                self._arenas.append(arena)  # list.append / pop are atomic: threads take distinct arenas
+        else:
+            for fn in self.fns:
+                fn(slots)
         outs = [slots[i] for i in self.outputs]
         if self.own_outputs is not None:
             self.own_outputs(outs, inputs)
         return outs
+
+    def acquire_arena(self) -> list:
+        """A free arena for one call (``[buffer, pointer list of each arena kernel...]``; give it back with
+        ``self._arenas.append``): a new one where every arena is taken (calls in several threads at once)."""
+        try:
+            return self._arenas.pop()
+        except IndexError:
+            pass
+        buf = torch.empty(self.arena_bytes + ARENA_ALIGN, dtype=torch.uint8)
+        base = -(-buf.data_ptr() // ARENA_ALIGN) * ARENA_ALIGN
+        lists = [[base + off if off is not None else fixed.get(p, 0) for p, off in enumerate(offsets)]
+                 for offsets, fixed in self.arena_kernels]
+        return [buf, *lists]
 
     # -- one closure per step ---------------------------------------------------
     def _step(self, s) -> Callable[[Slots], None] | None:
@@ -270,6 +299,12 @@ class CallPlan:
         take = _taker(ins)
         if weight is not None:
             self.counts["packed_conv_weights"] += 1
+        placed = self.arena_offsets
+        if placed and any(b.name in placed for b in [*ck.inputs, *ck.outputs]):
+            if ck.step.checks or checked or strided:  # pragma: no cover - _arena_layout places none of its buffers
+                raise AssertionError(f"kernel {name}: buffers in the arena, but inputs checked per call")
+            return self._arena_kernel(ck, fn, get_threads, pointers, sizes, weight, allocs)
+        if weight is not None:
             flag = conv_bcast.PACKED_FLAG
 
             def kernel_packed(slots: Slots) -> None:  # the kernel's buffers, then its weight packed once
@@ -308,6 +343,37 @@ class CallPlan:
         return kernel
 
 
+    def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs) -> Callable[[Slots], None]:
+        """A kernel some of whose buffers lie in the call's arena: their addresses are in the arena's pointer
+        list for this kernel, made once per arena; the others (constants, kernel outputs that leave the arena)
+        are filled in per call."""
+        placed = self.arena_offsets
+        order = [*ck.inputs, *ck.outputs]
+        offsets = [placed.get(b.name) for b in order] + [None] * (len(sizes) + (weight is not None))
+        k = len(self.arena_kernels) + 1  # the arena's list for this kernel: arena[k] (arena[0] is its buffer)
+        # addresses the same in every call and arena: a size-generic kernel's sizes
+        self.arena_kernels.append((offsets, {len(order) + p: ptr for p, ptr in enumerate(sizes)}))
+        nin = len(ck.inputs)
+        given = [(p, self.slot[b.name]) for p, b in enumerate(ck.inputs) if b.name not in placed]
+        made = [(nin + p, self.slot[b.name], a) for p, (b, a) in enumerate(zip(ck.outputs, allocs))
+                if b.name not in placed]
+        a_slot, flag, last = self.arena_slot, conv_bcast.PACKED_FLAG if weight is not None else 0, len(offsets) - 1
+        for b in ck.outputs:
+            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+
+        def kernel(slots: Slots) -> None:
+            ptrs = slots[a_slot][k].copy()
+            for p, i in given:
+                ptrs[p] = slots[i].data_ptr()
+            for p, i, alloc in made:
+                t = slots[i] = alloc()
+                ptrs[p] = t.data_ptr()
+            if flag:
+                st = weight()  # held while the kernel runs: another thread's re-pack never frees it under it
+                ptrs[last] = st[2]
+            fn(pointers(*ptrs), get_threads() | flag)
+        return kernel
+
     def _packed_conv_weight(self, ck) -> Callable[[], tuple] | None:
         """For a conv_bcast kernel whose weight is a constant: the ``state`` of its W^T packed once
         (``vtc.runtime.packed.PackedConvWeight``), else None (the kernel packs it per call; why in
@@ -341,6 +407,67 @@ def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list)
         if not t.is_contiguous():
             tensors[k] = t.contiguous()
     return tensors
+
+
+ARENA = POOL_ENABLED  # VTC_BUFFER_POOL=0 (the benchmark's memory probes) keeps nothing between calls: no arena
+ARENA_ALIGN = 64  # bytes: each buffer of the arena starts on a cache line
+
+
+def _arena_layout(executor, made: dict) -> tuple[dict[str, int], int]:
+    """({value: byte offset}, arena bytes) for the kernel outputs that only generated kernels read.
+
+    Such a value is never a tensor in the call: its writer and readers get its address in the arena, so the
+    call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
+    ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
+    without index checks or derived index tensors and whose inputs are constants or kernel outputs (no tensor
+    to check per call), and it is not a graph output.  Values live from the step that writes them to the last
+    step that reads them; two values share bytes only when those spans do not meet (first fit, largest
+    first)."""
+    steps = executor.steps
+    outputs = {v.name for v in executor.graph.outputs}
+    kernel_made: dict[str, tuple] = {}
+    plain: set[int] = set()
+    for k, s in enumerate(steps):  # as CallPlan._kernel sees them: inputs neither checked nor made contiguous
+        if s.kind != "kernel" or s.kernel._derived:
+            continue
+        ok = not s.kernel.step.checks and all(
+            made.get(b.name) == (torch.Size(b.shape), b.dtype) or
+            kernel_made.get(b.name) == (torch.Size(b.shape), b.dtype) for b in s.kernel.inputs)
+        for b in s.kernel.outputs:
+            kernel_made[b.name] = (torch.Size(b.shape), b.dtype)
+        if ok:
+            plain.add(k)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    bad: set[str] = set(outputs)
+    for k, s in enumerate(steps):
+        for name in s.reads:
+            last[name] = k
+            if k not in plain:
+                bad.add(name)
+        for name in s.writes:
+            first.setdefault(name, k)
+            last.setdefault(name, k)
+            if k not in plain:
+                bad.add(name)
+    sizes = {}
+    for k in sorted(plain):
+        for b in steps[k].kernel.outputs:
+            if b.name not in bad and b.name not in sizes:
+                sizes[b.name] = -(-max(b.nbytes, 1) // ARENA_ALIGN) * ARENA_ALIGN
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
+    offsets: dict[str, int] = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], first[n])):
+        lo, hi, size = first[name], last[name], sizes[name]
+        busy = sorted((o, e) for o, e, f, l in placed if f <= hi and lo <= l)
+        off = 0
+        for o, e in busy:
+            if off + size <= o:
+                break
+            off = max(off, e)
+        offsets[name] = off
+        placed.append((off, off + size, lo, hi))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
 
 
 def _split_checks(ck) -> tuple[list, list]:
