@@ -105,13 +105,13 @@ def test_threads_take_their_own_arenas():
 
 def test_an_error_in_a_call_gives_the_arena_back():
     g = gen(5)
-    table = rand((32, 8), g)
+    table, w1, w2 = rand((32, 8), g), rand((8, 4, 3, 3), g), rand((6, 8, 1, 1), g)
 
     def fn(x, i):
-        h = torch.relu(x * 3 - 1).exp()   # kernels only: in the arena
-        return torch.sigmoid(h + 1), table.index_select(0, i) * 2  # the index check raises before its kernel
+        h = torch.relu(F.conv2d(x, w1, padding=1))  # read by the next convolution only: in the arena
+        return F.conv2d(h, w2), table.index_select(0, i) * 2  # the index check raises in the call
 
-    x, i = rand((16, 8), g), torch.randint(0, 32, (5,), generator=g)
+    x, i = rand((1, 4, 9, 9), g), torch.randint(0, 32, (5,), generator=g)
     compiled = compile_cpu(fn, (x, i), plan="all")
     for a, b in zip(compiled(x, i), fn(x, i)):
         torch.testing.assert_close(a, b, **ROW_TOL)

@@ -102,7 +102,7 @@ class CallPlan:
         # kernel outputs that only kernels read: placed in a per-call arena at offsets fixed here (_arena_layout)
         self.arena_slot = len(self.template)  # a call's slots[arena_slot]: its arena's pointer lists, by kernel
         self.template.append(None)
-        self.arena_offsets, self.arena_bytes = _arena_layout(executor, self.made) if ARENA else ({}, 0)
+        self.arena_offsets, self.arena_bytes = _arena_layout(executor) if ARENA else ({}, 0)
         self.arena_kernels: list[tuple[list, dict]] = []  # per arena kernel: (arena offset or None by pointer,
         #                                                      {pointer: address the same in every call})
         self._arenas: list[list] = []  # free arenas (one per call running at once), each [buffer, lists...]
@@ -301,9 +301,9 @@ class CallPlan:
             self.counts["packed_conv_weights"] += 1
         placed = self.arena_offsets
         if placed and any(b.name in placed for b in [*ck.inputs, *ck.outputs]):
-            if ck.step.checks or checked or strided:  # pragma: no cover - _arena_layout places none of its buffers
-                raise AssertionError(f"kernel {name}: buffers in the arena, but inputs checked per call")
-            return self._arena_kernel(ck, fn, get_threads, pointers, sizes, weight, allocs)
+            if ck.step.checks:  # pragma: no cover - _arena_layout places none of its buffers
+                raise AssertionError(f"kernel {name}: buffers in the arena, but index checks")
+            return self._arena_kernel(ck, fn, get_threads, pointers, sizes, weight, allocs, checked, strided)
         if weight is not None:
             flag = conv_bcast.PACKED_FLAG
 
@@ -343,10 +343,11 @@ class CallPlan:
         return kernel
 
 
-    def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs) -> Callable[[Slots], None]:
+    def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs, checked,
+                      strided) -> Callable[[Slots], None]:
         """A kernel some of whose buffers lie in the call's arena: their addresses are in the arena's pointer
-        list for this kernel, made once per arena; the others (constants, kernel outputs that leave the arena)
-        are filled in per call."""
+        list for this kernel, made once per arena; the others (constants, graph inputs, kernel outputs that
+        leave the arena) are filled in per call, an input that may be strided made contiguous first."""
         placed = self.arena_offsets
         order = [*ck.inputs, *ck.outputs]
         offsets = [placed.get(b.name) for b in order] + [None] * (len(sizes) + (weight is not None))
@@ -361,10 +362,20 @@ class CallPlan:
         for b in ck.outputs:
             self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
 
+        name, take = ck.step.kernel.name, _taker([i for _, i in given])
+        positions = [p for p, _ in given]
+        if checked or strided:  # positions among all inputs -> among the given ones (none of them is placed)
+            where = {p: q for q, p in enumerate(positions)}
+            checked = [(where[p], *rest) for p, *rest in checked]
+            strided = [where[p] for p in strided]
+
         def kernel(slots: Slots) -> None:
             ptrs = slots[a_slot][k].copy()
-            for p, i in given:
-                ptrs[p] = slots[i].data_ptr()
+            tensors = take(slots)  # held until the kernel returns (a contiguous copy of a strided input)
+            if checked or strided:
+                tensors = _contiguous_checked(name, tensors, strided, checked)
+            for p, t in zip(positions, tensors):
+                ptrs[p] = t.data_ptr()
             for p, i, alloc in made:
                 t = slots[i] = alloc()
                 ptrs[p] = t.data_ptr()
@@ -413,29 +424,20 @@ ARENA = POOL_ENABLED  # VTC_BUFFER_POOL=0 (the benchmark's memory probes) keeps 
 ARENA_ALIGN = 64  # bytes: each buffer of the arena starts on a cache line
 
 
-def _arena_layout(executor, made: dict) -> tuple[dict[str, int], int]:
+def _arena_layout(executor) -> tuple[dict[str, int], int]:
     """({value: byte offset}, arena bytes) for the kernel outputs that only generated kernels read.
 
     Such a value is never a tensor in the call: its writer and readers get its address in the arena, so the
     call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
     ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
-    without index checks or derived index tensors and whose inputs are constants or kernel outputs (no tensor
-    to check per call), and it is not a graph output.  Values live from the step that writes them to the last
+    without index checks or derived index tensors, and it is not a graph output.  Values live from the step that writes them to the last
     step that reads them; two values share bytes only when those spans do not meet (first fit, largest
     first)."""
     steps = executor.steps
     outputs = {v.name for v in executor.graph.outputs}
-    kernel_made: dict[str, tuple] = {}
     plain: set[int] = set()
-    for k, s in enumerate(steps):  # as CallPlan._kernel sees them: inputs neither checked nor made contiguous
-        if s.kind != "kernel" or s.kernel._derived:
-            continue
-        ok = not s.kernel.step.checks and all(
-            made.get(b.name) == (torch.Size(b.shape), b.dtype) or
-            kernel_made.get(b.name) == (torch.Size(b.shape), b.dtype) for b in s.kernel.inputs)
-        for b in s.kernel.outputs:
-            kernel_made[b.name] = (torch.Size(b.shape), b.dtype)
-        if ok:
+    for k, s in enumerate(steps):
+        if s.kind == "kernel" and not s.kernel._derived and not s.kernel.step.checks:
             plain.add(k)
     first: dict[str, int] = {}
     last: dict[str, int] = {}
