@@ -69,6 +69,7 @@ def timed_plan_call(ex, inputs, times: dict) -> None:
     slots = plan.template.copy()
     for i, t in zip(plan.inputs, inputs):
         slots[i] = t
+    arena = slots[plan.arena_slot] = plan.acquire_arena() if plan.arena_kernels else None
     clk, key = CLOCK, None
     for fn, s in zip(plan.fns, plan.fn_steps):
         t0 = clk()
@@ -79,6 +80,8 @@ def timed_plan_call(ex, inputs, times: dict) -> None:
             times.setdefault(key, []).append(took)
         elif key is not None:
             times[key][-1] += took
+    if arena is not None:
+        plan._arenas.append(arena)
 
 
 def options(p: str) -> dict:

@@ -220,3 +220,22 @@ def test_why_not_names_the_value():
     assert "289 output pixels" in conv_bcast.why_not({**geo, "cg": 300, "oh": 17, "ow": 17}, True)
     assert "8 output channels" in conv_bcast.why_not({**geo, "og": 8}, True)
     assert "weight" in conv_bcast.why_not(geo, False)
+
+
+@pytest.mark.parametrize("rows, vecs", [(8, 3), (7, 4)])
+def test_other_tile_shapes_cover_every_tail(monkeypatch, rows, vecs):
+    """ROWS up to 8 and VECS up to 4 (timed, not kept: docs/gemm.md): 49 pixels leave a tail of 1 / 0 pixels,
+    15 vectors a tail of 3 / 0 vectors (tails of 7 pixels or 3 vectors were not handled before)."""
+    monkeypatch.setattr(conv_bcast, "ROWS", rows)
+    monkeypatch.setattr(conv_bcast, "VECS", vecs)
+    g = gen(rows * 10 + vecs)
+    for c, o, h in ((232, 232, 7), (40, 56, 3)):  # 15 vectors on 49 pixels; 4 vectors on 9 pixels (7 + 2 / 8 + 1)
+        weight = rand((o, c, 1, 1), g)
+
+        def fn(x):
+            return torch.relu(F.conv2d(x, weight))
+
+        x = rand((1, c, h, h), g)
+        compiled = compile_cpu(fn, (x,))
+        assert _forms(compiled) == [conv_bcast.FORM]
+        assert_matches_eager(compiled, fn, (x,), **ROW_TOL)

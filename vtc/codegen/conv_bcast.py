@@ -58,8 +58,8 @@ LONG_K = True  # also a reduction of at least conv_t.MIN_K on maps of up to conv
 #   256 -> 512 to 7x7 1199 / 823, 1x1 464 -> 1024 on 14x14 898 / 755, 3x3 s2 128 -> 256 to 14x14 939 / 742; a
 #   stride-1 "same" 3x3 keeps conv_panels' taps, which beat the dot form too: 256 -> 256 on 7x7 389 / 343)
 MIN_CHANNELS = 16  # output channels at least (one vector)
-ROWS = 7  # pixels per tile (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
-VECS = 3  # vectors of 16 output channels per tile (ROWS x VECS = 21 accumulators)
+ROWS = 7  # pixels per tile (at most 8) (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
+VECS = 3  # vectors of 16 output channels per tile (at most 4) (ROWS x VECS = 21 accumulators)
 BLOCK_VECS = 6  # vectors of output channels per unit of work at most (its ct block: P x 96 floats)
 KC = 512  # reduction slice (the im2col slice, KC x P floats, stays in L2)
 PACKED_FLAG = 1 << 30  # set in a call's nthreads: the pointer after the buffers is W^T packed once (packed_layout)
@@ -172,7 +172,8 @@ static inline void vtc_cb_cols(int64_t np, int64_t kb, const float* x, int64_t k
   int64_t j = 0;
   for (; j + VTC_CB_ROWS <= np; j += VTC_CB_ROWS)
     vtc_cb_tile<VTC_CB_ROWS, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add);
-  switch (np - j) {
+  switch (np - j) {  // the last pixels (fewer than VTC_CB_ROWS <= 8)
+    case 7: vtc_cb_tile<7, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
     case 6: vtc_cb_tile<6, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
     case 5: vtc_cb_tile<5, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
     case 4: vtc_cb_tile<4, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
@@ -192,6 +193,7 @@ __attribute__((noinline)) static void vtc_cb_block(int64_t nv, int64_t np, int64
   int64_t v = 0;
   for (; v + VTC_CB_VECS <= nv; v += VTC_CB_VECS)
     vtc_cb_cols<VTC_CB_VECS>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
+  if (nv - v == 3) vtc_cb_cols<3>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);  // the last vectors
   if (nv - v == 2) vtc_cb_cols<2>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
   if (nv - v == 1) vtc_cb_cols<1>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
 #else
