@@ -112,7 +112,7 @@ class CallPlan:
                 continue
             self.fns.append(fn)
             self.fn_steps.append(s)
-            frees = tuple(self.slot[n] for n in s.frees)
+            frees = tuple(self.slot[n] for n in s.frees if n not in self.arena_offsets)  # arena values: no tensor
             if frees:
                 self.fns.append(_freer(frees))
                 self.fn_steps.append(None)
@@ -599,12 +599,12 @@ def _owning_outputs(executor, graph) -> Callable[[list, list], None] | None:
     safe = [k for k in range(len(names)) if k not in risky]
 
     def own(outs: list, inputs: list) -> None:
-        taken = consts | {t.untyped_storage().data_ptr() for t in inputs}
+        taken = {t.untyped_storage().data_ptr() for t in inputs}  # and the constants' (not copied per call)
         taken.update(outs[k].untyped_storage().data_ptr() for k in safe)
         for k in risky:
             t = outs[k]
             ptr = t.untyped_storage().data_ptr()
-            if ptr in taken or (k in views and not t.is_contiguous()):
+            if ptr in taken or ptr in consts or (k in views and not t.is_contiguous()):
                 t = outs[k] = t.clone(memory_format=torch.contiguous_format)
                 ptr = t.untyped_storage().data_ptr()
             taken.add(ptr)
