@@ -132,3 +132,25 @@ def test_switched_off_every_value_is_a_tensor(monkeypatch):
     for a, b in zip(compiled(x), fn(x)):
         torch.testing.assert_close(a, b, **ROW_TOL)
     assert _plan(compiled).arena_offsets == {} and _plan(compiled).arena_kernels == []
+
+
+def test_a_large_intermediate_stays_with_the_buffer_pool():
+    from vtc.runtime import buffers
+
+    g = gen(7)
+    w1, w2, w3 = rand((24, 8, 3, 3), g), rand((24, 24, 1, 1), g), rand((16, 24, 1, 1), g)
+
+    def fn(x):
+        big = torch.relu(F.conv2d(x, w1, padding=1))    # 24 x 64 x 64 floats (384 KB): the pool's
+        small = torch.relu(F.conv2d(big, w2, stride=2))  # 24 x 32 x 32 (96 KB), read by a kernel: the arena's
+        return F.conv2d(small, w3).exp()
+
+    x = rand((1, 8, 64, 64), g)
+    compiled = compile_cpu(fn, (x,))
+    torch.testing.assert_close(compiled(x), fn(x), **ROW_TOL)
+    torch.testing.assert_close(compiled(x), fn(x), **ROW_TOL)
+    ex, plan = executor(compiled), _plan(compiled)
+    size = {b.name: b.nbytes for s in ex.steps if s.kind == "kernel" for b in s.kernel.outputs}
+    assert plan.arena_offsets and all(size[n] < buffers.MIN_BYTES for n in plan.arena_offsets)
+    assert any(nb >= buffers.MIN_BYTES for name, nb in size.items()
+               if name not in {v.name for v in ex.graph.outputs}), "no large intermediate: the test tests nothing"

@@ -430,7 +430,8 @@ def _arena_layout(executor) -> tuple[dict[str, int], int]:
     Such a value is never a tensor in the call: its writer and readers get its address in the arena, so the
     call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
     ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
-    without index checks or derived index tensors, and it is not a graph output.  Values live from the step that writes them to the last
+    without index checks or derived index tensors, it is not a graph output, and it is smaller than
+    ``buffers.MIN_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step that writes them to the last
     step that reads them; two values share bytes only when those spans do not meet (first fit, largest
     first)."""
     steps = executor.steps
@@ -454,8 +455,9 @@ def _arena_layout(executor) -> tuple[dict[str, int], int]:
                 bad.add(name)
     sizes = {}
     for k in sorted(plain):
-        for b in steps[k].kernel.outputs:
-            if b.name not in bad and b.name not in sizes:
+        for b in steps[k].kernel.outputs:  # a large one stays the pool's (as measured before: llama3_prefill_b1
+            # ran 0.7% slower with its MB-sized intermediates in the arena, twice; the saving is per buffer)
+            if b.name not in bad and b.name not in sizes and b.nbytes < MIN_BYTES:
                 sizes[b.name] = -(-max(b.nbytes, 1) // ARENA_ALIGN) * ARENA_ALIGN
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
     offsets: dict[str, int] = {}
