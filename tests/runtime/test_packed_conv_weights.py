@@ -47,7 +47,8 @@ def test_packed_layout_is_the_kernels_w_transposed():
     torch.testing.assert_close(p, want.view(3, 16, 33).transpose(1, 2), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shape", [(232, 232, 7), (17, 40, 5), (66, 127, 3)], ids=["232x232_7x7", "17x40_5x5", "66x127_3x3"])
+@pytest.mark.parametrize("shape", [(232, 232, 7), (17, 40, 5), (66, 127, 3)],
+                         ids=["232x232_7x7", "17x40_5x5", "66x127_3x3"])
 def test_weight_packed_once_and_again_after_each_in_place_change(shape):
     c, o, h = shape
     m = _conv_bn_relu(c, o, c + o)

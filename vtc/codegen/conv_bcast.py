@@ -290,8 +290,9 @@ def generate(k) -> str:
     lines += g.pack_b(em, g, ind)  # in scope: i0, k0, kb, n0, nb, bp
     lines += [f"{ind}have = K <= KCB ? i0 * K + k0 : -1;",
               "        }",
-              "        if (wtp != nullptr) {  // W^T packed once by the call plan: vector j at wtp + j * K * 16, rows 16 apart",
-              "          vtc_cb_block(nv, P, kb, bp, kb, wtp + v0 * K * 16 + k0 * 16, K * 16, 16, cp, nv * 16, k0 > 0);",
+              "        if (wtp != nullptr) {  // W^T packed once by the call plan: vector j at wtp + j * K * 16",
+              "          vtc_cb_block(nv, P, kb, bp, kb, wtp + v0 * K * 16 + k0 * 16, K * 16, 16, cp, nv * 16,",
+              "                       k0 > 0);",
               "        } else {",
               "        for (int64_t v = 0; v < nv; v += VTC_CB_VECS) {  // W^T of VTC_CB_VECS vectors of channels, then its tiles",
               "          const int64_t vv = std::min<int64_t>(VTC_CB_VECS, nv - v);",

@@ -342,7 +342,6 @@ class CallPlan:
             self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
         return kernel
 
-
     def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs, checked,
                       strided) -> Callable[[Slots], None]:
         """A kernel some of whose buffers lie in the call's arena: their addresses are in the arena's pointer
@@ -431,9 +430,9 @@ def _arena_layout(executor) -> tuple[dict[str, int], int]:
     call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
     ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
     without index checks or derived index tensors, it is not a graph output, and it is smaller than
-    ``buffers.MIN_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step that writes them to the last
-    step that reads them; two values share bytes only when those spans do not meet (first fit, largest
-    first)."""
+    ``buffers.MIN_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step
+    that writes them to the last step that reads them; two values share bytes only when those spans do not
+    meet (first fit, largest first)."""
     steps = executor.steps
     outputs = {v.name for v in executor.graph.outputs}
     plain: set[int] = set()
