@@ -3,9 +3,12 @@
     PYTHONPATH=$PWD python bench/step_profile.py gemma2_local_decode_b16 [greedy,all] [top]
     PYTHONPATH=$PWD python bench/step_profile.py llama_model gemm=auto,gemm=torch   # other compile options
 
-Each plan is a ``replan`` of one captured graph.  A call runs the executor's
-steps one by one with a clock around each (the same work as
-``Executor.__call__``); calls alternate between plans, N (env, default 20)
+Each plan is a ``replan`` of one captured graph.  A call runs the closures of
+the executor's call plan (``vtc.runtime.callplan``: what ``Executor.__call__``
+runs, a conv_bcast kernel's weight packed once included) one by one with a
+clock around each, a closure that drops values counted with its step; with
+STEPS=1 (or ISOLATE) each step goes through ``Executor.run_step`` instead (the
+slower reference path: a few µs more per step); calls alternate between plans, N (env, default 20)
 rounds with the first 5 dropped; per step the median is printed, the steps of
 all plans side by side, matched by what they do (a kernel's name, a torch
 op's node), then the plans' kept / pushed movement ops that differ.  T (env,
@@ -58,6 +61,29 @@ def timed_call(ex, inputs, times: dict, isolate: int = 0) -> None:
                 env.pop(name, None)
 
 
+def timed_plan_call(ex, inputs, times: dict) -> None:
+    """One call through the executor's call plan, each closure timed (a freer with the step before it)."""
+    plan = ex.call_plan()
+    if plan.const_copies:
+        ex.refresh_const_copies()
+    slots = plan.template.copy()
+    for i, t in zip(plan.inputs, inputs):
+        slots[i] = t
+    arena = slots[plan.arena_slot] = plan.acquire_arena() if plan.arena_kernels else None
+    clk, key = CLOCK, None
+    for fn, s in zip(plan.fns, plan.fn_steps):
+        t0 = clk()
+        fn(slots)
+        took = clk() - t0
+        if s is not None:
+            key = label(s)
+            times.setdefault(key, []).append(took)
+        elif key is not None:
+            times[key][-1] += took
+    if arena is not None:
+        plan._arenas.append(arena)
+
+
 def options(p: str) -> dict:
     """A plan name ("greedy") or compile options joined by '+' ("gemm=torch", "plan=all+gemm=vtc")."""
     return dict(kv.split("=", 1) for kv in p.split("+")) if "=" in p else {"plan": p}
@@ -76,7 +102,10 @@ def main(name: str, plans: list[str], top: int) -> None:
             for p, c in comps.items():
                 ex = c._first.executor
                 t0 = CLOCK()
-                timed_call(ex, flat, times[p] if r >= 5 else {}, int(os.environ.get("ISOLATE", 0)))
+                if os.environ.get("STEPS") or os.environ.get("ISOLATE"):
+                    timed_call(ex, flat, times[p] if r >= 5 else {}, int(os.environ.get("ISOLATE", 0)))
+                else:
+                    timed_plan_call(ex, flat, times[p] if r >= 5 else {})
                 if r >= 5:
                     total[p].append(CLOCK() - t0)
     med = {p: {k: statistics.median(v) * 1e3 for k, v in times[p].items()} for p in plans}

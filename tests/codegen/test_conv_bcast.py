@@ -2,8 +2,8 @@
 
 A one-group convolution with at most ``conv_bcast.MAX_PIXELS`` output pixels,
 a reduction shorter than the dot form's (``conv_t.MIN_K``) and at least 16
-output channels runs as the transposed product: W^T packed per call (16 x 16
-transposes, zero past the last channel), the im2col's pixels broadcast; the
+output channels runs as the transposed product: W^T packed (once per weight version by the
+call plan, else per call by 16 x 16 transposes, zero past the last channel), the im2col's pixels broadcast; the
 report's ``path`` says "conv_bcast".  The tests check the values on odd maps
 (1x1, 3x3, 5x9, 7x7) and channel counts (17, 127: partial vectors, tiles of 1
 and 2 vectors, pixel tiles of 1-6), batch 1 and 16, a 3x3 with padding,
@@ -46,6 +46,13 @@ CASES = [
     #                                 in place, vtc.codegen.conv_panels' taps: test_same_3x3_keeps_the_taps)
     (2, 19, 40, 3, 2, 13, 13),      # stride 2 on 13x13: 7x7 output pixels
     (1, 20, 48, 3, 2, 9, 17),       # stride 2: 5x9 = 45 pixels, 6 tiles of 7 + one of 3
+    # a long reduction (>= conv_t.MIN_K, where the dot form ran before) on maps of up to conv_t.MAX_PIXELS
+    (1, 259, 33, 1, 1, 7, 7),       # K = 259, 33 channels: 3 vectors, the last one lane
+    (16, 264, 17, 1, 1, 1, 1),      # one pixel per image, batch 16
+    (2, 29, 19, 3, 2, 9, 17),       # 3x3 stride 2, K = 261: 5x9 pixels
+    (1, 2500, 17, 1, 1, 2, 3),      # K = 2500 in 5 slices of 500 (partial sums added), 6 pixels, 17 channels
+    (1, 64, 48, 3, 2, 28, 28),      # 14x14 = 196 pixels (28 tiles of 7), K = 576 in two slices
+    (1, 300, 40, 1, 1, 13, 14),     # 182 pixels: 26 tiles of 7
 ]
 
 
@@ -65,6 +72,52 @@ def test_broadcast_form_conv_bn_relu_matches_torch(case):
     assert_all_generated(compiled)
     assert _forms(compiled) == [conv_bcast.FORM]
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
+    # the executor's reference path: the kernel packs W^T itself (the call plan packs it once)
+    torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], fn(x), **ROW_TOL)
+
+
+def _shuffle(x, groups=2):
+    b, c, h, w = x.shape
+    return x.view(b, groups, c // groups, h, w).transpose(1, 2).reshape(b, c, h, w)
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_channel_shuffle_and_cat_in_front_of_a_long_reduction(batch):
+    """cat -> channel shuffle -> 1x1 264 -> 37 -> BN -> ReLU (ShuffleNet's stage 4 into its last conv): one kernel,
+    no movement materialised, the broadcast form."""
+    g = gen(31 + batch)
+    weight = rand((37, 264, 1, 1), g)
+    post = _bn_relu(g, 37)
+
+    def fn(a, b):
+        return post(F.conv2d(_shuffle(torch.cat([a, b], 1)), weight))
+
+    inputs = (rand((batch, 132, 7, 7), g), rand((batch, 132, 7, 7), g))
+    compiled = compile_cpu(fn, inputs, plan="all")
+    assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
+    assert_no_movement(compiled)
+    assert_all_generated(compiled)
+    assert _forms(compiled) == [conv_bcast.FORM]
+    assert report(compiled)["materialized_movement_bytes"] == 0
+
+
+@pytest.mark.parametrize("also_read", [False, True], ids=["in_place", "and_read"])
+def test_result_pushed_into_a_cat(also_read):
+    """conv -> BN -> ReLU stored straight into its part of a returned cat; when another kernel reads the result
+    too, the kernel stores its own result and the cat's part."""
+    g = gen(41)
+    weight = rand((24, 270, 1, 1), g)
+    post = _bn_relu(g, 24)
+
+    def fn(x, y):
+        r = post(F.conv2d(x, weight))
+        return (torch.cat([y, r], 1), torch.sigmoid(r)) if also_read else torch.cat([y, r], 1)
+
+    inputs = (rand((2, 270, 5, 9), g), rand((2, 24, 5, 9), g))
+    compiled = compile_cpu(fn, inputs, plan="all")
+    assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
+    [choice] = report(compiled)["gemm"]
+    assert choice["path"] == conv_bcast.FORM and choice["stores_into"] == ["cat"], choice
 
 
 def test_broadcast_form_with_bias_on_two_threads():
@@ -106,7 +159,8 @@ def test_shufflenet_unit_at_7x7_moves_nothing(batch):
 
 
 def test_weight_changed_in_place_is_read_by_the_next_call():
-    """W^T is packed on every call: a parameter changed in place after compiling is seen."""
+    """W^T is packed once by the call plan and again when the weight's version moves: a parameter changed in
+    place after compiling is seen (more in tests/runtime/test_packed_conv_weights.py)."""
     conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
     x = torch.randn(1, 40, 7, 7)
     compiled = compile_cpu(conv, (x,))
@@ -119,7 +173,7 @@ def test_weight_changed_in_place_is_read_by_the_next_call():
 
 @pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 14, 14, 1), (1, 64, 64, 1, 1, 7, 7, 2),
                                   (1, 300, 64, 1, 1, 7, 7, 1), (1, 32, 8, 1, 1, 7, 7, 1)],
-                         ids=["196_pixels", "groups", "k300_dot_form", "8_channels"])
+                         ids=["196_pixels", "groups", "k300_broadcast", "8_channels"])
 def test_other_convolutions_keep_their_form(case):
     b, c, o, k, s, h, w, groups = case
     g = gen(h * 10 + c + groups)
@@ -131,7 +185,7 @@ def test_other_convolutions_keep_their_form(case):
     x = rand((b, c, h, w), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert _forms(compiled) == [conv_t.FORM if c == 300 else "panels"]
+    assert _forms(compiled) == [conv_bcast.FORM if c == 300 else "panels"]
 
 
 def test_same_3x3_keeps_the_taps():
@@ -161,6 +215,27 @@ def test_why_not_names_the_value():
     assert conv_bcast.why_not(geo, True) == ""
     assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True)
     assert "2 groups" in conv_bcast.why_not({**geo, "groups": 2}, True)
-    assert "reduction of 300" in conv_bcast.why_not({**geo, "cg": 300}, True)
+    assert conv_bcast.why_not({**geo, "cg": 300}, True) == ""  # a long reduction: as the dot form did
+    assert conv_bcast.why_not({**geo, "cg": 300, "oh": 14, "ow": 14}, True) == ""
+    assert "289 output pixels" in conv_bcast.why_not({**geo, "cg": 300, "oh": 17, "ow": 17}, True)
     assert "8 output channels" in conv_bcast.why_not({**geo, "og": 8}, True)
     assert "weight" in conv_bcast.why_not(geo, False)
+
+
+@pytest.mark.parametrize("rows, vecs", [(8, 3), (7, 4)])
+def test_other_tile_shapes_cover_every_tail(monkeypatch, rows, vecs):
+    """ROWS up to 8 and VECS up to 4 (timed, not kept: docs/gemm.md): 49 pixels leave a tail of 1 / 0 pixels,
+    15 vectors a tail of 3 / 0 vectors (tails of 7 pixels or 3 vectors were not handled before)."""
+    monkeypatch.setattr(conv_bcast, "ROWS", rows)
+    monkeypatch.setattr(conv_bcast, "VECS", vecs)
+    g = gen(rows * 10 + vecs)
+    for c, o, h in ((232, 232, 7), (40, 56, 3)):  # 15 vectors on 49 pixels; 4 vectors on 9 pixels (7 + 2 / 8 + 1)
+        weight = rand((o, c, 1, 1), g)
+
+        def fn(x):
+            return torch.relu(F.conv2d(x, weight))
+
+        x = rand((1, c, h, h), g)
+        compiled = compile_cpu(fn, (x,))
+        assert _forms(compiled) == [conv_bcast.FORM]
+        assert_matches_eager(compiled, fn, (x,), **ROW_TOL)

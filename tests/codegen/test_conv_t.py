@@ -9,6 +9,9 @@ tiles, batch 1 and 16, groups, stride 2, a reduction cut into two slices, a
 batch norm + ReLU computed in the epilogue, a channel shuffle / cat in front
 (packed through its mapping, nothing materialised), the result pushed into a
 cat (ShuffleNet's unit), two threads, and cases that must keep the panel form.
+A one-group convolution that the dot form takes is taken by the broadcast form
+(vtc/codegen/conv_bcast.py, measured faster) unless that is off: the tests of
+the dot form's values turn it off (``no_bcast``); grouped ones keep the dot form.
 """
 from __future__ import annotations
 
@@ -16,12 +19,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vtc.codegen import conv_t
+from vtc.codegen import conv_bcast, conv_t
 
 from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, gen, kernels, \
     rand, report
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the dot form is taken on AVX-512 targets only")
+
+
+@pytest.fixture
+def no_bcast(monkeypatch):
+    """The broadcast form off: one-group convolutions over small maps take the dot form."""
+    monkeypatch.setattr(conv_bcast, "ENABLED", False)
 
 
 def _bn_relu(g, o):
@@ -51,7 +60,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}c{}o{}k{}s{}g{}_{}x{}".format(*c))
-def test_dot_form_conv_bn_relu_matches_torch(case):
+def test_dot_form_conv_bn_relu_matches_torch(case, no_bcast):
     b, c, o, k, s, groups, h, w = case
     g = gen(case_seed(case, 997))
     weight = rand((o, c // groups, k, k), g)
@@ -68,7 +77,7 @@ def test_dot_form_conv_bn_relu_matches_torch(case):
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
 
 
-def test_dot_form_on_two_threads():
+def test_dot_form_on_two_threads(no_bcast):
     """Output-channel blocks split between the threads (batch 1), and whole images (batch 2)."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -89,7 +98,7 @@ def test_dot_form_on_two_threads():
 
 
 @pytest.mark.parametrize("batch", [1, 16])
-def test_channel_shuffle_and_cat_in_front_are_packed_through(batch):
+def test_channel_shuffle_and_cat_in_front_are_packed_through(batch, no_bcast):
     """cat -> channel shuffle -> 1x1 conv -> BN -> ReLU (ShuffleNet's stage 4 into its last conv): one kernel,
     no movement materialised, the dot form."""
     g = gen(31 + batch)
@@ -109,7 +118,7 @@ def test_channel_shuffle_and_cat_in_front_are_packed_through(batch):
 
 
 @pytest.mark.parametrize("also_read", [False, True], ids=["in_place", "and_read"])
-def test_result_pushed_into_a_cat(also_read):
+def test_result_pushed_into_a_cat(also_read, no_bcast):
     """The ShuffleNet unit's branch: conv -> BN -> ReLU stored straight into its part of a returned cat (the
     cat's block is the accumulator's layout); when another kernel reads the result too, the kernel stores its
     own result and the cat's part, each element twice."""

@@ -155,10 +155,11 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
         vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
 
-    # a small map: dot products, the weight read in place (vtc.codegen.conv_t)
-    dot = geo is not None and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
-    # ... with a short reduction: the output channels as vectors (vtc.codegen.conv_bcast)
-    bcast = geo is not None and not dot and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    # a small map, one group: the output channels as vectors (vtc.codegen.conv_bcast; measured faster than the
+    # dot form wherever both apply, docs/gemm.md)
+    bcast = geo is not None and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    # ... else (groups) with a long reduction: dot products, the weight read in place (vtc.codegen.conv_t)
+    dot = geo is not None and not bcast and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     form = conv_t.FORM if dot else conv_bcast.FORM if bcast else "panels"
 
     def pick(choice: str, reason: str) -> GemmChoice:

@@ -12,14 +12,19 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
 - the **pixels are broadcast rows**: a tile of ``ROWS`` pixels x ``VECS`` x 16
   channels keeps ROWS x VECS accumulators; per reduction step VECS loads of
   W^T and ROWS broadcasts of the im2col feed ROWS x VECS FMAs;
-- **W^T is packed per call, VECS x 16 channels at a time** (``vtc_cb_pack_w``:
-  16 x 16 register transposes, zero past the last channel) into a small
-  per-thread buffer that all pixel tiles of those channels then read.  It is
-  not cached across calls: a parameter changed in place after vtc.compile is
-  read by the next call, as everywhere else in vtc.  (A whole W^T per kernel,
-  222 KB for 232 -> 232, made each of ShuffleNet's stage-4 kernels' scratch
-  miss L2 between calls: 20-30% slower than the panel form inside the model
-  while 15% faster alone; docs/gemm.md);
+- **W^T packed once where the weight is a constant**: the call plan
+  (vtc.runtime.callplan, vtc.runtime.packed.PackedConvWeight) packs it as
+  ``packed_layout`` says ([vectors of 16 channels][K][16], zero past the last
+  channel), packs it again when the weight's version counter moves (a
+  parameter changed in place after vtc.compile is read by the next call), and
+  passes it after the kernel's buffers with ``PACKED_FLAG`` set in the thread
+  count.  Otherwise (a weight that is no constant, an inference tensor, the
+  executor's step-by-step reference path ``run_step``, a size-generic kernel)
+  the kernel packs **W^T per call, VECS x 16 channels at a time**
+  (``vtc_cb_pack_w``: 16 x 16 register transposes) into a small per-thread
+  buffer that all pixel tiles of those channels then read.  (A whole W^T per
+  kernel packed per call, 222 KB for 232 -> 232, made each of ShuffleNet's
+  stage-4 kernels' scratch miss L2 between calls: docs/gemm.md);
 - the **im2col** is vtc.codegen.conv's ``Im2colPack`` (NR-pixel panels, packed
   by runs through the input's mapping: a channel shuffle, chunk or cat in front
   moves no data); a tile's pixel rows are pointers into them (a tile may
@@ -32,8 +37,11 @@ the product is transposed, ``out^T[p, o] = sum_r X^T[p, r] W^T[r, o]``:
 A thread's work is (image, block of output channels, a multiple of 16), the
 blocks cut so that every thread gets work at batch 1.  ``why_not`` says where
 a convolution runs this way (``FORM`` in its ``GemmChoice.path``, picked by
-vtc.codegen.conv.choose_conv): an AVX-512 target, one group, a small map, a
-short reduction, at least 16 output channels and a plain row-major weight.
+vtc.codegen.conv.choose_conv before the dot form): an AVX-512 target, one
+group, at least 16 output channels, a plain row-major weight, and a small map:
+up to ``MAX_PIXELS`` output pixels with a reduction shorter than conv_t's
+``MIN_K``, up to conv_t's ``MAX_PIXELS`` with a longer one (``LONG_K``: there
+it replaced the dot form, 20-30% faster).
 """
 from __future__ import annotations
 
@@ -44,11 +52,37 @@ ENABLED = True  # False: never taken (a switch for side-by-side timing; BCAST=0 
 MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
 #   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
 #   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
+LONG_K = True  # also a reduction of at least conv_t.MIN_K on maps of up to conv_t.MAX_PIXELS output pixels, where
+#   the dot form ran before (1 thread CPU time, kernel + call alone, min us, load 4-5, dot / this form, W^T packed once:
+#   1x1 464 -> 1024 on 7x7 254 / 198, same at batch 16 4297 / 3315, 1x1 512 -> 512 on 7x7 b16 2248 / 1783, 3x3 s2
+#   256 -> 512 to 7x7 1199 / 823, 1x1 464 -> 1024 on 14x14 898 / 755, 3x3 s2 128 -> 256 to 14x14 939 / 742; a
+#   stride-1 "same" 3x3 keeps conv_panels' taps, which beat the dot form too: 256 -> 256 on 7x7 389 / 343)
 MIN_CHANNELS = 16  # output channels at least (one vector)
-ROWS = 7  # pixels per tile (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
-VECS = 3  # vectors of 16 output channels per tile (ROWS x VECS = 21 accumulators)
+ROWS = 7  # pixels per tile (at most 8) (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
+VECS = 3  # vectors of 16 output channels per tile (at most 4) (ROWS x VECS = 21 accumulators)
 BLOCK_VECS = 6  # vectors of output channels per unit of work at most (its ct block: P x 96 floats)
 KC = 512  # reduction slice (the im2col slice, KC x P floats, stays in L2)
+PACKED_FLAG = 1 << 30  # set in a call's nthreads: the pointer after the buffers is W^T packed once (packed_layout)
+
+
+def packed_layout(w, offset: int, lda: int, m: int, k: int):
+    """W^T of the weight rows ``W[o, q] = w.flatten()[offset + o * lda + q]`` (o < m, q < k), as the kernel reads
+    it when the caller packs it: ``[ceil(m / 16), k, 16]`` floats, vector j's 16 channels (zero past m) of row q
+    at ``(j * k + q) * 16``."""
+    import torch
+
+    rows = w.as_strided((m, k), (lda, 1), w.storage_offset() + offset)
+    nv = -(-m // 16)
+    out = torch.zeros(nv * 16, k, dtype=w.dtype)
+    out[:m] = rows
+    return out.view(nv, 16, k).transpose(1, 2).contiguous()
+
+
+def _constant(e) -> int | None:
+    """The int value of offset expression e (an int or a constant Expr), or None."""
+    if isinstance(e, int):
+        return e
+    return int(e.value) if getattr(e, "is_const", False) else None
 
 
 def why_not(geo: dict, weight_ok: bool) -> str:
@@ -60,10 +94,13 @@ def why_not(geo: dict, weight_ok: bool) -> str:
         return "the broadcast form is written for AVX-512"
     if geo["groups"] != 1:
         return f"{geo['groups']} groups: the broadcast form packs one weight"
-    if p > MAX_PIXELS:
-        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS}: the panel form fills its columns"
-    if k >= conv_t.MIN_K:
-        return f"a reduction of {k} >= {conv_t.MIN_K}: the dot form"
+    if k >= conv_t.MIN_K and not LONG_K:
+        return f"a reduction of {k} >= {conv_t.MIN_K}: the dot form (conv_bcast.LONG_K is off)"
+    if k < conv_t.MIN_K and p > MAX_PIXELS:
+        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS} with a short reduction ({k}): the " \
+               f"panel form fills its columns"
+    if p > conv_t.MAX_PIXELS:
+        return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {conv_t.MAX_PIXELS}: the panel form fills its columns"
     if geo["og"] < MIN_CHANNELS:
         return f"{geo['og']} output channels < {MIN_CHANNELS}"
     if not weight_ok:
@@ -94,12 +131,13 @@ static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t
 #endif
 }
 #if defined(__AVX512F__)
-// c[j * ldc + 16 v + l] (+)= sum_q X[q, p0 + j] * wt[q * ldw + 16 v + l] for j < R, v < V: R pixels of the
+// c[j * ldc + 16 v + l] (+)= sum_q X[q, p0 + j] * wt[v * vs + q * ldw + l] for j < R, v < V: R pixels of the
 // im2col slice x (VTC_NR-pixel panels of kp rows; the R pixels may straddle two panels), broadcast, against V
 // vectors of output channels of W^T
 template <int R, int V>
 static inline void vtc_cb_tile(int64_t kb, const float* __restrict x, int64_t kp, int64_t p0,
-                               const float* __restrict wt, int64_t ldw, float* __restrict c, int64_t ldc, bool add) {
+                               const float* __restrict wt, int64_t vs, int64_t ldw, float* __restrict c, int64_t ldc,
+                               bool add) {
   const float* xr[R];
   #pragma GCC unroll 8
   for (int j = 0; j < R; ++j) xr[j] = x + ((p0 + j) / VTC_NR) * VTC_NR * kp + (p0 + j) % VTC_NR;
@@ -112,7 +150,7 @@ static inline void vtc_cb_tile(int64_t kb, const float* __restrict x, int64_t kp
   for (int64_t q = 0; q < kb; ++q) {
     __m512 wv[V];
     #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(wt + q * ldw + 16 * v);
+    for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_ps(wt + v * vs + q * ldw);
     #pragma GCC unroll 8
     for (int j = 0; j < R; ++j) {
       const __m512 b = _mm512_set1_ps(xr[j][q * VTC_NR]);
@@ -129,36 +167,41 @@ static inline void vtc_cb_tile(int64_t kb, const float* __restrict x, int64_t kp
     }
 }
 template <int V>
-static inline void vtc_cb_cols(int64_t np, int64_t kb, const float* x, int64_t kp, const float* wt, int64_t ldw,
-                               float* c, int64_t ldc, bool add) {
+static inline void vtc_cb_cols(int64_t np, int64_t kb, const float* x, int64_t kp, const float* wt, int64_t vs,
+                               int64_t ldw, float* c, int64_t ldc, bool add) {
   int64_t j = 0;
   for (; j + VTC_CB_ROWS <= np; j += VTC_CB_ROWS)
-    vtc_cb_tile<VTC_CB_ROWS, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add);
-  switch (np - j) {
-    case 6: vtc_cb_tile<6, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
-    case 5: vtc_cb_tile<5, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
-    case 4: vtc_cb_tile<4, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
-    case 3: vtc_cb_tile<3, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
-    case 2: vtc_cb_tile<2, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
-    case 1: vtc_cb_tile<1, V>(kb, x, kp, j, wt, ldw, c + j * ldc, ldc, add); break;
+    vtc_cb_tile<VTC_CB_ROWS, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add);
+  switch (np - j) {  // the last pixels (fewer than VTC_CB_ROWS <= 8)
+    case 7: vtc_cb_tile<7, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 6: vtc_cb_tile<6, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 5: vtc_cb_tile<5, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 4: vtc_cb_tile<4, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 3: vtc_cb_tile<3, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 2: vtc_cb_tile<2, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
+    case 1: vtc_cb_tile<1, V>(kb, x, kp, j, wt, vs, ldw, c + j * ldc, ldc, add); break;
   }
 }
 #endif
-// c[j * ldc + o] (+)= sum_q X[q, j] * wt[q * ldw + o] for j < np, o < nv * 16: the im2col slice x (kb rows in
-// VTC_NR-pixel panels, kp their row count) against nv vectors of W^T, VTC_CB_VECS vectors at a time
+// c[j * ldc + 16 v + l] (+)= sum_q X[q, j] * wt[v * vs + q * ldw + l] for j < np, v < nv: the im2col slice x
+// (kb rows in VTC_NR-pixel panels, kp their row count) against nv vectors of W^T (vector v at wt + v * vs, its
+// rows ldw apart), VTC_CB_VECS vectors at a time
 __attribute__((noinline)) static void vtc_cb_block(int64_t nv, int64_t np, int64_t kb, const float* x, int64_t kp,
-                                                   const float* wt, int64_t ldw, float* c, int64_t ldc, bool add) {
+                                                   const float* wt, int64_t vs, int64_t ldw, float* c, int64_t ldc,
+                                                   bool add) {
 #if defined(__AVX512F__)
   int64_t v = 0;
   for (; v + VTC_CB_VECS <= nv; v += VTC_CB_VECS)
-    vtc_cb_cols<VTC_CB_VECS>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
-  if (nv - v == 2) vtc_cb_cols<2>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
-  if (nv - v == 1) vtc_cb_cols<1>(np, kb, x, kp, wt + 16 * v, ldw, c + 16 * v, ldc, add);
+    vtc_cb_cols<VTC_CB_VECS>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
+  if (nv - v == 3) vtc_cb_cols<3>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);  // the last vectors
+  if (nv - v == 2) vtc_cb_cols<2>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
+  if (nv - v == 1) vtc_cb_cols<1>(np, kb, x, kp, wt + v * vs, vs, ldw, c + 16 * v, ldc, add);
 #else
   for (int64_t j = 0; j < np; ++j)
     for (int64_t o = 0; o < nv * 16; ++o) {
       float s = 0.0f;
-      for (int64_t q = 0; q < kb; ++q) s += x[(j / VTC_NR) * VTC_NR * kp + q * VTC_NR + j % VTC_NR] * wt[q * ldw + o];
+      for (int64_t q = 0; q < kb; ++q)
+        s += x[(j / VTC_NR) * VTC_NR * kp + q * VTC_NR + j % VTC_NR] * wt[(o / 16) * vs + q * ldw + o % 16];
       c[j * ldc + o] = (add ? c[j * ldc + o] : 0.0f) + s;
     }
 #endif
@@ -191,7 +234,7 @@ def generate(k) -> str:
     i2 = output pixel)); the weight is ``k.gemm.a``, a plain row-major load at a constant offset
     (vtc.codegen.conv checks it)."""
     from vtc.codegen import gemm
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, buffer_pointers
     from vtc.index.expr import free_vars
 
     g = k.gemm
@@ -202,6 +245,13 @@ def generate(k) -> str:
         raise AssertionError(f"{k.name}: the broadcast form needs a plain row-major weight at a constant offset")
     wbuf, wbase, lda = rows
     M, P, KK, B = g.m, g.n, g.k, g.batch
+    offset = _constant(wbase)
+    # what a caller may pack once (vtc.runtime.packed.PackedConvWeight) and pass after the buffers with
+    # PACKED_FLAG set in nthreads; a size-generic kernel (sizes at bufs[nbufs]) is never called so
+    g.packed_weight = (wbuf, offset, int(lda), int(M), int(KK)) if offset is not None else None
+    nbufs = len(buffer_order(k))
+    lines += [f"  const float* __restrict wtp = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{nbufs}] : nullptr;",
+              f"  nthreads &= ~{PACKED_FLAG};"]
     flops = 2 * B * M * P * KK
     kc = -(-KK // -(-KK // KC))
     lines += [
@@ -240,12 +290,17 @@ def generate(k) -> str:
     lines += g.pack_b(em, g, ind)  # in scope: i0, k0, kb, n0, nb, bp
     lines += [f"{ind}have = K <= KCB ? i0 * K + k0 : -1;",
               "        }",
+              "        if (wtp != nullptr) {  // W^T packed once by the call plan: vector j at wtp + j * K * 16",
+              "          vtc_cb_block(nv, P, kb, bp, kb, wtp + v0 * K * 16 + k0 * 16, K * 16, 16, cp, nv * 16,",
+              "                       k0 > 0);",
+              "        } else {",
               "        for (int64_t v = 0; v < nv; v += VTC_CB_VECS) {  // W^T of VTC_CB_VECS vectors of channels, then its tiles",
               "          const int64_t vv = std::min<int64_t>(VTC_CB_VECS, nv - v);",
               "          for (int64_t i = 0; i < vv; ++i)",
               f"            vtc_cb_pack_w(w + (m0 + 16 * (v + i)) * {lda} + k0, {lda}, "
               "std::min<int64_t>(16, M - m0 - 16 * (v + i)), kb, wt + 16 * i, vv * 16);",
-              "          vtc_cb_block(vv, P, kb, bp, kb, wt, vv * 16, cp + 16 * v, nv * 16, k0 > 0);",
+              "          vtc_cb_block(vv, P, kb, bp, kb, wt, 16, vv * 16, cp + 16 * v, nv * 16, k0 > 0);",
+              "        }",
               "        }",
               "      }",
               "      vtc_cb_transpose(cp, nv * 16, nv, NP16, ct, NP16);"]

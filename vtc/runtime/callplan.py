@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 import torch.utils._pytree as pytree
 
+from vtc.codegen import conv_bcast
 from vtc.ir.graph import Value
 from vtc.runtime.buffers import ENABLED as POOL_ENABLED
 from vtc.runtime import packed
@@ -91,20 +92,30 @@ class CallPlan:
         self.made: dict[str, tuple[torch.Size, torch.dtype]] = {
             n: (t.shape, t.dtype) for n, t in executor.consts.items() if t.is_contiguous()}
         self.fns: list[Callable[[Slots], None]] = []
+        self.fn_steps: list = []  # the step each of fns runs (None: a closure dropping values; bench/step_profile.py)
         # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
         # constants made once, steps that go through Executor.run_step
         self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
-                       "packed_weights": 0}
+                       "packed_weights": 0, "packed_conv_weights": 0}
         self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
         self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
+        # kernel outputs that only kernels read: placed in a per-call arena at offsets fixed here (_arena_layout)
+        self.arena_slot = len(self.template)  # a call's slots[arena_slot]: its arena's pointer lists, by kernel
+        self.template.append(None)
+        self.arena_offsets, self.arena_bytes = _arena_layout(executor) if ARENA else ({}, 0)
+        self.arena_kernels: list[tuple[list, dict]] = []  # per arena kernel: (arena offset or None by pointer,
+        #                                                      {pointer: address the same in every call})
+        self._arenas: list[list] = []  # free arenas (one per call running at once), each [buffer, lists...]
         for s in executor.steps:
             fn = self._step(s)
             if fn is None:
                 continue
             self.fns.append(fn)
-            frees = tuple(self.slot[n] for n in s.frees)
+            self.fn_steps.append(s)
+            frees = tuple(self.slot[n] for n in s.frees if n not in self.arena_offsets)  # arena values: no tensor
             if frees:
                 self.fns.append(_freer(frees))
+                self.fn_steps.append(None)
         self.own_outputs = _owning_outputs(executor, graph)
         self.const_copies = bool(executor.const_copies)
 
@@ -120,12 +131,34 @@ class CallPlan:
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t
-        for fn in self.fns:
-            fn(slots)
+        if self.arena_kernels:
+            arena = self.acquire_arena()
+            slots[self.arena_slot] = arena
+            try:
+                for fn in self.fns:
+                    fn(slots)
+            finally:
+                self._arenas.append(arena)  # list.append / pop are atomic: threads take distinct arenas
+        else:
+            for fn in self.fns:
+                fn(slots)
         outs = [slots[i] for i in self.outputs]
         if self.own_outputs is not None:
             self.own_outputs(outs, inputs)
         return outs
+
+    def acquire_arena(self) -> list:
+        """A free arena for one call (``[buffer, pointer list of each arena kernel...]``; give it back with
+        ``self._arenas.append``): a new one where every arena is taken (calls in several threads at once)."""
+        try:
+            return self._arenas.pop()
+        except IndexError:
+            pass
+        buf = torch.empty(self.arena_bytes + ARENA_ALIGN, dtype=torch.uint8)
+        base = -(-buf.data_ptr() // ARENA_ALIGN) * ARENA_ALIGN
+        lists = [[base + off if off is not None else fixed.get(p, 0) for p, off in enumerate(offsets)]
+                 for offsets, fixed in self.arena_kernels]
+        return [buf, *lists]
 
     # -- one closure per step ---------------------------------------------------
     def _step(self, s) -> Callable[[Slots], None] | None:
@@ -248,7 +281,10 @@ class CallPlan:
         outs = [self.slot[b.name] for b in ck.outputs]
         allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
         sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
-        pointers = pointer_array(ck._pointers._length_)
+        weight = self._packed_conv_weight(ck)  # a conv_bcast kernel's W^T packed once, passed after the buffers
+        if weight is not None and ck.step.checks:  # pragma: no cover - a convolution's kernel has no index checks
+            self.why_not_packed[name], weight = "the kernel has index range checks", None
+        pointers = pointer_array(ck._pointers._length_ + (weight is not None))
         call_checked = checked_caller() if ck.step.checks else None
         fused, other = _split_checks(ck) if call_checked is not None else ([], ck.step.checks)
         python_checks = [(c, self.slot[c.tensor]) for c in other]
@@ -261,23 +297,36 @@ class CallPlan:
             kernel_address, nchecks = ctypes.c_void_p(address), ctypes.c_int64(len(fused))
             table = (ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row])
         take = _taker(ins)
+        if weight is not None:
+            self.counts["packed_conv_weights"] += 1
+        placed = self.arena_offsets
+        if placed and any(b.name in placed for b in [*ck.inputs, *ck.outputs]):
+            if ck.step.checks:  # pragma: no cover - _arena_layout places none of its buffers
+                raise AssertionError(f"kernel {name}: buffers in the arena, but index checks")
+            return self._arena_kernel(ck, fn, get_threads, pointers, sizes, weight, allocs, checked, strided)
+        if weight is not None:
+            flag = conv_bcast.PACKED_FLAG
+
+            def kernel_packed(slots: Slots) -> None:  # the kernel's buffers, then its weight packed once
+                tensors = take(slots)
+                if strided or checked:
+                    tensors = _contiguous_checked(name, tensors, strided, checked)
+                made = [a() for a in allocs]
+                st = weight()  # held while the kernel runs: another thread's re-pack never frees it under it
+                fn(pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], st[2]),
+                   get_threads() | flag)
+                for i, t in zip(outs, made):
+                    slots[i] = t
+            for b in ck.outputs:
+                self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+            return kernel_packed
 
         def kernel(slots: Slots) -> None:
             for c, i in python_checks:
                 check_range(c, slots[i])
             tensors = take(slots)
             if strided or checked:
-                tensors = list(tensors)
-                for k in strided:
-                    if not tensors[k].is_contiguous():
-                        tensors[k] = tensors[k].contiguous()
-                for k, n, shape, dtype in checked:
-                    t = tensors[k]
-                    if t.dtype != dtype or t.shape != shape:
-                        raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
-                                           f"generated for {dtype} {list(shape)}")
-                    if not t.is_contiguous():
-                        tensors[k] = t.contiguous()
+                tensors = _contiguous_checked(name, tensors, strided, checked)
             made = [a() for a in allocs]
             ptrs = pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], *sizes)
             if not fused:
@@ -292,6 +341,136 @@ class CallPlan:
         for b in ck.outputs:
             self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
         return kernel
+
+    def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs, checked,
+                      strided) -> Callable[[Slots], None]:
+        """A kernel some of whose buffers lie in the call's arena: their addresses are in the arena's pointer
+        list for this kernel, made once per arena; the others (constants, graph inputs, kernel outputs that
+        leave the arena) are filled in per call, an input that may be strided made contiguous first."""
+        placed = self.arena_offsets
+        order = [*ck.inputs, *ck.outputs]
+        offsets = [placed.get(b.name) for b in order] + [None] * (len(sizes) + (weight is not None))
+        k = len(self.arena_kernels) + 1  # the arena's list for this kernel: arena[k] (arena[0] is its buffer)
+        # addresses the same in every call and arena: a size-generic kernel's sizes
+        self.arena_kernels.append((offsets, {len(order) + p: ptr for p, ptr in enumerate(sizes)}))
+        nin = len(ck.inputs)
+        given = [(p, self.slot[b.name]) for p, b in enumerate(ck.inputs) if b.name not in placed]
+        made = [(nin + p, self.slot[b.name], a) for p, (b, a) in enumerate(zip(ck.outputs, allocs))
+                if b.name not in placed]
+        a_slot, flag, last = self.arena_slot, conv_bcast.PACKED_FLAG if weight is not None else 0, len(offsets) - 1
+        for b in ck.outputs:
+            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+
+        name, take = ck.step.kernel.name, _taker([i for _, i in given])
+        positions = [p for p, _ in given]
+        if checked or strided:  # positions among all inputs -> among the given ones (none of them is placed)
+            where = {p: q for q, p in enumerate(positions)}
+            checked = [(where[p], *rest) for p, *rest in checked]
+            strided = [where[p] for p in strided]
+
+        def kernel(slots: Slots) -> None:
+            ptrs = slots[a_slot][k].copy()
+            tensors = take(slots)  # held until the kernel returns (a contiguous copy of a strided input)
+            if checked or strided:
+                tensors = _contiguous_checked(name, tensors, strided, checked)
+            for p, t in zip(positions, tensors):
+                ptrs[p] = t.data_ptr()
+            for p, i, alloc in made:
+                t = slots[i] = alloc()
+                ptrs[p] = t.data_ptr()
+            if flag:
+                st = weight()  # held while the kernel runs: another thread's re-pack never frees it under it
+                ptrs[last] = st[2]
+            fn(pointers(*ptrs), get_threads() | flag)
+        return kernel
+
+    def _packed_conv_weight(self, ck) -> Callable[[], tuple] | None:
+        """For a conv_bcast kernel whose weight is a constant: the ``state`` of its W^T packed once
+        (``vtc.runtime.packed.PackedConvWeight``), else None (the kernel packs it per call; why in
+        ``why_not_packed``)."""
+        gemm = getattr(ck.step.kernel, "gemm", None)
+        if not packed.CONV_ENABLED or gemm is None or not hasattr(gemm, "packed_weight") or ck._sizes:
+            return None
+        spec = gemm.packed_weight
+        wbuf = spec[0] if spec is not None else None
+        w = self.template[self.slot[wbuf]] if wbuf in self.slot else None  # set: a constant or a view of one
+        why = packed.conv_weight_why_not(w if isinstance(w, torch.Tensor) else None,
+                                         spec[1:] if spec is not None else None)
+        if why is not None:
+            self.why_not_packed[ck.step.kernel.name] = why
+            return None
+        return packed.PackedConvWeight(w, *spec[1:]).state
+
+
+def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list) -> list:
+    """A kernel's input tensors, made contiguous where they are not (`strided`: positions whose dtype and shape
+    are known; `checked`: (position, value, shape, dtype) checked first)."""
+    tensors = list(tensors)
+    for k in strided:
+        if not tensors[k].is_contiguous():
+            tensors[k] = tensors[k].contiguous()
+    for k, n, shape, dtype in checked:
+        t = tensors[k]
+        if t.dtype != dtype or t.shape != shape:
+            raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
+                               f"generated for {dtype} {list(shape)}")
+        if not t.is_contiguous():
+            tensors[k] = t.contiguous()
+    return tensors
+
+
+ARENA = POOL_ENABLED  # VTC_BUFFER_POOL=0 (the benchmark's memory probes) keeps nothing between calls: no arena
+ARENA_ALIGN = 64  # bytes: each buffer of the arena starts on a cache line
+
+
+def _arena_layout(executor) -> tuple[dict[str, int], int]:
+    """({value: byte offset}, arena bytes) for the kernel outputs that only generated kernels read.
+
+    Such a value is never a tensor in the call: its writer and readers get its address in the arena, so the
+    call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
+    ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
+    without index checks or derived index tensors, it is not a graph output, and it is smaller than
+    ``buffers.MIN_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step
+    that writes them to the last step that reads them; two values share bytes only when those spans do not
+    meet (first fit, largest first)."""
+    steps = executor.steps
+    outputs = {v.name for v in executor.graph.outputs}
+    plain: set[int] = set()
+    for k, s in enumerate(steps):
+        if s.kind == "kernel" and not s.kernel._derived and not s.kernel.step.checks:
+            plain.add(k)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    bad: set[str] = set(outputs)
+    for k, s in enumerate(steps):
+        for name in s.reads:
+            last[name] = k
+            if k not in plain:
+                bad.add(name)
+        for name in s.writes:
+            first.setdefault(name, k)
+            last.setdefault(name, k)
+            if k not in plain:
+                bad.add(name)
+    sizes = {}
+    for k in sorted(plain):
+        for b in steps[k].kernel.outputs:  # a large one stays the pool's (as measured before: llama3_prefill_b1
+            # ran 0.7% slower with its MB-sized intermediates in the arena, twice; the saving is per buffer)
+            if b.name not in bad and b.name not in sizes and b.nbytes < MIN_BYTES:
+                sizes[b.name] = -(-max(b.nbytes, 1) // ARENA_ALIGN) * ARENA_ALIGN
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
+    offsets: dict[str, int] = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], first[n])):
+        lo, hi, size = first[name], last[name], sizes[name]
+        busy = sorted((o, e) for o, e, f, l in placed if f <= hi and lo <= l)
+        off = 0
+        for o, e in busy:
+            if off + size <= o:
+                break
+            off = max(off, e)
+        offsets[name] = off
+        placed.append((off, off + size, lo, hi))
+    return offsets, max((e for _, e, _, _ in placed), default=0)
 
 
 def _split_checks(ck) -> tuple[list, list]:
@@ -421,12 +600,12 @@ def _owning_outputs(executor, graph) -> Callable[[list, list], None] | None:
     safe = [k for k in range(len(names)) if k not in risky]
 
     def own(outs: list, inputs: list) -> None:
-        taken = consts | {t.untyped_storage().data_ptr() for t in inputs}
+        taken = {t.untyped_storage().data_ptr() for t in inputs}  # and the constants' (not copied per call)
         taken.update(outs[k].untyped_storage().data_ptr() for k in safe)
         for k in risky:
             t = outs[k]
             ptr = t.untyped_storage().data_ptr()
-            if ptr in taken or (k in views and not t.is_contiguous()):
+            if ptr in taken or ptr in consts or (k in views and not t.is_contiguous()):
                 t = outs[k] = t.clone(memory_format=torch.contiguous_format)
                 ptr = t.untyped_storage().data_ptr()
             taken.add(ptr)

@@ -31,6 +31,8 @@ MIN_ROWS = 32  # fewer rows: torch's mm (the packed path was measured at 128 and
 ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and torch.backends.mkl.is_available()
            and hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear"))
 OPS = ("aten.mm.default", "aten.addmm.default")
+# generated convolutions' weights packed once per version (PackedConvWeight; VTC_PACKED_WEIGHTS=0 turns both off)
+CONV_ENABLED = os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0"
 
 
 def planned(low, n, a, b) -> str:
@@ -114,3 +116,53 @@ def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Ca
     def run(a: torch.Tensor) -> torch.Tensor:
         return linear(a, entry.current(), w, bias, a_rows)
     return run
+
+
+class PackedConvWeight:
+    """A generated convolution's constant weight packed once as the kernel reads it (vtc.codegen.conv_bcast: W^T
+    in vectors of 16 output channels), packed again when the weight's version counter moves.
+
+    The broadcast form otherwise packs W^T on every call (~13% of a 1x1 232 -> 232 on 7x7).  The call plan
+    passes ``state()[2]`` after the kernel's buffers with ``conv_bcast.PACKED_FLAG`` set in its thread count;
+    a weight changed in place after compiling (``load_state_dict``, an optimizer step, ``w.mul_(2)``) bumps
+    its version and is packed again before the next call's kernel reads it.  ``state()`` returns one tuple
+    (version, packed tensor, its address): a caller holds it while the kernel runs, so a concurrent re-pack
+    (another thread's call) never frees the buffer under it."""
+
+    def __init__(self, w: torch.Tensor, offset: int, lda: int, m: int, k: int) -> None:
+        self.w, self.spec, self.lock = w, (offset, lda, m, k), threading.Lock()
+        self._state = self._pack()
+
+    def _pack(self) -> tuple[int, torch.Tensor, int]:
+        from vtc.codegen.conv_bcast import packed_layout
+
+        version = self.w._version  # read first: a change during the pack is seen by the next call
+        with torch.no_grad():
+            p = packed_layout(self.w, *self.spec)
+        return version, p, p.data_ptr()
+
+    def state(self) -> tuple[int, torch.Tensor, int]:
+        """(version, packed W^T, its address) of the weight as it is now."""
+        st = self._state
+        if st[0] != self.w._version:
+            with self.lock:
+                st = self._state
+                if st[0] != self.w._version:
+                    st = self._state = self._pack()
+        return st
+
+
+def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
+    """Why a conv_bcast kernel's weight `w` (a constant of the plan, or None) cannot be packed once (None: it can)."""
+    if spec is None:
+        return "the weight's offset is not a constant"
+    if w is None:
+        return "the weight is not a constant of the graph"
+    if w.dtype != torch.float32 or not w.is_contiguous():
+        return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
+    if w.is_inference():
+        return "the weight is an inference tensor: it has no version counter to see an in-place change by"
+    offset, lda, m, k = spec
+    if offset < 0 or offset + (m - 1) * lda + k > w.numel():
+        return "the weight rows lie outside the constant"
+    return None
