@@ -211,27 +211,28 @@ producer of a cat or KV-cache update (a GEMM included: the new V of a decode
 step) stores into its output; the cost model prices a cat read element by
 element through a transpose, so greedy keeps EfficientViT's q/k/v cat
 physical (its convolutions store into it); outputs of 1 MB and more are
-written with streaming stores; a Linear's x @ W^T on its constant weight runs
-MKL's packed GEMM on W packed once (32 rows and more) or, for 12-31 rows, a
-generated kernel reading W's rows in place; convolutions over maps of up to
-256 pixels are dot products with the weight read in place.  Since the last
-run: the attention's prefill tiles pack Q^T by 16 x 16 register transposes
-and test hidden key blocks in vector code; the greedy prices the KV-cache
-position's inverse as the cold torch calls it is inside a layer, so it
-pushes the prefill's V-cache update (no torch copy of the transposed V);
-decode's attention copies the input KV caches into the updated ones as it
-reads them (one pass in place of a copy kernel per cache); convolutions on
-maps of up to 64 pixels with short reductions run with the output channels
-as vector lanes (ShuffleNetV2's stage 4), and a depthwise kernel's epilogue
-is one vector loop over the plane.  The other
-GEMMs and convolutions run through torch on zero-copy views or after a copy
-kernel.  Where vtc loses or ties: c3k2_b1 (a 2 ms
-call) against ONNX Runtime, whose best calls are faster at 2 threads
-(1.61 vs 1.87 ms min in a recheck, medians tied); the prefill units and
-llama_model are GEMM-bound, within a few percent of OpenVINO (vtc's own
-float32 GEMM is 0.85-1.0x of MKL; MKL runs on the weight packed once), and
-the medians of these 30-50 ms calls swing by 1.5x; shufflenet_v2_model ties
-ONNX Runtime.
+written with streaming stores where the kernel's working set exceeds the
+last-level cache; convolutions over maps of up to 256 pixels are dot
+products or broadcast tiles with the weight read in place or packed once;
+kernel outputs that only kernels read live in a per-call arena.  How torch's
+float32 GEMM compares with the generated one is measured once per machine:
+on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
+every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
+Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
+last run (on an Intel Xeon: this run's machine is an AMD EPYC, so compare
+ratios, not times): gemm="auto" measures the library's GEMM speed (above);
+a generated GEMM packs its B panel by panel with the next panel prefetched;
+the per-call arena; a small-map convolution's W^T packed once (again when
+the weight changes) and long reductions in the broadcast form; streaming
+stores only beyond the last-level cache.  Where vtc loses or ties: the
+prefill units and llama_model are GEMM-bound and behind OpenVINO (0.85-0.91x
+at 2 threads; ~0.92x at 1 thread, so vtc's GEMMs also gain less from the
+second thread): OpenVINO's and ONNX Runtime's GEMMs run on weights packed
+once, vtc's packs W on every call (11% of its GEMM on Zen 5 before this
+run's prefetch), its micro-kernel otherwise at ~95% of the FMA peak;
+c3k2_b1 and efficientvit_b1 tie the best other system (1.00x, 1.03x).
+ONNX Runtime and OpenVINO returned NaN on efficientvit_b16 here (Failures),
+so Inductor is its best other system.
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
