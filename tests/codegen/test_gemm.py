@@ -301,7 +301,8 @@ def _call_directly(k, compiled, inputs: tuple, nthreads: int) -> torch.Tensor:
     (torch.bmm, [(3, 129, 257), (3, 257, 65)]),  # odd batch: M split into a multiple of the threads
     (torch.mm, [(5, 2048), (2048, 257)]),  # skinny: N split
     (torch.mm, [(40, 2000), (2000, 33)]),  # N < M but M too small to split: N split
-], ids=["batch3", "skinny", "small_m"])
+    (torch.mm, [(300, 64), (64, 600)]),  # one column block, N > M: N split so B is not packed twice (3 threads)
+], ids=["batch3", "skinny", "small_m", "wide_b"])
 def test_every_thread_count_covers_the_output_once(fn, shapes):
     """The same kernel on 1, 2, 3 and 4 threads (each case above the parallel threshold, 4 MFLOP): each
     output block is computed by exactly one thread."""
@@ -371,3 +372,15 @@ def test_epilogue_row_terms_through_a_piece_choice(m):
     row, column = epilogue.split("#pragma omp simd", 1)
     assert row.count("const float t") == 1 and " ? " in row, row  # the cat's choice, once per row
     assert "(acc_gemm * t0)" in column and "[i1]" in column, column  # the bias, per column
+
+
+def test_threads_split_n_where_they_would_each_pack_all_of_b():
+    """A prefill down projection (256 x 3584 -> 1024: one 1024-column block of B, two 144-row blocks of A)
+    split by M gave each thread the whole B (14.7 MB) to pack; the kernel now splits N where the threads
+    would share B's column blocks and N > M (2 threads, one process, medians: 4.77 -> 4.08 ms; 256 x 1024 ->
+    1024 1.36 -> 1.17 ms; where B already splits, unchanged)."""
+    g = gen(26)
+    inputs = (rand((40, 64), g), rand((64, 300), g))
+    c = _check(torch.mm, inputs, gemm="vtc")
+    (k,) = _gemm_kernels(c)
+    assert "|| (BATCH * tn < nt && N > M)" in generate_gemm(k)

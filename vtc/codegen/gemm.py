@@ -962,7 +962,9 @@ def generate(k: Kernel) -> str:
             "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
-        "  if ((BATCH * tm * tn) % nt) {  // equal work per thread: split the larger of M and N into a multiple of nt",
+        # equal work per thread: split the larger of M and N into a multiple of nt; also where the threads would
+        # share B's column blocks while B is the larger operand (N > M): each would pack all of B, so N is split
+        f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
         "    if (M >= N && M >= 2 * nt * VTC_MR) {",
         "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
         "    } else {",
@@ -1034,6 +1036,7 @@ def generate(k: Kernel) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
+SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
 
