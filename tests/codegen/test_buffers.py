@@ -51,6 +51,28 @@ def test_dropped_output_storage_is_reused_and_held_ones_are_not():
         ptr = again.data_ptr()
 
 
+def test_a_held_storage_object_is_not_reused():
+    """A caller keeping only ``out.untyped_storage()`` holds the Python object the pool keeps (its C++ use
+    count stays 1): the next call must not write into it (it did: found by the session-10 sweep); once the
+    caller drops it, the storage is reused."""
+    x, y = _inputs(72)
+    compiled = compile_cpu(_f, (x, y))
+    out = compiled(x, y)
+    ptr = out.data_ptr()
+    st, snapshot = out.untyped_storage(), out.clone()
+    del out
+    gc.collect()
+    x2, y2 = _inputs(73)
+    new = compiled(x2, y2)
+    assert new.data_ptr() != ptr
+    torch.testing.assert_close(new, _f(x2, y2), **POINTWISE_TOL)
+    held = torch.empty(0).set_(st, 0, snapshot.shape, snapshot.stride())
+    assert torch.equal(held, snapshot)
+    del held, st, new
+    gc.collect()
+    assert compiled(x, y).data_ptr() == ptr  # dropped: reused (the oldest kept storage first)
+
+
 def test_small_outputs_are_plain_allocations():
     pool = buffers.BufferPool()
     a = pool.empty(torch.Size([3, 17]), torch.float32)

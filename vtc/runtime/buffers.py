@@ -13,7 +13,8 @@ through ``out=`` (``vtc.runtime.callplan``).
 after the tensors made on them die, and hands a storage out again when nothing
 outside the pool refers to it any more: no tensor, view, numpy array or
 DLPack capsule made from it is alive (they all hold the storage, which
-``torch._C._storage_Use_Count`` counts).  So an intermediate freed during a
+``torch._C._storage_Use_Count`` counts), and no caller holds the storage object itself
+(``o.untyped_storage()``: the Python object the pool keeps, counted by its Python references).  So an intermediate freed during a
 call is reused by a later kernel of the same call, and a graph output the
 caller has dropped is reused by the next call; one the caller still holds is
 never touched.  Storages are matched by exact byte size; at most
@@ -28,6 +29,7 @@ Runtime's arena would, which the probes turn off too).
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import torch
@@ -57,17 +59,30 @@ class BufferPool:
             return torch.empty(*shape, dtype=dtype) if shape else torch.empty(shape, dtype=dtype)  # sizes unpacked:
             # torch's argument parser takes them in half the time of a torch.Size (~2 us less per output)
         with self._lock:
-            for st in self._kept:
-                if st.nbytes() == nbytes and _use_count(st._cdata) == 1:  # only the pool holds it
-                    return _on(st, shape, dtype)
+            kept = self._kept
+            for i in range(len(kept)):  # by index: a loop variable would be one more reference to the storage
+                if kept[i].nbytes() == nbytes and _free(kept[i]):
+                    return _on(kept[i], shape, dtype)
             out = torch.empty(shape, dtype=dtype)
-            if len(self._kept) >= MAX_KEPT:  # full: make room by dropping the oldest free storage, if any
-                old = next((st for st in self._kept if _use_count(st._cdata) == 1), None)
-                if old is None:
+            if len(kept) >= MAX_KEPT:  # full: make room by dropping the oldest free storage, if any
+                i = next((i for i in range(len(kept)) if _free(kept[i])), None)
+                if i is None:
                     return out
-                self._kept.remove(old)
-            self._kept.append(out.untyped_storage())
+                del kept[i]
+            kept.append(out.untyped_storage())
             return out
+
+
+# references to a kept storage's Python object when only the pool holds it, as _free sees them: the pool's
+# list, _free's parameter and getrefcount's argument
+_FREE_REFS = 3
+
+
+def _free(st: torch.UntypedStorage) -> bool:
+    """Nothing outside the pool refers to storage st: no tensor, view, numpy array or capsule (they hold the
+    C++ storage: its use count) and no caller holding the storage itself (``o.untyped_storage()`` returns the
+    Python object the pool keeps, so the use count does not see it; its Python references do)."""
+    return _use_count(st._cdata) == 1 and sys.getrefcount(st) <= _FREE_REFS
 
 
 def _on(st: torch.UntypedStorage, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
