@@ -231,8 +231,12 @@ second thread): OpenVINO's and ONNX Runtime's GEMMs run on weights packed
 once, vtc's packs W on every call (11% of its GEMM on Zen 5 before this
 run's prefetch), its micro-kernel otherwise at ~95% of the FMA peak;
 c3k2_b1 and efficientvit_b1 tie the best other system (1.00x, 1.03x).
-ONNX Runtime and OpenVINO returned NaN on efficientvit_b16 here (Failures),
-so Inductor is its best other system.
+ONNX Runtime and OpenVINO returned NaN on efficientvit_b16 here (Failures:
+1152 of 1.6 M outputs from ONNX Runtime on the dynamo exporter's file, none
+on the TorchScript exporter's), so Inductor is its best other system; timed
+anyway (T=2 N=11 python bench/units_side_by_side.py efficientvit_b16, right
+after this run) OpenVINO takes 37.4 ms to vtc's 28.3 (1.32x, not 1.99x), and
+by that count the units' geomean is ~1.47x, short of the 1.5x goal.
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
