@@ -144,3 +144,32 @@ def test_clear_error_without_the_repository(tmp_path, monkeypatch):
     args = p.parse_args(["bench", "--quick"])
     with pytest.raises(RuntimeError, match="needs the vtc source repository"):
         args.func(args)
+
+
+def test_an_onnx_file_wrong_under_onnxruntime_is_exported_again(tmp_path, monkeypatch):
+    """The ONNX systems run the first exporter's file that ONNX Runtime computes correctly: a dynamo export whose
+    result differs from eager (efficientvit_b16 on this project's AMD machine: NaN in 1152 outputs) is replaced by
+    the TorchScript exporter's, the reason kept in the export record."""
+    import torch
+
+    from bench.systems import Context
+
+    pytest.importorskip("onnxruntime")
+    model, inputs = torch.nn.Linear(8, 4).eval(), (torch.randn(3, 8),)
+    ctx = Context("lin", model, inputs, threads=1, workdir=tmp_path)
+    path = ctx.onnx()
+    assert ctx.export["exporter"] == "dynamo" and ctx.export["errors"] == []
+    assert ctx._wrong_under_onnxruntime(path) == ""
+    other = Context("lin", torch.nn.Linear(8, 4).eval(), inputs, threads=1, workdir=tmp_path)
+    assert "wrong result" in other._wrong_under_onnxruntime(path)  # another model's weights: caught
+
+    calls = []
+    real = Context._wrong_under_onnxruntime
+    monkeypatch.setattr(Context, "_wrong_under_onnxruntime",
+                        lambda self, p: calls.append(p) or "wrong result: output 0 max relative error nan")
+    ctx2 = Context("lin2", model, inputs, threads=1, workdir=tmp_path / "b")
+    (tmp_path / "b").mkdir()
+    ctx2.onnx()
+    assert len(calls) == 1  # only the dynamo file is checked here; the torchscript one is judged when timed
+    assert ctx2.export["exporter"] == "torchscript" and "dynamo: wrong result" in ctx2.export["errors"][0]
+    monkeypatch.setattr(Context, "_wrong_under_onnxruntime", real)
