@@ -224,19 +224,15 @@ ratios, not times): gemm="auto" measures the library's GEMM speed (above);
 a generated GEMM packs its B panel by panel with the next panel prefetched;
 the per-call arena; a small-map convolution's W^T packed once (again when
 the weight changes) and long reductions in the broadcast form; streaming
-stores only beyond the last-level cache.  Where vtc loses or ties: the
-prefill units and llama_model are GEMM-bound and behind OpenVINO (0.85-0.91x
-at 2 threads; ~0.92x at 1 thread, so vtc's GEMMs also gain less from the
-second thread): OpenVINO's and ONNX Runtime's GEMMs run on weights packed
-once, vtc's packs W on every call (11% of its GEMM on Zen 5 before this
-run's prefetch), its micro-kernel otherwise at ~95% of the FMA peak;
-c3k2_b1 and efficientvit_b1 tie the best other system (1.00x, 1.03x).
-ONNX Runtime and OpenVINO returned NaN on efficientvit_b16 here (Failures:
-1152 of 1.6 M outputs from ONNX Runtime on the dynamo exporter's file, none
-on the TorchScript exporter's), so Inductor is its best other system; timed
-anyway (T=2 N=11 python bench/units_side_by_side.py efficientvit_b16, right
-after this run) OpenVINO takes 37.4 ms to vtc's 28.3 (1.32x, not 1.99x), and
-by that count the units' geomean is ~1.47x, short of the 1.5x goal.
+stores only beyond the last-level cache; the ONNX systems run the TorchScript
+exporter's file where the dynamo exporter's gives a wrong result under ONNX
+Runtime (efficientvit_b16: NaN).  Where vtc loses or ties: the prefill units
+and llama_model are GEMM-bound and behind OpenVINO (0.86-0.96x at 2
+threads; ~0.92x at 1 thread, so vtc's GEMMs also gain less from the second
+thread): OpenVINO's and ONNX Runtime's GEMMs run on weights packed once,
+vtc's packs W on every call (11% of its GEMM on Zen 5 before this run's
+prefetch), its micro-kernel otherwise at ~95% of the FMA peak;
+shufflenet_v2_model ties the ONNX systems (1.04x).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
