@@ -7,8 +7,6 @@ path (``run_steps``) still packs per call inside the kernel, so both layouts are
 """
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +15,7 @@ import vtc
 from vtc.codegen import conv_bcast, conv_t
 from vtc.runtime import packed
 
-from tests.codegen.util import ROW_TOL, gen, rand
+from tests.codegen.util import ROW_TOL, errors_in_threads, gen, rand
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="the broadcast form is taken on AVX-512 targets only")
@@ -109,22 +107,13 @@ def test_threads_share_the_packed_weight_while_it_changes():
             assert _plan(compiled).counts["packed_conv_weights"] == 1
             for r in range(3):
                 want = [m(x) for x in xs]
-                errors: list[str] = []
 
                 def work(k: int) -> None:
-                    try:
-                        with torch.no_grad():
-                            for _ in range(50):
-                                torch.testing.assert_close(compiled(xs[k]), want[k], **ROW_TOL)
-                    except Exception as e:  # noqa: BLE001
-                        errors.append(repr(e))
+                    with torch.no_grad():
+                        for _ in range(50):
+                            torch.testing.assert_close(compiled(xs[k]), want[k], **ROW_TOL)
 
-                threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                assert errors == []
+                assert errors_in_threads(work, 4) == []
                 m[0].weight.mul_(-1.5)
     finally:
         torch.set_num_threads(before)
