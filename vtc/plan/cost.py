@@ -190,6 +190,9 @@ def _measure_library_ratio(n: int = 384) -> float:
     return statistics.median(times[1]) / statistics.median(times[0])
 
 
+LIBRARY_SPEED_NOISE = 0.2  # relative band around the assumed library / generated GEMM ratio counted as equal
+
+
 def library_gemm_speed(m: Machine | None = None) -> float:
     """How fast torch's float32 GEMM is here relative to the rates vtc.codegen.gemm assumes for it (1.0: as
     assumed, i.e. about as fast as the generated GEMM; 0.5: half as fast).  Measured ratios within
@@ -202,9 +205,6 @@ def library_gemm_speed(m: Machine | None = None) -> float:
         return 1.0
     speed = m.library_gemm_ratio / (TORCH_GFLOPS / VTC_GFLOPS)
     return 1.0 if abs(speed - 1.0) <= LIBRARY_SPEED_NOISE else speed
-
-
-LIBRARY_SPEED_NOISE = 0.2
 
 
 # ---------------------------------------------------------------------------
