@@ -962,6 +962,10 @@ def generate(k: Kernel) -> str:
             "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
+        # blocks of equal size (3584 columns: 4 x 896, not 3 x 1024 + 512, which gave one of 2 threads 2048)
+        *(["  mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
+           "  nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;"]
+          if EQUAL_BLOCKS else []),
         # equal work per thread: split the larger of M and N into a multiple of nt; also where the threads would
         # share B's column blocks while B is the larger operand (N > M): each would pack all of B, so N is split
         f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
@@ -1036,6 +1040,7 @@ def generate(k: Kernel) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
+EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile), not full blocks and a thin last one
 SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
