@@ -399,3 +399,20 @@ def test_blocks_are_cut_equal_so_threads_get_equal_work():
     src = generate_gemm(k)
     assert "nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;" in src.split(
         "if ((BATCH * tm * tn) % nt")[0]  # before (and whatever) the split for the thread count
+
+
+@pytest.mark.parametrize("m,k", [(37, 300), (12, 17), (130, 1024)])
+def test_inlined_producer_of_a_is_computed_as_rows_then_transposed(m, k):
+    """Llama's down projection: silu(gate) * up computed in A's pack.  Per MR-row strip each row is one vector
+    loop along the reduction into a row-major scratch, then transposed into the panel (ROWS_THEN_PANEL: the
+    element-by-element loop stored each value MR floats from the last); odd rows and reductions cross the
+    strip's and the 16 x 16 transposes' edges."""
+    g = gen(28)
+    lin = torch.nn.Linear(k, 70, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(rand((70, k), g))
+    inputs = (rand((m, k), g), rand((m, k), g))
+    fn = lambda a, b: lin(torch.nn.functional.silu(a) * b)  # noqa: E731
+    c = _check(fn, inputs, gemm="vtc")
+    (k_,) = _gemm_kernels(c)
+    assert "vtc_pack_a_rows(a_rows, kb, strip, kb, ap + ir * kb);" in generate_gemm(k_)

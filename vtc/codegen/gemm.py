@@ -1040,6 +1040,7 @@ def generate(k: Kernel) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
+ROWS_THEN_PANEL = True  # A through a mapping / an inlined producer: strips computed as rows, then transposed
 EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile), not full blocks and a thin last one
 SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
@@ -1173,15 +1174,42 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
     em.forget()
     inner = ind + "    "
     temps = em.hoist([g.a], inner)
-    return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
-            *_loop_var(mv, "m0 + ii", ind + "  "),
-            f"{ind}  float* __restrict dst = ap + {base};",
-            f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
-            f"{inner}const int64_t r = k0 + pp;",
+    generic = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{",
+               *_loop_var(mv, "m0 + ii", ind + "  "),
+               f"{ind}  float* __restrict dst = ap + {base};",
+               f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
+               f"{inner}const int64_t r = k0 + pp;",
+               *temps,
+               f"{inner}dst[pp * {step}] = {em.scalar(g.a)};",
+               f"{ind}  }}",
+               f"{ind}}}"]
+    if rows or not ROWS_THEN_PANEL:
+        return generic
+    # AVX-512: an MR-row strip computed row by row along the reduction (one vector loop per row: an inlined
+    # producer's exp or sqrt vectorised, its loads walking their unit stride), then transposed into the panel
+    em.forget()
+    i2, i3 = ind + "    ", ind + "      "
+    temps = em.hoist([g.a], i3)
+    return [f"{ind}#if defined(__AVX512F__)",
+            f"{ind}{{ float* __restrict a_rows = vtc_gemm_scratch(2, VTC_MR * kb);  // the strip, row-major",
+            f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{",
+            f"{ind}    const int strip = (int)std::min<int64_t>(VTC_MR, mb - ir);",
+            f"{ind}    for (int i = 0; i < strip; ++i) {{",
+            *_loop_var(mv, "m0 + ir + i", i2 + "  "),
+            f"{i2}  float* __restrict dst = a_rows + i * kb;",
+            f"{i2}  #pragma omp simd",
+            f"{i2}  for (int64_t pp = 0; pp < kb; ++pp) {{",
+            f"{i3}const int64_t r = k0 + pp;",
             *temps,
-            f"{inner}dst[pp * {step}] = {em.scalar(g.a)};",
+            f"{i3}dst[pp] = {em.scalar(g.a)};",
+            f"{i2}  }}",
+            f"{i2}}}",
+            f"{i2}vtc_pack_a_rows(a_rows, kb, strip, kb, ap + ir * kb);",
             f"{ind}  }}",
-            f"{ind}}}"]
+            f"{ind}}}",
+            f"{ind}#else",
+            *generic,
+            f"{ind}#endif"]
 
 
 def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
