@@ -766,6 +766,23 @@ static inline float* vtc_gemm_scratch(int which, int64_t n) {
 #endif
 """
 
+MR, NC, MC_ROWS, SKINNY_NC = 12, 1024, 144, 128  # VTC_MR, VTC_NC, VTC_MC, the skinny nc on AVX-512 (tested)
+
+
+def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows: bool = False) -> int:
+    """How many column blocks of N generate's kernel cuts (it packs A once per block, on whichever thread takes
+    it): N / NC (SKINNY_NC at M <= SKINNY_M), made a multiple of the threads where they split N; the
+    arithmetic of generate's C lines on AVX-512, for the planner's inlining rule (vtc.codegen.gemm_inline);
+    weight_rows: the kernel takes that path (``kernel_path``: full NC blocks at any M)."""
+    nc = SKINNY_NC if m <= SKINNY_M and not weight_rows else NC
+    tm, tn = -(-m // MC_ROWS), -(-n // nc)
+    nt = threads if 2 * batch * m * n * k >= PARALLEL_MIN_FLOPS and threads > 1 else 1
+    if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m)):
+        if not (m >= n and m >= 2 * nt * MR):  # else M is split
+            tn = -(-tn // nt) * nt
+    return tn
+
+
 PARALLEL_MIN_FLOPS = 1 << 22  # about 30 us on one thread: below it, forking costs more than it saves
 SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
 

@@ -56,6 +56,27 @@ def inlined_producer_bytes(low, v: Value, gemm: Node) -> tuple[str, int]:
     return x.name, x.nbytes
 
 
+def a_passes(low, gemm: Node, name: str) -> int:
+    """How many times generated GEMM `gemm` would compute value `name` inlined into its A pack: once per
+    column block of N its kernel cuts on this machine's threads (``gemm.column_blocks``: llama's down
+    projection, 256 x 3584 -> 1024, once on one thread, once per thread on two, where the threads split N and
+    each packs all of A).  1 where `name` is not A (through virtual movement ops with one input each)."""
+    from vtc.codegen.gemm import _operands, column_blocks
+    from vtc.plan.cost import machine
+    from vtc.virtual.movement import bind
+
+    a, b = _operands(gemm, bind(gemm.target, gemm.args, gemm.kwargs))
+    x = a
+    while x.name != name:
+        p = low.producer.get(x.name)
+        ins = [i for i in p.inputs if isinstance(i, Value)] if p is not None else []
+        if p is None or p.kind != "movement" or len(ins) != 1 or not low.plan.is_virtual(x.name):
+            return 1
+        x = ins[0]
+    batch, m, k = a.shape if len(a.shape) == 3 else (1, *a.shape)
+    return column_blocks(batch, m, b.shape[-1], k, machine().threads)
+
+
 def pack_a_along_m(em, g, ind: str) -> list[str] | None:
     """The MR-row panels of an A read through a mapping or an inlined producer (``relu(q)`` of a transposed
     view) whose every load has unit stride along the row index m and not along the reduction: per panel

@@ -42,6 +42,7 @@ from vtc.codegen import kernel_ir as K
 from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
 from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
+from vtc.codegen.gemm_inline import a_passes
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
@@ -231,9 +232,16 @@ class Lowering:
                 if not n.inputs:
                     self.inline.add(o)  # it reads nothing: free to recompute
                 elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
-                      and not (n.op == CONV_OP and self._packs(kernels[0]))):
+                      and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])):
                     self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
                     # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
+
+    def _recomputed(self, n: Node, reader: str) -> bool:
+        """True when GEMM `reader` would compute pointwise node n's value more than once in its A pack (once per
+        column block: ``gemm_inline.a_passes``) and n is more than a scale or a cast: stored once, then packed."""
+        g = self._nodes.get(reader)
+        return (g is not None and g.op in GEMM_OPS and self.kind[g.name] == "gemm" and not is_cheap(n)
+                and a_passes(self, g, n.outputs[0].name) > 1)
 
     def _packs(self, reader: str) -> bool:
         """True when `reader` is a GEMM or attention kernel (its operands are read in pack loops)."""
