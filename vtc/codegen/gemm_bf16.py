@@ -22,10 +22,15 @@ weight rows in place instead (no B panel).
 ``support`` says whether the compiler targets AVX512_BF16 (``-march=native``
 on a CPU that has it); ``why_not`` why a bf16 GEMM node cannot run here (then
 torch runs it, the reason in the report); ``estimate_us`` is the cost model
-``vtc.codegen.gemm.choose`` uses for bf16.  torch's bf16 GEMM uses AMX tiles
-on such CPUs (oneDNN), far faster on large products than ``vdpbf16ps``, so
-under ``gemm="auto"`` only operands torch would copy first and skinny
-products are generated.
+``vtc.codegen.gemm.choose`` uses for bf16.  Its fixed rates assume torch's
+bf16 GEMM runs on AMX tiles (oneDNN on a Sapphire Rapids-class Xeon), far
+faster on large products than ``vdpbf16ps``: there under ``gemm="auto"`` only
+operands torch would copy first and skinny products are generated.  On a CPU
+without AMX (AMD EPYC Zen 5) torch's bf16 GEMM runs on AVX512_BF16 as this
+kernel does, about as fast; how the two compare is measured once per machine
+(``vtc.plan.cost.library_gemm_speed(dtype=torch.bfloat16)``, the same
+measurement as float32's) and scales torch's rate, so there a copied operand
+(GQA keys over a long cache) goes to this kernel even under large products.
 """
 from __future__ import annotations
 
@@ -41,12 +46,18 @@ from vtc.index.mapping import linear_offset
 BF16 = torch.bfloat16
 BF16_OPS = ("aten.mm.default", "aten.bmm.default")
 # cost model (2 threads, microseconds from GB/s and GFLOPS as in vtc.codegen.gemm), from 1-thread CPU times
-# (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled.  vdpbf16ps
-# retires about one per two cycles here (a loop of independent ones: 0.62x the float32 FMA rate), so the
-# panel kernel runs ~77 GFLOPS a thread (1024^3: 28 ms) against oneDNN's AMX ~860 (2.5 ms); x @ W^T of a
-# 4096 x 4096 bf16 weight, 1 / 4 / 16 rows: 1.87 / 1.91 / 7.2 ms on the dot path, torch 3.0 / 2.7 / 3.4 ms.
+# (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled, on an Intel
+# Xeon with AMX.  vdpbf16ps retires about one per two cycles there (a loop of independent ones: 0.62x the
+# float32 FMA rate), so the panel kernel runs ~77 GFLOPS a thread (1024^3: 28 ms) against oneDNN's AMX ~860
+# (2.5 ms); x @ W^T of a 4096 x 4096 bf16 weight, 1 / 4 / 16 rows: 1.87 / 1.91 / 7.2 ms on the dot path,
+# torch 3.0 / 2.7 / 3.4 ms.  On an AMD EPYC Zen 5 (no AMX) vdpbf16ps retires two per cycle, as many as FMAs
+# (540 GFLOPS a thread in a register-only loop, docs/gemm.md): the panel kernel runs ~460 GFLOPS (1024^3:
+# 4.64 ms), torch's bf16 (oneDNN, AVX512_BF16) as fast (4.52 ms); x @ W^T, 1 / 4 / 16 rows: 0.76 / 1.17 /
+# 2.61 ms on the dot path, torch 1.87 / 1.62 / 2.48 ms (python -m bench.gemm_bf16_side_by_side).  Only the
+# ratio of the large rates differs enough to change a choice: library_gemm_speed(dtype=bf16) scales
+# TORCH_GFLOPS by the measured one.
 VTC_GFLOPS = 150.0  # the vdpbf16ps panel kernel
-TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels
+TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels (scaled by the measured torch_speed where the CPU has no AMX)
 # (GB/s of B, GFLOPS) for M <= SKINNY_M: the dot path costs the larger of the two (reading the weight hides the
 # arithmetic up to ~4 rows), torch's their sum
 SKINNY = {"dot": (39.0, 160.0), "torch": (23.0, 1000.0)}
@@ -111,8 +122,12 @@ def why_not(low, n, a, b) -> str:
 
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (),
-                b_unit_stride: str = "n") -> tuple[float, float]:
-    """(generated kernel, torch) estimated microseconds for one bf16 call (see vtc.codegen.gemm.estimate_us)."""
+                b_unit_stride: str = "n", torch_speed: float = 1.0) -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one bf16 call (see vtc.codegen.gemm.estimate_us).
+
+    `torch_speed` scales TORCH_GFLOPS, the AMX rate (vtc.plan.cost.library_gemm_speed(dtype=bfloat16): ~0.13
+    on a CPU without AMX, where torch's bf16 GEMM runs about as fast as the generated one); the skinny rates
+    stay (torch's x @ W^T of a few rows runs at about the same speed with or without AMX)."""
     from vtc.codegen.gemm import CALL_US, COPY_GBPS
 
     flops = 2.0 * batch * m * n * k
@@ -125,7 +140,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
     else:
         vtc = flops / (VTC_GFLOPS * 1e3)
-        lib = flops / (TORCH_GFLOPS * 1e3)
+        lib = flops / (TORCH_GFLOPS * torch_speed * 1e3)
     vtc += CALL_US
     lib += sum(CALL_US + 2 * c / (COPY_GBPS * 1e3) for c in copies) + CALL_US
     return vtc, lib
