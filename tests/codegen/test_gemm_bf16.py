@@ -51,6 +51,19 @@ def test_bf16_mm_odd_shapes():
 
 
 @needs_bf16
+def test_bf16_panels_rounded_in_the_micro_kernel():
+    """The last KC slice's sums go to the output rounded straight from the micro-kernel's registers: one
+    slice (K <= 256) and four, M past an MC block (144) with row tails of 1 and 11, N past an NC chunk (416
+    columns at K = 2500) and not a multiple of 32, batched, B transposed."""
+    g = gen(39)
+    a1, b1 = rand((3, 157, 255), g, BF), rand((3, 255, 77), g, BF)
+    a2, b2 = rand((2, 299, 771), g, BF), rand((2, 45, 771), g, BF)
+    a3, b3 = rand((13, 2500), g, BF), rand((2500, 450), g, BF)
+    _check(lambda a1, b1, a2, b2, a3, b3: (torch.bmm(a1, b1), torch.bmm(a2, b2.transpose(1, 2)), a3 @ b3),
+           (a1, b1, a2, b2, a3, b3), 3, gemm="vtc")
+
+
+@needs_bf16
 def test_bf16_transposed_operands_and_linear():
     """a.t() @ b, a @ b.t() (the dot path for a few rows, panels for many) and F.linear without bias."""
     g = gen(32)

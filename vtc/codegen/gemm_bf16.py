@@ -14,8 +14,11 @@ whole reduction.
 
 Blocking: per N chunk a thread packs all of B's K rows for the chunk once
 (chunk width chosen so that block stays about 2 MB), then per MC-row block
-and KC slice packs A and runs the micro-kernel into a float32 block in L2,
-then rounds the block into the output.  Skinny GEMMs (M <= 16) against a
+and KC slice packs A and runs the micro-kernel into a float32 block in L2;
+in the last KC slice the micro-kernel adds the block's sums and rounds the
+result into the output straight from its registers (no pass over the block:
+q @ k^T of 16 heads x 256 x 256, K = 64, 0.352 -> 0.300 ms at 1 thread on
+Zen 5).  Skinny GEMMs (M <= 16) against a
 weight read along k (decode's x @ W^T) take dot products against the
 weight rows in place instead (no B panel).
 
@@ -199,10 +202,12 @@ static inline void vtc_bf16_pack(const vtc_bf16* __restrict src, int64_t ls, int
       for (int64_t l = lines; l < ld; ++l) dst[q * ld + l] = 0u;
 }
 
-// c[R x cols] = (add ? c : 0) + a[kq pairs x MR (R used)] . b[kq pairs x NR], float32 c
+// c[R x cols] = (add ? c : 0) + a[kq pairs x MR (R used)] . b[kq pairs x NR], float32 c; with out (the last KC
+// slice) that sum goes rounded to bf16 into out[R x cols] (row stride ldo) instead of c
 template <int R>
 static inline void vtc_bf16_ukr(int64_t kq, const uint32_t* __restrict a, const uint32_t* __restrict b,
-                                float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+                                float* __restrict c, int64_t ldc, bool add, int64_t cols,
+                                vtc_bf16* __restrict out, int64_t ldo) {
   const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
   const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
   __m512 c0[R], c1[R];
@@ -223,19 +228,26 @@ static inline void vtc_bf16_ukr(int64_t kq, const uint32_t* __restrict a, const 
   for (int r = 0; r < R; ++r) {
     float* cr = c + r * ldc;
     if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(k0, cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(k1, cr + 16)); }
-    _mm512_mask_storeu_ps(cr, k0, c0[r]);
-    _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
+    if (out) {  // the last slice: rounded once, straight from the registers (no pass over the float32 block)
+      _mm256_mask_storeu_epi16(out + r * ldo, k0, (__m256i)_mm512_cvtneps_pbh(c0[r]));
+      _mm256_mask_storeu_epi16(out + r * ldo + 16, k1, (__m256i)_mm512_cvtneps_pbh(c1[r]));
+    } else {
+      _mm512_mask_storeu_ps(cr, k0, c0[r]);
+      _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
+    }
   }
 }
 
 __attribute__((noinline)) static void vtc_bf16_ukr_edge(int rows, int64_t cols, int64_t kq, const uint32_t* a,
-                                                        const uint32_t* b, float* c, int64_t ldc, bool add) {
-  if (rows == VTC_MR) { vtc_bf16_ukr<VTC_MR>(kq, a, b, c, ldc, add, cols); return; }
+                                                        const uint32_t* b, float* c, int64_t ldc, bool add,
+                                                        vtc_bf16* out, int64_t ldo) {
+  if (rows == VTC_MR) { vtc_bf16_ukr<VTC_MR>(kq, a, b, c, ldc, add, cols, out, ldo); return; }
   int r0 = 0;
-  if (rows - r0 >= 8) { vtc_bf16_ukr<8>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 8; }
-  if (rows - r0 >= 4) { vtc_bf16_ukr<4>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 4; }
-  if (rows - r0 >= 2) { vtc_bf16_ukr<2>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 2; }
-  if (rows - r0 >= 1) vtc_bf16_ukr<1>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols);
+#define VTC_BF16_ROWS(n) \
+  if (rows - r0 >= n) { \
+    vtc_bf16_ukr<n>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols, out ? out + r0 * ldo : out, ldo); r0 += n; }
+  VTC_BF16_ROWS(8) VTC_BF16_ROWS(4) VTC_BF16_ROWS(2) VTC_BF16_ROWS(1)
+#undef VTC_BF16_ROWS
 }
 
 // out[r * ldo + j] = bf16(c[r * ldc + j]) for r < rows, j < cols (round to nearest even)
@@ -433,16 +445,18 @@ def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str
         "      }",
         "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
         f"      const vtc_bf16* __restrict asrc = {em.ptr[abuf]} + {aoff} + m0 * {sm};",
+        f"      vtc_bf16* __restrict cout = {o} + {bt} * M * N + m0 * N + n0;",
         "      for (int64_t q0 = 0; q0 < KQ; q0 += kq) {",
         "        const int64_t qb = std::min<int64_t>(kq, KQ - q0), kb = std::min<int64_t>(2 * qb, K - 2 * q0);",
+        "        const bool last = q0 + qb >= KQ;  // the micro-kernel rounds the sums into the output",
         "        for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
         f"          vtc_bf16_pack(asrc + ir * {sm} + 2 * q0 * {ska}, {sm}, {ska}, std::min<int64_t>(VTC_MR, mb - ir), kb, "
         "ap + ir * qb, VTC_MR);",
         "        for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
         "          for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
         "            vtc_bf16_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), std::min<int64_t>(VTC_NR, nb - jr), qb,",
-        "                              ap + ir * qb, bp + jr * KQ + q0 * VTC_NR, acc + ir * nc + jr, nc, q0 > 0);",
+        "                              ap + ir * qb, bp + jr * KQ + q0 * VTC_NR, acc + ir * nc + jr, nc, q0 > 0,",
+        "                              last ? cout + ir * N + jr : nullptr, N);",
         "      }",
-        f"      vtc_bf16_round(acc, nc, mb, nb, {o} + {bt} * M * N + m0 * N + n0, N);",
         "    }",
         "  }"]
