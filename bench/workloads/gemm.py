@@ -14,7 +14,8 @@
 - ``gemm_virtual_<kind>_m<M>_k<K>_n<N>``: A a virtual cat (along M, along K, along M of a 16-batch bmm),
   embedding rows or gathered columns (``vtc.codegen.gemm_pack`` packs it by runs), and
   ``gemm_virtual_conv1x1_cat`` (a channel cat before a 1x1 convolution): docs/gemm.md;
-- bf16 (``vtc.codegen.gemm_bf16``; torch's bf16 GEMM uses AMX tiles here): ``gemm_bf16_square_1024``,
+- bf16 (``vtc.codegen.gemm_bf16``; torch's bf16 GEMM uses AMX tiles where the CPU has them;
+  ``bench/gemm_bf16_side_by_side.py`` sets bf16 beside float32): ``gemm_bf16_square_1024``,
   ``gemm_bf16_skinny_m<m>`` (x @ W^T, 4096 x 4096 weight) and ``gemm_bf16_gqa_scores_q<n>`` (n query tokens
   against repeat_kv(k) over a 2048-token cache).
 

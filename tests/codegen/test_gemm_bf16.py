@@ -51,6 +51,19 @@ def test_bf16_mm_odd_shapes():
 
 
 @needs_bf16
+def test_bf16_panels_rounded_in_the_micro_kernel():
+    """The last KC slice's sums go to the output rounded straight from the micro-kernel's registers: one
+    slice (K <= 256) and four, M past an MC block (144) with row tails of 1 and 11, N past an NC chunk (416
+    columns at K = 2500) and not a multiple of 32, batched, B transposed."""
+    g = gen(39)
+    a1, b1 = rand((3, 157, 255), g, BF), rand((3, 255, 77), g, BF)
+    a2, b2 = rand((2, 299, 771), g, BF), rand((2, 45, 771), g, BF)
+    a3, b3 = rand((13, 2500), g, BF), rand((2500, 450), g, BF)
+    _check(lambda a1, b1, a2, b2, a3, b3: (torch.bmm(a1, b1), torch.bmm(a2, b2.transpose(1, 2)), a3 @ b3),
+           (a1, b1, a2, b2, a3, b3), 3, gemm="vtc")
+
+
+@needs_bf16
 def test_bf16_transposed_operands_and_linear():
     """a.t() @ b, a @ b.t() (the dot path for a few rows, panels for many) and F.linear without bias."""
     g = gen(32)
@@ -90,6 +103,40 @@ def test_bf16_auto_keeps_torch_on_a_large_contiguous_square():
     choice = report(c)["gemm"][0]
     assert choice["choice"] == "torch" and choice["torch_us"] < choice["vtc_us"], choice
     torch.testing.assert_close(c(a, b), a @ b, **BF16_TOL)
+
+
+# library_bf16_ratio (torch's bf16 GEMM rate / the generated kernel's, 384^3, 1 thread): AMX tiles (~8x, the fixed
+# rates of gemm_bf16) and an AMD EPYC Zen 5 (AVX512_BF16, no AMX: 1.07, python -c "...cost._measure_library_ratio(
+# dtype=torch.bfloat16)")
+BF16_RATIO = {"amx": 8.0, "no_amx": 1.07}
+
+
+@needs_bf16
+@pytest.mark.parametrize("cpu", sorted(BF16_RATIO))
+def test_bf16_auto_follows_the_measured_library_ratio(monkeypatch, cpu):
+    """q @ repeat_kv(k)^T with 40 query rows over a 1027-token cache (packed panels; torch copies the expanded
+    keys first): with AMX figures copy + torch's AMX GEMM is estimated cheaper, without AMX (torch's bf16 GEMM
+    measured as fast as the generated one) the generated kernel reads KV head h // 4 in place (measured on the
+    Zen 5, 1 thread, 32 heads x 64 rows x 2048 tokens: 3.18 ms against torch's 4.46).  Under both a large
+    contiguous square keeps torch (at best a tie) and decode's single row x @ W^T is generated."""
+    from vtc.plan import cost
+
+    monkeypatch.setattr(cost, "_machine", lambda: cost.Machine(bandwidth_gbs=20.0, measured=True,
+                                                               library_bf16_ratio=BF16_RATIO[cpu]))
+    g = gen(38)
+    q, k = rand((1, 8, 40, 64), g, BF), rand((1, 2, 1027, 64), g, BF)
+    a, b, x, w = rand((384, 384), g, BF), rand((384, 384), g, BF), rand((1, 2051), g, BF), rand((1001, 2051), g, BF)
+
+    def f(q, k, a, b, x, w):
+        kk = k[:, :, None].expand(1, 2, 4, 1027, 64).reshape(1, 8, 1027, 64)
+        return q @ kk.transpose(-1, -2), a @ b, x @ w.t()
+    c = compile_cpu(f, (q, k, a, b, x, w))
+    for got, want in zip(c(q, k, a, b, x, w), f(q, k, a, b, x, w)):
+        assert got.dtype == BF and got.shape == want.shape
+        torch.testing.assert_close(got, want, **BF16_TOL)
+    r = report(c)["gemm"]
+    assert [x["choice"] for x in r] == [{"amx": "torch", "no_amx": "vtc"}[cpu], "torch", "vtc"], r
+    assert "not a strided view" in r[0]["why"], r[0]
 
 
 @needs_bf16

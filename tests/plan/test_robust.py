@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from bench.workloads.attention import GQADecode
+from vtc.codegen import gemm_bf16
+from vtc.codegen.gemm import TORCH_GFLOPS as TORCH_GFLOPS_F32, VTC_GFLOPS as VTC_GFLOPS_F32
 from vtc.plan import cost
 from vtc.plan.cost import FALLBACK, CostModel
 from vtc.plan.planners import make_plan
@@ -116,6 +118,21 @@ def test_library_gemm_speed_follows_the_measured_ratio_beyond_its_noise():
     assert cost.library_gemm_speed(FALLBACK) == 1.0
 
 
+def test_library_gemm_speed_in_bf16_follows_the_bf16_ratio():
+    """bf16 has its own ratio and assumed rates (vtc.codegen.gemm_bf16: torch on AMX tiles, ~8x the generated
+    kernel): torch's bf16 GEMM measured as fast as the generated one (AMD EPYC Zen 5, no AMX: 1.07) scales its
+    assumed rate by ~0.13; an AMX-like ratio, none measured (no AVX512_BF16) or FALLBACK changes nothing; each
+    dtype reads its own ratio."""
+    assumed = gemm_bf16.TORCH_GFLOPS / gemm_bf16.VTC_GFLOPS
+    zen = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55, library_bf16_ratio=1.07)
+    assert cost.library_gemm_speed(zen, dtype=torch.bfloat16) == pytest.approx(1.07 / assumed)
+    assert cost.library_gemm_speed(zen) == pytest.approx(0.55 / (TORCH_GFLOPS_F32 / VTC_GFLOPS_F32))
+    for ratio in (assumed * 1.1, 0.0):
+        m = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55, library_bf16_ratio=ratio)
+        assert cost.library_gemm_speed(m, dtype=torch.bfloat16) == 1.0
+    assert cost.library_gemm_speed(FALLBACK, dtype=torch.bfloat16) == 1.0
+
+
 def test_measuring_the_machine_compiles_a_gemm_without_measuring_again(tmp_path, monkeypatch):
     """The library ratio is measured by compiling a GEMM, whose planning asks for the machine figures: that
     inner call gets FALLBACK, and the measured figures (not FALLBACK) are what machine() keeps."""
@@ -128,6 +145,7 @@ def test_measuring_the_machine_compiles_a_gemm_without_measuring_again(tmp_path,
     try:
         m = cost.machine()
         assert m.measured and m.library_gemm_ratio > 0, m
+        assert (m.library_bf16_ratio > 0) == (gemm_bf16.support() == ""), m  # 0.0: no AVX512_BF16, not measured
         assert cost.machine() is m  # not the FALLBACK the inner call returned
         assert torch.get_num_threads() == threads  # the 1-thread measurement restores the thread count
     finally:

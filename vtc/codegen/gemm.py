@@ -238,7 +238,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
-                                                 b_unit_stride=_unit_stride(low, b))
+                                                 b_unit_stride=_unit_stride(low, b),
+                                                 torch_speed=(speed := library_gemm_speed(dtype=gemm_bf16.BF16)))
     shape = (batch, m, nn, kk)
 
     def pick(choice: str, why: str) -> GemmChoice:

@@ -14,18 +14,26 @@ whole reduction.
 
 Blocking: per N chunk a thread packs all of B's K rows for the chunk once
 (chunk width chosen so that block stays about 2 MB), then per MC-row block
-and KC slice packs A and runs the micro-kernel into a float32 block in L2,
-then rounds the block into the output.  Skinny GEMMs (M <= 16) against a
+and KC slice packs A and runs the micro-kernel into a float32 block in L2;
+in the last KC slice the micro-kernel adds the block's sums and rounds the
+result into the output straight from its registers (no pass over the block:
+q @ k^T of 16 heads x 256 x 256, K = 64, 0.352 -> 0.300 ms at 1 thread on
+Zen 5).  Skinny GEMMs (M <= 16) against a
 weight read along k (decode's x @ W^T) take dot products against the
 weight rows in place instead (no B panel).
 
 ``support`` says whether the compiler targets AVX512_BF16 (``-march=native``
 on a CPU that has it); ``why_not`` why a bf16 GEMM node cannot run here (then
 torch runs it, the reason in the report); ``estimate_us`` is the cost model
-``vtc.codegen.gemm.choose`` uses for bf16.  torch's bf16 GEMM uses AMX tiles
-on such CPUs (oneDNN), far faster on large products than ``vdpbf16ps``, so
-under ``gemm="auto"`` only operands torch would copy first and skinny
-products are generated.
+``vtc.codegen.gemm.choose`` uses for bf16.  Its fixed rates assume torch's
+bf16 GEMM runs on AMX tiles (oneDNN on a Sapphire Rapids-class Xeon), far
+faster on large products than ``vdpbf16ps``: there under ``gemm="auto"`` only
+operands torch would copy first and skinny products are generated.  On a CPU
+without AMX (AMD EPYC Zen 5) torch's bf16 GEMM runs on AVX512_BF16 as this
+kernel does, about as fast; how the two compare is measured once per machine
+(``vtc.plan.cost.library_gemm_speed(dtype=torch.bfloat16)``, the same
+measurement as float32's) and scales torch's rate, so there a copied operand
+(GQA keys over a long cache) goes to this kernel even under large products.
 """
 from __future__ import annotations
 
@@ -41,12 +49,18 @@ from vtc.index.mapping import linear_offset
 BF16 = torch.bfloat16
 BF16_OPS = ("aten.mm.default", "aten.bmm.default")
 # cost model (2 threads, microseconds from GB/s and GFLOPS as in vtc.codegen.gemm), from 1-thread CPU times
-# (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled.  vdpbf16ps
-# retires about one per two cycles here (a loop of independent ones: 0.62x the float32 FMA rate), so the
-# panel kernel runs ~77 GFLOPS a thread (1024^3: 28 ms) against oneDNN's AMX ~860 (2.5 ms); x @ W^T of a
-# 4096 x 4096 bf16 weight, 1 / 4 / 16 rows: 1.87 / 1.91 / 7.2 ms on the dot path, torch 3.0 / 2.7 / 3.4 ms.
+# (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled, on an Intel
+# Xeon with AMX.  vdpbf16ps retires about one per two cycles there (a loop of independent ones: 0.62x the
+# float32 FMA rate), so the panel kernel runs ~77 GFLOPS a thread (1024^3: 28 ms) against oneDNN's AMX ~860
+# (2.5 ms); x @ W^T of a 4096 x 4096 bf16 weight, 1 / 4 / 16 rows: 1.87 / 1.91 / 7.2 ms on the dot path,
+# torch 3.0 / 2.7 / 3.4 ms.  On an AMD EPYC Zen 5 (no AMX) vdpbf16ps retires two per cycle, as many as FMAs
+# (540 GFLOPS a thread in a register-only loop, docs/gemm.md): the panel kernel runs ~460 GFLOPS (1024^3:
+# 4.64 ms), torch's bf16 (oneDNN, AVX512_BF16) as fast (4.52 ms); x @ W^T, 1 / 4 / 16 rows: 0.76 / 1.17 /
+# 2.61 ms on the dot path, torch 1.87 / 1.62 / 2.48 ms (python -m bench.gemm_bf16_side_by_side).  Only the
+# ratio of the large rates differs enough to change a choice: library_gemm_speed(dtype=bf16) scales
+# TORCH_GFLOPS by the measured one.
 VTC_GFLOPS = 150.0  # the vdpbf16ps panel kernel
-TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels
+TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels (scaled by the measured torch_speed where the CPU has no AMX)
 # (GB/s of B, GFLOPS) for M <= SKINNY_M: the dot path costs the larger of the two (reading the weight hides the
 # arithmetic up to ~4 rows), torch's their sum
 SKINNY = {"dot": (39.0, 160.0), "torch": (23.0, 1000.0)}
@@ -111,8 +125,12 @@ def why_not(low, n, a, b) -> str:
 
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (),
-                b_unit_stride: str = "n") -> tuple[float, float]:
-    """(generated kernel, torch) estimated microseconds for one bf16 call (see vtc.codegen.gemm.estimate_us)."""
+                b_unit_stride: str = "n", torch_speed: float = 1.0) -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one bf16 call (see vtc.codegen.gemm.estimate_us).
+
+    `torch_speed` scales TORCH_GFLOPS, the AMX rate (vtc.plan.cost.library_gemm_speed(dtype=bfloat16): ~0.13
+    on a CPU without AMX, where torch's bf16 GEMM runs about as fast as the generated one); the skinny rates
+    stay (torch's x @ W^T of a few rows runs at about the same speed with or without AMX)."""
     from vtc.codegen.gemm import CALL_US, COPY_GBPS
 
     flops = 2.0 * batch * m * n * k
@@ -125,7 +143,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         lib = b_bytes / (tbw * 1e3) + flops / (trate * 1e3)
     else:
         vtc = flops / (VTC_GFLOPS * 1e3)
-        lib = flops / (TORCH_GFLOPS * 1e3)
+        lib = flops / (TORCH_GFLOPS * torch_speed * 1e3)
     vtc += CALL_US
     lib += sum(CALL_US + 2 * c / (COPY_GBPS * 1e3) for c in copies) + CALL_US
     return vtc, lib
@@ -184,10 +202,12 @@ static inline void vtc_bf16_pack(const vtc_bf16* __restrict src, int64_t ls, int
       for (int64_t l = lines; l < ld; ++l) dst[q * ld + l] = 0u;
 }
 
-// c[R x cols] = (add ? c : 0) + a[kq pairs x MR (R used)] . b[kq pairs x NR], float32 c
+// c[R x cols] = (add ? c : 0) + a[kq pairs x MR (R used)] . b[kq pairs x NR], float32 c; with out (the last KC
+// slice) that sum goes rounded to bf16 into out[R x cols] (row stride ldo) instead of c
 template <int R>
 static inline void vtc_bf16_ukr(int64_t kq, const uint32_t* __restrict a, const uint32_t* __restrict b,
-                                float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+                                float* __restrict c, int64_t ldc, bool add, int64_t cols,
+                                vtc_bf16* __restrict out, int64_t ldo) {
   const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
   const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
   __m512 c0[R], c1[R];
@@ -208,19 +228,26 @@ static inline void vtc_bf16_ukr(int64_t kq, const uint32_t* __restrict a, const 
   for (int r = 0; r < R; ++r) {
     float* cr = c + r * ldc;
     if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(k0, cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(k1, cr + 16)); }
-    _mm512_mask_storeu_ps(cr, k0, c0[r]);
-    _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
+    if (out) {  // the last slice: rounded once, straight from the registers (no pass over the float32 block)
+      _mm256_mask_storeu_epi16(out + r * ldo, k0, (__m256i)_mm512_cvtneps_pbh(c0[r]));
+      _mm256_mask_storeu_epi16(out + r * ldo + 16, k1, (__m256i)_mm512_cvtneps_pbh(c1[r]));
+    } else {
+      _mm512_mask_storeu_ps(cr, k0, c0[r]);
+      _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
+    }
   }
 }
 
 __attribute__((noinline)) static void vtc_bf16_ukr_edge(int rows, int64_t cols, int64_t kq, const uint32_t* a,
-                                                        const uint32_t* b, float* c, int64_t ldc, bool add) {
-  if (rows == VTC_MR) { vtc_bf16_ukr<VTC_MR>(kq, a, b, c, ldc, add, cols); return; }
+                                                        const uint32_t* b, float* c, int64_t ldc, bool add,
+                                                        vtc_bf16* out, int64_t ldo) {
+  if (rows == VTC_MR) { vtc_bf16_ukr<VTC_MR>(kq, a, b, c, ldc, add, cols, out, ldo); return; }
   int r0 = 0;
-  if (rows - r0 >= 8) { vtc_bf16_ukr<8>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 8; }
-  if (rows - r0 >= 4) { vtc_bf16_ukr<4>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 4; }
-  if (rows - r0 >= 2) { vtc_bf16_ukr<2>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols); r0 += 2; }
-  if (rows - r0 >= 1) vtc_bf16_ukr<1>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols);
+#define VTC_BF16_ROWS(n) \
+  if (rows - r0 >= n) { \
+    vtc_bf16_ukr<n>(kq, a + r0, b, c + r0 * ldc, ldc, add, cols, out ? out + r0 * ldo : out, ldo); r0 += n; }
+  VTC_BF16_ROWS(8) VTC_BF16_ROWS(4) VTC_BF16_ROWS(2) VTC_BF16_ROWS(1)
+#undef VTC_BF16_ROWS
 }
 
 // out[r * ldo + j] = bf16(c[r * ldc + j]) for r < rows, j < cols (round to nearest even)
@@ -418,16 +445,18 @@ def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str
         "      }",
         "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
         f"      const vtc_bf16* __restrict asrc = {em.ptr[abuf]} + {aoff} + m0 * {sm};",
+        f"      vtc_bf16* __restrict cout = {o} + {bt} * M * N + m0 * N + n0;",
         "      for (int64_t q0 = 0; q0 < KQ; q0 += kq) {",
         "        const int64_t qb = std::min<int64_t>(kq, KQ - q0), kb = std::min<int64_t>(2 * qb, K - 2 * q0);",
+        "        const bool last = q0 + qb >= KQ;  // the micro-kernel rounds the sums into the output",
         "        for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
         f"          vtc_bf16_pack(asrc + ir * {sm} + 2 * q0 * {ska}, {sm}, {ska}, std::min<int64_t>(VTC_MR, mb - ir), kb, "
         "ap + ir * qb, VTC_MR);",
         "        for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
         "          for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
         "            vtc_bf16_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), std::min<int64_t>(VTC_NR, nb - jr), qb,",
-        "                              ap + ir * qb, bp + jr * KQ + q0 * VTC_NR, acc + ir * nc + jr, nc, q0 > 0);",
+        "                              ap + ir * qb, bp + jr * KQ + q0 * VTC_NR, acc + ir * nc + jr, nc, q0 > 0,",
+        "                              last ? cout + ir * N + jr : nullptr, N);",
         "      }",
-        f"      vtc_bf16_round(acc, nc, mb, nb, {o} + {bt} * M * N + m0 * N + n0, N);",
         "    }",
         "  }"]

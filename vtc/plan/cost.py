@@ -4,8 +4,8 @@ Three layers, from facts to policy:
 
 - ``Machine``: figures of this machine (copy bandwidth and GEMM rate measured
   once, each the median of several timed torch copies / torch.mm; how torch's
-  GEMM compares with vtc's generated one, which ``library_gemm_speed`` hands to
-  ``vtc.codegen.gemm.choose``; cache line,
+  GEMM compares with vtc's generated one, float32 and bf16, which
+  ``library_gemm_speed`` hands to ``vtc.codegen.gemm.choose``; cache line,
   vector width from torch's CPU capability, threads), cached in the vtc cache
   directory or ``$VTC_MACHINE_FILE``;
   ``VTC_NO_MEASURE=1`` gives the fixed ``FALLBACK`` instead (tests set it).
@@ -64,11 +64,12 @@ class Machine:
     measured: bool = False
     gemm_gflops: float = 20.0  # float32 GEMM rate of torch.mm on a mid-sized square problem
     library_gemm_ratio: float = 0.0  # torch.mm's float32 rate / vtc's generated GEMM's, 1 thread (0: not measured)
+    library_bf16_ratio: float = 0.0  # the same in bf16 (vtc.codegen.gemm_bf16; 0: not measured, no AVX512_BF16)
 
 
 FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False,
                    gemm_gflops=20.0)
-MACHINE_VERSION = 4  # bump when Machine gains a figure: older cached files are measured again
+MACHINE_VERSION = 5  # bump when Machine gains a figure: older cached files are measured again
 _VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
                  "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
 MEASURE_BYTES = 64 << 20
@@ -105,7 +106,8 @@ def _machine() -> Machine:
     try:
         m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
                     threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm(),
-                    library_gemm_ratio=_measure_library_ratio())
+                    library_gemm_ratio=_measure_library_ratio(),
+                    library_bf16_ratio=_measure_library_ratio(dtype=torch.bfloat16))
     finally:
         _measuring = False
     if path is not None:
@@ -159,17 +161,23 @@ def _measure_gemm(n: int = 384) -> float:
     return 2 * n ** 3 / _steady(lambda: torch.mm(a, b)) / 1e9
 
 
-def _measure_library_ratio(n: int = 384) -> float:
-    """torch.mm's float32 rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product: 1 thread, the
-    calling thread's CPU time (a ratio that other jobs on the machine do not move), calls alternating, median
-    of 2 * MEASURE_RUNS each; 0.0 where the kernel cannot be built (vtc then runs torch's GEMMs anyway).
-    torch's GEMM (MKL) runs as fast as the generated one on the Intel CPUs the rates of vtc.codegen.gemm were
-    measured on, and at half its speed on an AMD EPYC (Zen 5: 1024^3 at 1 thread 20.2 vs 9.75 ms, ONNX
-    Runtime 9.5 ms), so gemm="auto" asks how the two compare here."""
+def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> float:
+    """torch.mm's rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product in `dtype` (float32, or
+    bfloat16: vtc.codegen.gemm_bf16): 1 thread, the calling thread's CPU time (a ratio that other jobs on the
+    machine do not move), calls alternating, median of 2 * MEASURE_RUNS each; 0.0 where the kernel cannot be
+    built (no AVX512_BF16 for bf16: vtc then runs torch's GEMMs anyway).
+    torch's float32 GEMM (MKL) runs as fast as the generated one on the Intel CPUs the rates of
+    vtc.codegen.gemm were measured on, and at half its speed on an AMD EPYC (Zen 5: 1024^3 at 1 thread 20.2 vs
+    9.75 ms, ONNX Runtime 9.5 ms); torch's bf16 GEMM runs on AMX tiles where the CPU has them (~11x the
+    generated vdpbf16ps kernel on a Sapphire Rapids-class Xeon) and as fast as it where not (Zen 5: 1024^3
+    4.52 vs 4.64 ms), so gemm="auto" asks how the two compare here."""
     import vtc
+    from vtc.codegen import gemm_bf16
     from vtc.runtime.cbuild import KernelBuildError
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    if dtype == torch.bfloat16 and gemm_bf16.support():
+        return 0.0
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -193,17 +201,20 @@ def _measure_library_ratio(n: int = 384) -> float:
 LIBRARY_SPEED_NOISE = 0.2  # relative band around the assumed library / generated GEMM ratio counted as equal
 
 
-def library_gemm_speed(m: Machine | None = None) -> float:
-    """How fast torch's float32 GEMM is here relative to the rates vtc.codegen.gemm assumes for it (1.0: as
-    assumed, i.e. about as fast as the generated GEMM; 0.5: half as fast).  Measured ratios within
-    LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy measurement does not flip the choices
-    the fixed rates were tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1, no compiler)."""
-    from vtc.codegen.gemm import TORCH_GFLOPS, VTC_GFLOPS
+def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.float32) -> float:
+    """How fast torch's GEMM in `dtype` is here relative to the rates its generated twin's cost model assumes
+    for it (vtc.codegen.gemm for float32: 1.0 is about as fast as the generated GEMM, 0.5 half as fast;
+    vtc.codegen.gemm_bf16 for bfloat16: 1.0 is AMX, ~8x the generated kernel, 0.125 as fast as it).
+    Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy measurement does
+    not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1,
+    no compiler, no AVX512_BF16)."""
+    from vtc.codegen import gemm, gemm_bf16
 
     m = m or machine()
-    if not m.measured or m.library_gemm_ratio <= 0:
+    ratio, rates = ((m.library_bf16_ratio, gemm_bf16) if dtype == torch.bfloat16 else (m.library_gemm_ratio, gemm))
+    if not m.measured or ratio <= 0:
         return 1.0
-    speed = m.library_gemm_ratio / (TORCH_GFLOPS / VTC_GFLOPS)
+    speed = ratio / (rates.TORCH_GFLOPS / rates.VTC_GFLOPS)
     return 1.0 if abs(speed - 1.0) <= LIBRARY_SPEED_NOISE else speed
 
 
