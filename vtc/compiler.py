@@ -27,6 +27,7 @@ import torch.utils._pytree as pytree
 from vtc.codegen.gemm import GEMM_MODES
 from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, ConstantInputChanged, InputShapeError, export_graph,
                                       flatten_inputs, unflatten_outputs)
+from vtc.ir.fold import fold_constants
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
@@ -86,6 +87,8 @@ def specialize(graph: Graph, options: dict, plan: Plan | None = None, kernel_bui
 
     `plan` replaces the planner's; `kernel_builder` the executor's kernel build (size-generic kernels).
     """
+    if plan is None and kernel_builder is None:  # not the size-generic path, whose plans are replayed by node name
+        graph = fold_constants(graph)
     plan = make_plan(graph, options) if plan is None else plan
     executor = Executor(graph, plan, oracle=options["oracle"], backend=options["backend"], gemm=options["gemm"],
                         kernel_builder=kernel_builder)
