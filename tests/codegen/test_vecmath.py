@@ -22,6 +22,7 @@ from .util import POINTWISE_TOL, ROW_TOL, assert_all_generated, check, compile_c
 # vecmath.py's docstring, measured on float32 inputs against the float64 function
 SWEEPS = [
     ("exp", torch.exp, (-86.0, 88.7), None, 2.4e-7),
+    ("log", torch.log, (0.5, 2.0), 1.2e-7, None),  # near 1; the relative bound elsewhere: test_log_relative_error
     ("erf", torch.erf, (-6.0, 6.0), 6e-7, 6e-7),
     ("tanh", torch.tanh, (-12.0, 12.0), 5e-7, 5e-7),
     ("gelu", F.gelu, (-12.0, 12.0), 2e-6, None),
@@ -62,7 +63,7 @@ def test_edge_values_exactly():
     """Saturation, overflow, underflow, infinities, NaN and signed zeros give torch's values exactly."""
     x = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 88.72, 88.73, -86.5, -104.0,
                       1e-30, -1e-30, 4.0, -4.0, 9.5, -9.5, 30.0, -30.0, -5.7])
-    fns = {"exp": torch.exp, "erf": torch.erf, "tanh": torch.tanh, "gelu": F.gelu, "sigmoid": torch.sigmoid,
+    fns = {"exp": torch.exp, "log": torch.log, "erf": torch.erf, "tanh": torch.tanh, "gelu": F.gelu, "sigmoid": torch.sigmoid,
            "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}
     compiled = compile_cpu(lambda v: tuple(f(v) for f in fns.values()), (x,))
     for (name, f), got in zip(fns.items(), compiled(x)):
@@ -70,7 +71,9 @@ def test_edge_values_exactly():
         same_class = (got.isnan() == want.isnan()) & (got.isinf() == want.isinf())
         assert bool(same_class.all()), f"{name}: {got} vs {want}"
         torch.testing.assert_close(got, want, rtol=1e-6, atol=2e-6, equal_nan=True, msg=name)
-    exp, erf, tanh = compiled(x)[:3]
+    exp, log, erf, tanh = compiled(x)[:4]
+    assert log[0].item() == float("inf") and log[3].item() == float("-inf") and log[4].item() == float("-inf")
+    assert log[1].isnan() and log[10].isnan()  # log(-inf), log(-1e-30): NaN
     assert exp[6].item() == float("inf") and exp[8].item() == 0.0  # e^88.73 overflows, e^-104 underflows
     assert erf[11].item() == 1.0 and erf[12].item() == -1.0 and tanh[13].item() == 1.0  # saturated exactly
     assert torch.signbit(erf[4]) and torch.signbit(tanh[4])  # -0 stays -0
@@ -179,7 +182,17 @@ def test_float_math_has_no_library_calls_in_loops():
     in the source)."""
     x = torch.randn(3, 17, generator=gen(9))
     compiled = compile_cpu(lambda v: (F.gelu(v), torch.erf(v), torch.tanh(v), torch.exp(v), torch.sin(v),
-                                      torch.cos(v)), (x,))
+                                      torch.cos(v), torch.log(v.abs())), (x,))
     for k in kernels(compiled):
         body = _body(k)
-        assert not re.search(r"std::(erf|tanh|exp|sin|cos)\(", body), body
+        assert not re.search(r"std::(erf|tanh|exp|sin|cos|log)\(", body), body
+
+
+def test_log_relative_error():
+    """vtc_log: < 2 ulp relative where |log x| >= 1e-3, from the smallest denormal to FLT_MAX (log-spaced)."""
+    x = torch.logspace(-44.5, 38.5, 400_001, dtype=torch.float64).float()
+    x = x[torch.isfinite(x) & (x > 0)]
+    got, want = compile_cpu(torch.log, (x,))(x).double(), x.double().log()
+    big = want.abs() >= 1e-3
+    rel = ((got - want).abs()[big] / want.abs()[big]).max().item()
+    assert rel <= 2.4e-7, rel

@@ -70,14 +70,14 @@ static inline int64_t vtc_mod(int64_t a, int64_t b) { int64_t r = a % b; return 
 template <class T> static inline T vtc_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> static inline T vtc_relu(T x) { return x < (T)0 ? (T)0 : x; }  // torch: -0.0 and NaN kept
 template <class T> static inline T vtc_min(T a, T b) { return (a < b || a != a) ? a : b; }
-// exp, erf, tanh, sigmoid, gelu, sin, cos: vtc/codegen/vecmath.py
+// exp, log, erf, tanh, sigmoid, gelu, sin, cos: vtc/codegen/vecmath.py
 """ + VECMATH_PRELUDE + r"""
 template <class T> static inline T vtc_fmod_floor(T a, T b) { T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T vtc_sign(T x) { return (T)((x > 0) - (x < 0)); }
 """ + TILES_PRELUDE
 
 _UNARY_FMT = {
-    "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "std::log({x})", "tanh": "vtc_tanh({x})",
+    "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "vtc_log({x})", "tanh": "vtc_tanh({x})",
     "sigmoid": "vtc_sigmoid({x})", "relu": "vtc_relu({x})", "rsqrt": "(({t})1 / std::sqrt({x}))",
     "sqrt": "std::sqrt({x})", "abs": "std::abs({x})", "cos": "vtc_cos({x})", "sin": "vtc_sin({x})",
     "erf": "vtc_erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "({x} * vtc_sigmoid({x}))",

@@ -1,4 +1,4 @@
-"""Vectorisable float math for the generated kernels: exp, erf, tanh, sin, cos and what is built on them.
+"""Vectorisable float math for the generated kernels: exp, log, erf, tanh, sin, cos and what is built on them.
 
 The C++ kernels evaluate these per element inside ``#pragma omp simd`` loops,
 so each is branch-free arithmetic (selects, no calls, no tables) that the
@@ -17,6 +17,10 @@ kernels are of the same order):
   polynomial), relative error < 2 ulp (2.4e-7) where the result is a normal
   float; results below ``e^-86`` (4.4e-38) are returned as 0, above
   ``ln(FLT_MAX)`` the product overflows to inf by itself; NaN propagates.
+- ``vtc_log``: Cephes' logf (x = m 2^e with m in [sqrt(1/2), sqrt(2)), degree-8 polynomial in m - 1,
+  ln 2 in two parts), error < 1.2e-7 absolute and < 2 ulp (2.4e-7) relative where |log x| >= 1e-3 (near
+  x = 1 the absolute bound holds); denormal inputs scaled by 2^23 first; log(0) = -inf, log(inf) = inf,
+  NaN for negative inputs and NaN, as torch.
 - ``vtc_erf``: ``x * P(x^2) / Q(x^2)`` with x clamped to [-4, 4] (erf(4) is
   1 in float), the result clamped to [-1, 1]; absolute and relative error
   < 6e-7.  P and Q (degrees 6 and 4 in x^2) are our own minimax fit,
@@ -101,6 +105,30 @@ static inline float vtc_exp(float x) {  // see vtc/codegen/vecmath.py for the er
   return x != x ? x : r;
 }
 static inline double vtc_exp(double x) { return std::exp(x); }
+static inline float vtc_log(float x) {  // see vtc/codegen/vecmath.py for the error bound
+  const bool tiny = x < 1.17549435e-38f;  // a denormal (or 0, negative): scaled by 2^23 first
+  const float xs = tiny ? x * 8388608.0f : x;
+  const uint32_t bits = __builtin_bit_cast(uint32_t, xs);
+  float e = (float)(int32_t)((bits >> 23) & 0xffu) - 126.0f;
+  float m = __builtin_bit_cast(float, (bits & 0x007fffffu) | 0x3f000000u);  // xs = m 2^e, m in [0.5, 1)
+  const bool low = m < 0.707106781186547524f;
+  e = e - (low ? 1.0f : 0.0f) - (tiny ? 23.0f : 0.0f);
+  m = (low ? m + m : m) - 1.0f;  // in [sqrt(1/2) - 1, sqrt(2) - 1)
+  const float z = m * m;
+  float y = 7.0376836292e-2f;
+  y = VTC_FMA(y, m, -1.1514610310e-1f); y = VTC_FMA(y, m, 1.1676998740e-1f); y = VTC_FMA(y, m, -1.2420140846e-1f);
+  y = VTC_FMA(y, m, 1.4249322787e-1f); y = VTC_FMA(y, m, -1.6668057665e-1f); y = VTC_FMA(y, m, 2.0000714765e-1f);
+  y = VTC_FMA(y, m, -2.4999993993e-1f); y = VTC_FMA(y, m, 3.3333331174e-1f);
+  y = y * m * z;
+  y = VTC_FMA(e, -2.12194440e-4f, y);
+  y = VTC_FMA(z, -0.5f, y);
+  float r = VTC_FMA(e, 0.693359375f, m + y);
+  r = x == __builtin_inff() ? x : r;
+  r = x == 0.0f ? -__builtin_inff() : r;
+  r = x < 0.0f ? __builtin_nanf("") : r;
+  return x != x ? x : r;  // selects, not ||: no branch, so the loop stays vector code
+}
+static inline double vtc_log(double x) { return std::log(x); }
 static inline float vtc_erf_abs(float a) {  // erf(a) for a = |x| >= 0; NaN -> 1 (callers restore NaN)
   a = a < %(erf_c)s ? a : %(erf_c)s;
   const float t = a * a;
