@@ -2,13 +2,17 @@
 hidden-block check as vector code (docs/prefill.md), against eager on odd query counts."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+from bench.workloads import llama3
+
 from vtc.codegen.cpp import generate
 
-from .test_attention import TOL, _inputs, assert_one_attention_kernel, attention, attention_kernels
-from .util import compile_cpu
+from .test_attention import TOL, _inputs, assert_one_attention_kernel, attention, attention_kernels, repeat_kv
+from .util import compile_cpu, gen, rand
 
 
 # (GQA ratio, batch, queries = keys S, head dim D, mask, soft-cap): S = 1, 17, 127, 257 fill 1-5 tiles of 64
@@ -39,3 +43,53 @@ def test_prefill_tiles_match_eager(case):
     assert k.tiled and "vtc_flash_transpose16(&qr[0][d0]" in src
     if mask == "window":  # the check ORs into an int: no branch in its omp simd loop
         assert "seen |= !(" in src and "seen || " not in src
+
+
+def cache_position_attention(ratio: int, window: int | None, cap: float | None):
+    """The llama3 / gemma2 layers' attention: GQA, scale, soft-cap, an additive finfo.min mask built from
+    the `cache_position` input (causal, or a sliding window)."""
+    def fn(q, k, v, cache_position):
+        scores = torch.matmul(q, repeat_kv(k, ratio).transpose(2, 3)) * q.shape[3] ** -0.5
+        if cap is not None:
+            scores = torch.tanh(scores / cap) * cap
+        scores = scores + llama3.causal_mask(cache_position, k.shape[2], window, scores.dtype)
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, ratio))
+    return fn
+
+
+# (GQA ratio, batch, queries S, keys T, head dim D, window, soft-cap, positions): "last" puts the queries at
+# the last S of the T positions, "perm" at S distinct random ones (each lane's position read back right)
+LANE_CASES = [
+    (4, 1, 127, 127, 64, None, None, "last"),
+    (2, 16, 17, 40, 40, 8, 50.0, "last"),
+    (1, 1, 257, 257, 128, 100, 30.0, "last"),
+    (2, 1, 257, 300, 40, None, None, "perm"),
+    (4, 2, 70, 130, 128, 50, None, "perm"),
+    (2, 1, 1, 17, 64, None, None, "last"),
+]
+
+
+@pytest.mark.parametrize("case", LANE_CASES, ids=lambda c: "r{}_b{}_s{}_t{}_d{}_w{}_cap{}_{}".format(*c))
+def test_cache_position_mask_is_read_once_per_tile(case):
+    """The mask's ``cache_position[query]`` does not depend on the key: the tile reads it once per query
+    into a lane array (``lq0``), the score chain and the hidden-block check compare the key with that, no
+    gather per key (before: ``b1[i1]`` in both, for every key)."""
+    ratio, b, s, t, d, window, cap, where = case
+    fn = cache_position_attention(ratio, window, cap)
+    g = gen(s + d + t)
+    q, k, v = rand((b, 2 * ratio, s, d), g), rand((b, 2, t, d), g), rand((b, 2, t, d), g)
+    pos = torch.arange(t - s, t) if where == "last" else torch.randperm(t, generator=g)[:s]
+    compiled = compile_cpu(fn, (q, k, v, pos))
+    torch.testing.assert_close(compiled(q, k, v, pos), fn(q, k, v, pos), **TOL)
+    assert_one_attention_kernel(compiled)
+    (kern,) = attention_kernels(compiled)
+    if s == 1:  # the GQA-decode form
+        assert not kern.tiled
+        return
+    src = generate(kern)
+    assert "lq0[q] = " in src, src
+    pos_ptr = re.search(r"lq0\[q\] = (b\d+)\[i1\];", src).group(1)
+    chain = [x for x in src.splitlines() if re.match(r"\s*(st\[t\]\[q\] = |seen \|= )", x)]
+    assert len(chain) == 2 and all("lq0[q]" in x and f"{pos_ptr}[" not in x for x in chain), chain
+    if window is not None:
+        assert "lq1[q] = " in src

@@ -78,6 +78,7 @@ MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enou
 # (a short chunk, the last tile) runs on one or two vectors of lanes, chosen at run time (a score
 # micro-kernel for each).
 QUERY_TILE = 4 * LANES
+LANE_TERMS = True  # the score chain's per-query loads (cache_position[i1]) read once per tile into lane arrays
 
 
 def decode_key_block(k) -> int:
@@ -375,9 +376,11 @@ def _bounds(cond: Scalar, lows: list, highs: list) -> None:
         lows.append((c0 + (0 if strict else 1), ci))
 
 
-def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> list[str]:
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], [])) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
-    (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``."""
+    (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``;
+    `lanes`: (declarations, lines that set lane q's entries) of the per-query terms that the score and mask
+    expressions read as ``lq<j>[q]``, filled once per task."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
@@ -442,6 +445,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None) -> 
         f"    const int64_t nr = std::min<int64_t>({qt_n}, {group_rows} - m_lo);",
         f"    alignas(64) int64_t li0[{qt_n}], li1[{qt_n}];  // lane q: query li1[q] of head li0[q]",
         f"    for (int64_t q = 0; q < nr; ++q) {{ li0[q] = i0 + (m_lo + q) / {per_head}; li1[q] = (m_lo + q) % {per_head}; }}",
+        *[f"    {x}" for x in lanes[0]],
+        *([f"    for (int64_t q = 0; q < nr; ++q) {{  // the score chain's per-query terms",
+           "      const int64_t i0 = li0[q], i1 = li1[q];", *lanes[1], "    }"] if lanes[0] else []),
         f"    const bool one_head = m_lo / {per_head} == (m_lo + nr - 1) / {per_head};",
         f"    const int64_t i1_first = one_head ? li1[0] : 0, i1_last = one_head ? li1[nr - 1] : {per_head - 1};",
         f"    alignas(64) float qt[{ddp}][{qt_n}];",
