@@ -64,8 +64,6 @@ LANE_CASES = [
     (2, 16, 17, 40, 40, 8, 50.0, "last"),
     (1, 1, 257, 257, 128, 100, 30.0, "last"),
     (2, 1, 257, 300, 40, None, None, "perm"),
-    (4, 2, 70, 130, 128, 50, None, "perm"),
-    (2, 1, 1, 17, 64, None, None, "last"),
 ]
 
 
@@ -83,9 +81,6 @@ def test_cache_position_mask_is_read_once_per_tile(case):
     torch.testing.assert_close(compiled(q, k, v, pos), fn(q, k, v, pos), **TOL)
     assert_one_attention_kernel(compiled)
     (kern,) = attention_kernels(compiled)
-    if s == 1:  # the GQA-decode form
-        assert not kern.tiled
-        return
     src = generate(kern)
     assert "lq0[q] = " in src, src
     pos_ptr = re.search(r"lq0\[q\] = (b\d+)\[i1\];", src).group(1)
@@ -93,3 +88,31 @@ def test_cache_position_mask_is_read_once_per_tile(case):
     assert len(chain) == 2 and all("lq0[q]" in x and f"{pos_ptr}[" not in x for x in chain), chain
     if window is not None:
         assert "lq1[q] = " in src
+
+
+# (GQA ratio, batch, S, head dim, mask, soft-cap): a causal block on the diagonal (the first queries of the
+# tile see its first keys only), a window's first block (the last queries see its last keys only)
+TRIM_CASES = [
+    (2, 1, 127, 64, "causal", None),
+    (1, 1, 257, 128, "window", 30.0),
+    (4, 16, 17, 40, "window_inf", None),
+    (2, 1, 70, 40, "none", 50.0),  # no mask: every key is seen, no bookkeeping
+]
+
+
+@pytest.mark.parametrize("case", TRIM_CASES, ids=lambda c: "r{}_b{}_s{}_d{}_{}_cap{}".format(*c))
+def test_pv_visits_the_keys_with_a_probability(case):
+    """The PV micro-kernel of a query step runs from the first to one past the last key of the block whose
+    probability is not 0 for one of its queries (``plo`` / ``phi``, kept by the softmax): masked keys
+    before and after are not read (before: every key of the block, p = 0 included).  Without a mask the
+    bookkeeping is not emitted."""
+    ratio, b, s, d, mask, cap = case
+    fn = attention(ratio, mask, cap, "mul")
+    inputs = _inputs(ratio, b, s, s, d, mask, seed=3 * s + d)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (kern,) = attention_kernels(compiled)
+    src = generate(kern)
+    trimmed = mask != "none"
+    assert kern.tiled and ("for (int64_t t = t_lo; t < t_hi; ++t) {" in src) == trimmed
+    assert ("plo[q] = lo_ < plo[q] ? lo_ : plo[q]; phi[q] = hi_ > phi[q] ? hi_ : phi[q];" in src) == trimmed
