@@ -3,8 +3,8 @@ module flag off (A) and on (B), the kernel step alone timed alternately.
 
     T=1 CPU=1 PYTHONPATH=$PWD python bench/flash_ab.py llama3_prefill_b1 FLAG [rounds] [calls]
 
-FLAG: a name in vtc.codegen.flash, set to False for A and True for B ("-" : the same code twice, to see the
-noise).  Each round times `calls` runs of each variant's attention step (its operands from one call of the
+FLAG: a name in vtc.codegen.flash, set to False for A and True for B, or several joined by commas ("-" : the
+same code twice, to see the noise).  Each round times `calls` runs of each variant's attention step (its operands from one call of the
 whole executor) and records their mean; prints min / median per variant (ms) and max |A - B| of the step
 outputs.  With CPU=1 the clock is the calling thread's CPU time (the comparison that holds on a loaded machine).
 """
@@ -46,8 +46,9 @@ def main(name: str, flag: str, rounds: int, calls: int) -> None:
     flat = [t for t in inputs if isinstance(t, torch.Tensor)]
     variants = {}
     for on in (False, True):
-        if flag != "-":
-            setattr(flash, flag, on)
+        for f in flag.split(","):
+            if f != "-":
+                setattr(flash, f, on)
         c = vtc.compile(model, inputs)
         ex = c._first.executor
         st = attention_step(ex)
