@@ -22,12 +22,16 @@ once (``qt[d][query]``), then per block of ``KB`` keys:
   micro-kernel (``KG`` keys x the query vectors of accumulators, K broadcast
   from L1): a small GEMM, no horizontal sums;
 - the score chain (scale, soft-cap, mask: a causal predicate is index
-  arithmetic) per element, vectorised over the queries;
+  arithmetic) per element, vectorised over the queries; its terms that read a
+  buffer but not the key (a mask's ``cache_position[query]``) are read once
+  per task into lane arrays (``lq<j>[q]``), not gathered for every key;
 - the online softmax per query *lane*: the block max and the sum of
   probabilities are vertical vector operations over the keys, with the
   vectorised ``vtc_exp`` of ``vtc.codegen.vecmath``;
 - O[query][e] = O * correction + Σ_key P · V by a second micro-kernel
-  (``QG`` queries x the value dim in accumulators, P broadcast).
+  (``QG`` queries x the value dim in accumulators, P broadcast); where a mask
+  may hide part of the block, over the keys from the first to the last with
+  P != 0 for one of the step's queries (kept by the softmax: ``plo``, ``phi``).
 
 Key blocks that a predicate mask hides from every query of the tile are not
 visited (``key_range``: a causal mask ``key > query + c`` bounds the keys from
