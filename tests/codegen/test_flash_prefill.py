@@ -2,13 +2,17 @@
 hidden-block check as vector code (docs/prefill.md), against eager on odd query counts."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+from bench.workloads import llama3
+
 from vtc.codegen.cpp import generate
 
-from .test_attention import TOL, _inputs, assert_one_attention_kernel, attention, attention_kernels
-from .util import compile_cpu
+from .test_attention import TOL, _inputs, assert_one_attention_kernel, attention, attention_kernels, repeat_kv
+from .util import compile_cpu, gen, rand
 
 
 # (GQA ratio, batch, queries = keys S, head dim D, mask, soft-cap): S = 1, 17, 127, 257 fill 1-5 tiles of 64
@@ -39,3 +43,76 @@ def test_prefill_tiles_match_eager(case):
     assert k.tiled and "vtc_flash_transpose16(&qr[0][d0]" in src
     if mask == "window":  # the check ORs into an int: no branch in its omp simd loop
         assert "seen |= !(" in src and "seen || " not in src
+
+
+def cache_position_attention(ratio: int, window: int | None, cap: float | None):
+    """The llama3 / gemma2 layers' attention: GQA, scale, soft-cap, an additive finfo.min mask built from
+    the `cache_position` input (causal, or a sliding window)."""
+    def fn(q, k, v, cache_position):
+        scores = torch.matmul(q, repeat_kv(k, ratio).transpose(2, 3)) * q.shape[3] ** -0.5
+        if cap is not None:
+            scores = torch.tanh(scores / cap) * cap
+        scores = scores + llama3.causal_mask(cache_position, k.shape[2], window, scores.dtype)
+        return torch.matmul(torch.softmax(scores, dim=-1), repeat_kv(v, ratio))
+    return fn
+
+
+# (GQA ratio, batch, queries S, keys T, head dim D, window, soft-cap, positions): "last" puts the queries at
+# the last S of the T positions, "perm" at S distinct random ones (each lane's position read back right)
+LANE_CASES = [
+    (4, 1, 127, 127, 64, None, None, "last"),
+    (2, 16, 17, 40, 40, 8, 50.0, "last"),
+    (1, 1, 257, 257, 128, 100, 30.0, "last"),
+    (2, 1, 257, 300, 40, None, None, "perm"),
+]
+
+
+@pytest.mark.parametrize("case", LANE_CASES, ids=lambda c: "r{}_b{}_s{}_t{}_d{}_w{}_cap{}_{}".format(*c))
+def test_cache_position_mask_is_read_once_per_tile(case):
+    """The mask's ``cache_position[query]`` does not depend on the key: the tile reads it once per query
+    into a lane array (``lq0``), the score chain and the hidden-block check compare the key with that, no
+    gather per key (before: ``b1[i1]`` in both, for every key)."""
+    ratio, b, s, t, d, window, cap, where = case
+    fn = cache_position_attention(ratio, window, cap)
+    g = gen(s + d + t)
+    q, k, v = rand((b, 2 * ratio, s, d), g), rand((b, 2, t, d), g), rand((b, 2, t, d), g)
+    pos = torch.arange(t - s, t) if where == "last" else torch.randperm(t, generator=g)[:s]
+    compiled = compile_cpu(fn, (q, k, v, pos))
+    torch.testing.assert_close(compiled(q, k, v, pos), fn(q, k, v, pos), **TOL)
+    assert_one_attention_kernel(compiled)
+    (kern,) = attention_kernels(compiled)
+    src = generate(kern)
+    assert "lq0[q] = " in src, src
+    pos_ptr = re.search(r"lq0\[q\] = (b\d+)\[i1\];", src).group(1)
+    chain = [x for x in src.splitlines() if re.match(r"\s*(st\[t\]\[q\] = |seen \|= )", x)]
+    assert len(chain) == 2 and all("lq0[q]" in x and f"{pos_ptr}[" not in x for x in chain), chain
+    if window is not None:
+        assert "lq1[q] = " in src
+
+
+# (GQA ratio, batch, S, head dim, mask, soft-cap): a causal block on the diagonal (the first queries of the
+# tile see its first keys only), a window's first block (the last queries see its last keys only)
+TRIM_CASES = [
+    (2, 1, 127, 64, "causal", None),
+    (1, 1, 257, 128, "window", 30.0),
+    (4, 16, 17, 40, "window_inf", None),
+    (2, 1, 70, 40, "none", 50.0),  # no mask: every key is seen, no bookkeeping
+]
+
+
+@pytest.mark.parametrize("case", TRIM_CASES, ids=lambda c: "r{}_b{}_s{}_d{}_{}_cap{}".format(*c))
+def test_pv_visits_the_keys_with_a_probability(case):
+    """The PV micro-kernel of a query step runs from the first to one past the last key of the block whose
+    probability is not 0 for one of its queries (``plo`` / ``phi``, kept by the softmax): masked keys
+    before and after are not read (before: every key of the block, p = 0 included).  Without a mask the
+    bookkeeping is not emitted."""
+    ratio, b, s, d, mask, cap = case
+    fn = attention(ratio, mask, cap, "mul")
+    inputs = _inputs(ratio, b, s, s, d, mask, seed=3 * s + d)
+    compiled = compile_cpu(fn, inputs)
+    torch.testing.assert_close(compiled(*inputs), fn(*inputs), **TOL)
+    (kern,) = attention_kernels(compiled)
+    src = generate(kern)
+    trimmed = mask != "none"
+    assert kern.tiled and ("for (int64_t t = t_lo; t < t_hi; ++t) {" in src) == trimmed
+    assert ("plo[q] = lo_ < plo[q] ? lo_ : plo[q]; phi[q] = hi_ > phi[q] ? hi_ : phi[q];" in src) == trimmed

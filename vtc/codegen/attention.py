@@ -472,22 +472,36 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
     then per row the online-softmax update, then the PV update of every (key,
     row).
     """
-    from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose
+    from vtc.codegen.cpp import PARALLEL_MIN_WORK, _decompose, ctype
 
     rows, n, dd, ee = math.prod(k.domain), k.r_extent, k.head_dim, k.value_dim
     if k.tiled:
-        parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
+        # the score chain's terms that read a buffer but not the key (the mask's cache_position[query]):
+        # computed once per tile into a lane array (flash.emit_tiled), not gathered again for every key
         em.forget()
+        lane = em.invariant_terms([k.score], {"r"}, loads_only=True) if flash.LANE_TERMS else []
+        fill = []
+        for j, x in enumerate(lane):
+            em.forget()
+            fill += [*em.hoist([x], "      "), f"      lq{j}[q] = {em.scalar(x)};"]
+        lanes = ([f"alignas(64) {ctype(x.dtype)} lq{j}[{flash.QUERY_TILE}];" for j, x in enumerate(lane)], fill)
+
+        def forget(per_lane: bool) -> None:
+            em.forget()
+            if per_lane:
+                em.temps.update({id(x): f"lq{j}[q]" for j, x in enumerate(lane)})
+
+        parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
         texts = []
         for root, indent in parts:
-            em.forget()
-            texts += [em.hoist([root], indent), em.scalar(root)]
+            forget(root is k.score)
+            texts += [em.hoist([root], indent, within_temps=False), em.scalar(root)]
         mask = flash.additive_mask(k.score)
         if mask is not None:
-            em.forget()
-            mask = (em.hoist([mask], "      "), em.scalar(mask))
+            forget(True)
+            mask = (em.hoist([mask], "      ", within_temps=False), em.scalar(mask))
         em.forget()
-        return flash.emit_tiled(k, em, *texts, mask=mask)
+        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)

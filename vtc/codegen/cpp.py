@@ -218,14 +218,16 @@ class _Emitter:
             return f"std::trunc({x} / {y})" if floating else f"({x} / {y})"
         raise AssertionError(fn)
 
-    def hoist(self, roots: list[Scalar], indent: str) -> list[str]:
-        """Temps for scalars used more than once outside piece choices (each emitted once)."""
+    def hoist(self, roots: list[Scalar], indent: str, within_temps: bool = True) -> list[str]:
+        """Temps for scalars used more than once outside piece choices (each emitted once); not
+        `within_temps`: the operands of a scalar that already has a temp are not counted (it is not
+        recomputed, so they are not read)."""
         uses: dict[int, int] = {}
         order: list[Scalar] = []
 
         def visit(s: Scalar) -> None:
             uses[id(s)] = uses.get(id(s), 0) + 1
-            if uses[id(s)] > 1:
+            if uses[id(s)] > 1 or (not within_temps and id(s) in self.temps):
                 return
             if s.op != "pick":  # only the chosen side of a piece choice may be evaluated
                 for x in s.args:
@@ -245,15 +247,26 @@ class _Emitter:
 
     def hoist_invariant(self, roots: list[Scalar], varying: set[str], indent: str,
                         reductions_done: bool = False) -> list[str]:
-        """Temps, emitted before a loop, for the largest subexpressions of `roots` that do not change in it:
-        none of the index variables in `varying` in them, no accumulator, no scalar that already has a
-        temp (a per-element value such as a depthwise sum).  E.g. a batch norm's per-channel scale
-        ``w / sqrt(var + eps)`` in the epilogue of a convolution, computed once per output channel
-        instead of once per element.  Never below a piece choice (its untaken side may read out of
-        range; a choice that does not vary is hoisted whole, still evaluating one side); constants
-        stay literals.  `reductions_done`: the loop comes after every reduction of the row (a row kernel's
-        store pass), so the accumulators are final values, not varying (a layer norm's ``1 / sqrt(var + eps)``
-        is computed once per row, not per element)."""
+        """Temps, emitted before a loop, for the largest subexpressions of `roots` that do not change in it
+        (``invariant_terms``).  E.g. a batch norm's per-channel scale ``w / sqrt(var + eps)`` in the epilogue
+        of a convolution, computed once per output channel instead of once per element."""
+        lines: list[str] = []
+        for x in self.invariant_terms(roots, varying, reductions_done):
+            name = f"t{len(self.temps)}"
+            lines.append(f"{indent}const {ctype(x.dtype)} {name} = {self.scalar(x)};")
+            self.temps[id(x)] = name
+        return lines
+
+    def invariant_terms(self, roots: list[Scalar], varying: set[str], reductions_done: bool = False,
+                        loads_only: bool = False) -> list[Scalar]:
+        """The largest subexpressions of `roots` that do not change in a loop, each once, in the order
+        of a walk from the roots: none of the index variables in `varying` in them, no accumulator, no
+        scalar that already has a temp (a per-element value such as a depthwise sum).  Never below a piece
+        choice (its untaken side may read out of range; a choice that does not vary is taken whole, still
+        evaluating one side); constants stay literals.  `reductions_done`: the loop comes after every
+        reduction of the row (a row kernel's store pass), so the accumulators are final values, not varying
+        (a layer norm's ``1 / sqrt(var + eps)`` is computed once per row, not per element).  `loads_only`:
+        only terms that read a buffer (an index arithmetic term is as cheap where it is)."""
         from vtc.index.expr import free_vars
 
         found: dict[int, bool] = {}  # id -> varies in the loop
@@ -272,15 +285,16 @@ class _Emitter:
                 found[id(x)] = any([out, *(varies(a) for a in x.args if isinstance(a, Scalar))])
             return found[id(x)]
 
-        lines: list[str] = []
+        terms: list[Scalar] = []
+        taken: set[int] = set()
 
         def visit(x: Scalar) -> None:
-            if x.op == "const" or id(x) in self.temps:
+            if x.op == "const" or id(x) in pinned or id(x) in taken:
                 return
             if not varies(x):
-                name = f"t{len(self.temps)}"
-                lines.append(f"{indent}const {ctype(x.dtype)} {name} = {self.scalar(x)};")
-                self.temps[id(x)] = name
+                if not loads_only or any(y.op == "load" for y in scalars_under([x])):
+                    terms.append(x)
+                    taken.add(id(x))
             elif x.op != "pick":
                 for a in x.args:
                     if isinstance(a, Scalar):
@@ -288,7 +302,7 @@ class _Emitter:
 
         for r in roots:
             visit(r)
-        return lines
+        return terms
 
     def forget(self) -> None:
         self.temps.clear()
