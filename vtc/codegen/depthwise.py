@@ -56,6 +56,9 @@ static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
 }
 #endif
 """
+NAN_BITS = True  # a max pool's NaN lanes from an unsigned max of the taps' bits (vector ops; False: a compare per
+#   tap into a mask, whose OR gcc keeps in a general register: kernel alone, 1 thread, ShuffleNet's 3x3 / 2 pool of
+#   24 x 112 x 112, 48 -> see docs/gemm.md)
 FLAT_EPILOGUE = True  # False: a flat plane's stores run row by row too (a switch for side-by-side timing)
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
 IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
@@ -168,8 +171,12 @@ def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
 
 
 def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
-    """C adding tap t (its vector `load`) into acc; a max records NaN lanes in `nan` (torch propagates NaN,
-    _mm512_max_ps does not)."""
+    """C adding tap t (its vector `load`) into acc; a max records NaN lanes (torch propagates NaN,
+    _mm512_max_ps does not): with NAN_BITS in `nanb`, the unsigned max of the taps' bits without the sign (above
+    0x7f800000, infinity's, only for a NaN), else in the mask `nan`."""
+    if dw.combine == "max" and NAN_BITS:
+        return (f"{{ const __m512 v = {load}; nanb = _mm512_max_epu32(nanb, _mm512_and_si512(_mm512_castps_si512(v), "
+                f"_mm512_set1_epi32(0x7fffffff))); acc = _mm512_max_ps(acc, v); }}")
     if dw.combine == "max":
         return (f"{{ const __m512 v = {load}; nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); "
                 f"acc = _mm512_max_ps(acc, v); }}")
@@ -178,6 +185,10 @@ def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
 
 def _finish(dw: DepthwiseSum) -> list[str]:
     """C starting (first item) and finishing (second) one vector of sums."""
+    if dw.combine == "max" and NAN_BITS:
+        return ["__m512 acc = bias; __m512i nanb = _mm512_setzero_si512();",
+                "acc = _mm512_mask_mov_ps(acc, _mm512_cmpgt_epu32_mask(nanb, _mm512_set1_epi32(0x7f800000)), "
+                "_mm512_set1_ps(NAN));"]
     if dw.combine == "max":
         return ["__m512 acc = bias; __mmask16 nan = 0;", "acc = _mm512_mask_mov_ps(acc, nan, _mm512_set1_ps(NAN));"]
     return ["__m512 acc = bias;", ""]
