@@ -6,7 +6,7 @@ A one-group convolution with a reduction of at most ``conv_direct.MAX_K``
 without an im2col: tiles of 16 output pixels of one row x up to 24 output
 channels, each reduction row one masked load (two and their even lanes at
 stride 2); the report's ``path`` says "conv_direct".  The tests check the
-values on odd maps and channel counts (8, 17, 30: one tile padded, two tiles),
+values on odd maps and channel counts (8, 17, 30: one tile, two tiles of 15),
 batch 2, strides (2, 2), (1, 1), (2, 1), a 5x5 and a dilated 3x3 with
 padding, a batch norm + ReLU and a bias in the epilogue, two threads, and the
 convolutions that must keep the panel form (an input that is no plain load,
@@ -39,8 +39,8 @@ def _forms(compiled) -> list[str]:
 # (batch, in channels, out channels, kernel, stride (h, w), padding, dilation, height, width)
 CASES = [
     (1, 3, 24, 3, (2, 2), 1, 1, 224, 224),   # ShuffleNetV2's stem: 112 x 112 outputs, 7 tiles of 16 per row
-    (1, 3, 17, 3, (2, 2), 1, 1, 65, 67),     # odd map: 33 x 34 outputs (a 2-lane tile per row), 17 channels in 24
-    (2, 3, 30, 3, (2, 2), 1, 1, 64, 70),     # batch 2, 30 channels: two tiles of 24, the second padded
+    (1, 3, 17, 3, (2, 2), 1, 1, 65, 67),     # odd map: 33 x 34 outputs (a 2-lane tile per row), a tile of 17
+    (2, 3, 30, 3, (2, 2), 1, 1, 64, 70),     # batch 2, 30 channels: two tiles of 15
     (1, 2, 8, 3, (1, 1), 1, 1, 40, 33),      # stride 1, 8 channels (one tile of 8), a 1-lane tile per row
     (1, 2, 19, 4, (2, 2), 2, 1, 70, 71),     # 4x4 over 2 channels, padding 2 (K = 32)
     (1, 3, 16, 3, (1, 1), 2, 2, 33, 37),     # dilation 2, padding 2
