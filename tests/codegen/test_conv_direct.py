@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vtc.codegen import conv_direct, conv_t
+from vtc.codegen.cpp import generate
 
 from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, compile_cpu, gen, kernels, rand, \
     report
@@ -65,6 +66,8 @@ def test_direct_form_conv_bn_relu_matches_torch(case):
     assert_all_generated(compiled)
     assert _forms(compiled) == [conv_direct.FORM]
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
+    src = generate(kernels(compiled)[0])
+    assert f"vtc_cd_tile<{-(-o // -(-o // 24))}, {s[1]}>" in src and "__builtin_prefetch(" in src
 
 
 def test_direct_form_with_bias_on_two_threads():

@@ -42,6 +42,9 @@ ENABLED = True  # False: never taken (a switch for side-by-side timing)
 MAX_K = 32  # reduction (input channels x taps) at most this: a 3x3 over up to 3 channels
 MIN_PIXELS = 1024  # output pixels per image at least (smaller maps: the panel, dot or broadcast forms)
 MIN_CHANNELS = 8  # output channels at least
+PREFETCH_ROWS = 2  # the input rows of the output row this many ahead prefetched (0: none): in the model the
+#   input comes from memory, not cache (the stem's closure in ShuffleNetV2's call, 1 thread, load 8-10: median 488 ->
+#   289 us; its output's lines prefetched for writing too measured no better, 277 us)
 MB = 24  # output channels per tile (accumulators; 24 + the tap vector + a weight broadcast fit 32 registers)
 
 
@@ -164,6 +167,7 @@ def generate(k) -> str:
     flops = 2 * B * M * P * KK
     # the input row of reduction row r: Im2colPack's value at (cv_ih, cv_iw = 0) (cv_iw then steps by one)
     run = pack._plain_run(em, s)
+    span = min(wd, (ow - 1) * sw + (kw - 1) * dw + 1)  # input elements an output row reads along a row
     lines += [
         f"  const int64_t M = {M}, K = {KK}, BATCH = {B}, OH = {oh}, OW = {ow}, LDC = {ldc}, NBLK = {nblk};",
         f"  const int nt = {flops}LL >= {gemm.PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
@@ -192,6 +196,12 @@ def generate(k) -> str:
         f"        const int64_t cv_ih = y * {sh} + ((r / {kw}) % {kh}) * {dh} - {ph}, cv_iw = 0;",
         f"        rp[r] = cv_ih >= 0 && cv_ih < {h} ? {run} : nullptr;",
         "      }",
+        *([f"      if (y + {PREFETCH_ROWS} < OH)  // the input rows of a later output row, into cache ahead",
+           "        for (int64_t r = 0; r < K; r += " + str(kw) + ") {",
+           f"          const int64_t cv_ih = (y + {PREFETCH_ROWS}) * {sh} + ((r / {kw}) % {kh}) * {dh} - {ph}, cv_iw = 0;",
+           f"          if (cv_ih >= 0 && cv_ih < {h})",
+           f"            for (int64_t q = 0; q < {span}; q += 16) __builtin_prefetch({run} + q);",
+           "        }"] if PREFETCH_ROWS else []),
         "      for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {",
         "        const int64_t n = std::min<int64_t>(16, OW - ow0);",
         "        for (int64_t blk = 0; blk < NBLK; ++blk)",
