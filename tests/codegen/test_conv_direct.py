@@ -21,20 +21,10 @@ import torch.nn.functional as F
 from vtc.codegen import conv_direct, conv_t
 from vtc.codegen.cpp import generate
 
-from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, compile_cpu, gen, kernels, rand, \
-    report
+from .test_conv_bcast import _bn_relu, _forms
+from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, compile_cpu, gen, kernels, rand
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the direct form is taken on AVX-512 targets only")
-
-
-def _bn_relu(g, o):
-    mean, var = rand((o,), g), rand((o,), g, positive=True)
-    gamma, beta = rand((o,), g), rand((o,), g)
-    return lambda y: torch.relu(F.batch_norm(y, mean, var, gamma, beta, False, eps=1e-5))
-
-
-def _forms(compiled) -> list[str]:
-    return [q["path"] for q in report(compiled)["gemm"]]
 
 
 # (batch, in channels, out channels, kernel, stride (h, w), padding, dilation, height, width)
