@@ -61,6 +61,44 @@ def test_max_pool_propagates_nan_and_keeps_minus_inf():
         torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("k, s, p", [(3, 2, 1), (5, 1, 2), (3, 3, 1)], ids=["s2", "same", "s3_gather"])
+def test_max_pool_nan_from_the_taps_bits(k, s, p):
+    """The NaN lanes come from an unsigned max of the taps' bits without the sign (``nanb``, vector ops; not a
+    compare per tap into a mask): a NaN with the sign bit set, a NaN next to +inf and -inf, +inf alone, and the
+    largest finite float (bits just below infinity's) give what torch gives, on an odd map."""
+    g = gen(13 + k * s)
+    x = rand((2, 3, 19, 23), g)
+    x[0, 0, 4, 5] = -float("nan")  # sign bit set: bits 0xffc00000
+    x[0, 1, 7, 7], x[0, 1, 7, 8], x[0, 1, 8, 7] = float("nan"), float("inf"), -float("inf")
+    x[1, 0, 10, 12] = float("inf")
+    x[1, 1, 0, 0] = torch.finfo(torch.float32).max
+    x[1, 2, 18, 22] = -torch.finfo(torch.float32).max
+    fn = lambda x: F.max_pool2d(x, k, s, p)  # noqa: E731
+    compiled = compile_cpu(fn, (x,))
+    got, want = compiled(x), fn(x)
+    assert torch.equal(got.isnan(), want.isnan()) and want.isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    src = _sources(compiled)
+    assert "_mm512_max_epu32(nanb" in src and "_CMP_UNORD_Q" not in src, src
+
+
+@pytest.mark.parametrize("h, w, k, s, p", [(37, 41, 3, 2, 1), (9, 50, 3, 3, 0), (5, 19, 2, 1, 1)],
+                         ids=["s2", "s3", "s1_even"])
+def test_rows_form_prefetches_the_input_rows_ahead(h, w, k, s, p):
+    """The rows form (any stride) prefetches the tap rows of the output row PREFETCH_ROWS ahead (in a whole
+    model its input comes from memory: ShuffleNetV2's stem pool 165 -> 80 us in the call); the rows near the
+    bottom, past the input, are not; the values are torch's."""
+    from vtc.codegen import depthwise
+
+    g = gen(h * w + k)
+    fn = lambda x: F.max_pool2d(x, k, s, p)  # noqa: E731
+    x = rand((2, 3, h, w), g)
+    compiled = compile_cpu(fn, (x,))
+    assert_matches_eager(compiled, fn, (x,), rtol=0, atol=0)
+    src = _sources(compiled)
+    assert "cols.m" in src and f"(y + {depthwise.PREFETCH_ROWS}) * {s}" in src and "__builtin_prefetch(src + iy" in src
+
+
 def test_channel_shuffle_in_front_of_a_max_pool_moves_nothing():
     g = gen(7)
 

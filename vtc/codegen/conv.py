@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import conv_bcast, conv_panels, conv_t, depthwise, kernel_ir as K
+from vtc.codegen import conv_bcast, conv_direct, conv_panels, conv_t, depthwise, kernel_ir as K
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
@@ -160,7 +160,11 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     bcast = geo is not None and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else (groups) with a long reduction: dot products, the weight read in place (vtc.codegen.conv_t)
     dot = geo is not None and not bcast and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
-    form = conv_t.FORM if dot else conv_bcast.FORM if bcast else "panels"
+    # ... else a very short reduction over a large map (a stem): straight from the input, no im2col packed
+    # (vtc.codegen.conv_direct)
+    direct = geo is not None and not dot and not bcast and \
+        not conv_direct.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    form = conv_t.FORM if dot else conv_bcast.FORM if bcast else conv_direct.FORM if direct else "panels"
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
@@ -231,6 +235,12 @@ def conv_kernel(low, n: Node) -> Kernel:
         rows = conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values})
         if rows is not None and not free_vars(rows[1]) and pack.direct({v.name: v.shape for v in low.values.values()}) is None:
             kern.gemm.generate = conv_bcast.generate
+            return kern
+        choice.path = "panels"
+    if choice is not None and choice.path == conv_direct.FORM:  # from the input, where it is one plain load
+        shapes = {v.name: v.shape for v in low.values.values()}
+        if conv_t.weight_rows(sa, shapes) is not None and conv_direct.plain_input(pack, shapes) is not None:
+            kern.gemm.generate, kern.gemm.direct_pack = conv_direct.generate, pack
             return kern
         choice.path = "panels"
     if conv_panels.ENABLED:  # vtc.codegen.conv_panels' loops: B read in place or packed by blocks of columns

@@ -265,10 +265,10 @@ def generate(k) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
-def _epilogue(em, k, ind: str, ldc: str = "P") -> list[str]:
-    """Every store of kernel k over the finished block ct[mb x P] (rows `ldc` floats apart): its value of acc at
-    (i0, m0 + ii, jj), where its predicate holds; per output channel the terms that do not change along the
-    pixels once."""
+def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P") -> list[str]:
+    """Every store of kernel k over the finished block ct[mb x count] (rows `ldc` floats apart): its value of acc
+    at (i0, m0 + ii, first + jj), where its predicate holds; per output channel the terms that do not change
+    along the pixels once.  (`first`, C for the block's first pixel: "" for pixel 0.)"""
     from vtc.codegen.cpp import ctype
     from vtc.codegen.gemm import ACC
 
@@ -284,8 +284,8 @@ def _epilogue(em, k, ind: str, ldc: str = "P") -> list[str]:
                  f"({ctype(st.buffer.dtype)})({em.scalar(st.value)});")
         body.append(f"{inner}{store}" if st.when is None else f"{inner}if ({em.index(st.when)}) {store}")
     lines += [f"{ind}  #pragma omp simd",
-              f"{ind}  for (int64_t jj = 0; jj < P; ++jj) {{",
-              f"{inner}const int64_t i2 = jj;",
+              f"{ind}  for (int64_t jj = 0; jj < {count}; ++jj) {{",
+              f"{inner}const int64_t i2 = {first + ' + ' if first else ''}jj;",
               f"{inner}const float acc_{ACC} = ct[ii * {ldc} + jj];",
               *temps, *body,
               f"{ind}  }}",

@@ -591,6 +591,7 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
 
 
 _SUM_LANES_BYTES = 64  # a sum's partial sums: one 64-byte vector (16 floats)
+SUM_TAIL_APART = True  # False: a row sum's tail is added into the partial sums (a switch for side-by-side timing)
 # From this row length on, a sum / max / min keeps two vectors of partials (32 floats): two independent
 # chains of vector adds (maxes), where one chain's latency bounds a long row read from cache (kernel alone,
 # 1 MB, 1 thread: sum over 4096 0.025 -> 0.016 ms, amax over 4096 0.028 -> 0.017 ms, over 1024 0.021 ->
@@ -633,8 +634,13 @@ def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int)
 
     The loop ``#pragma omp simd reduction(+:acc)`` emits sums its lanes one after another after the loop:
     gcc's omp simd epilogue is 15 dependent scalar adds for 16 floats, ~60 cycles per reduction, as much as
-    the loop itself on a row of 96 (a layer norm over 96 channels: 3 of the 4 reductions' cost)."""
-    part, full = f"{acc}_part", f"({r_extent} - {r_extent} % {lanes})"
+    the loop itself on a row of 96 (a layer norm over 96 channels: 3 of the 4 reductions' cost).
+
+    The tail (r_extent % lanes elements) is summed into its own scalar, added after the fold: added into the
+    partial sums, its scalar store into the vector gcc keeps them in (on the stack for the fold) defeated
+    store-to-load forwarding of the fold's wider load, ~50 cycles per row (a mean over 7x7 = 49 of 1024 rows,
+    kernel alone, 1 thread: 13.5 -> 6.5 us, docs/gemm.md)."""
+    part, tail, full = f"{acc}_part", f"{acc}_tail", f"({r_extent} - {r_extent} % {lanes})"
     inner = [f"  {line}" for line in body]
     # the same text whatever the row length but for the literal r_extent (size-generic kernels fit it as a
     # polynomial of the sizes, vtc.runtime.generic): the tail loop is there even when it runs no time
@@ -642,13 +648,17 @@ def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int)
              f"    for (int64_t rb_ = 0; rb_ + {lanes} <= {r_extent}; rb_ += {lanes}) {{",
              "      #pragma omp simd", f"      for (int64_t r = rb_; r < rb_ + {lanes}; ++r) {{", *inner,
              f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", "    }",
+             *([f"    decltype({acc}) {tail} = 0;"] if SUM_TAIL_APART else []),
              f"    for (int64_t r = {full}; r < {r_extent}; ++r) {{", *body,
-             f"      {part}[r - {full}] = {part}[r - {full}] + {v};", "    }"]
+             f"      {tail} = {tail} + {v};" if SUM_TAIL_APART else f"      {part}[r - {full}] = {part}[r - {full}] + {v};",
+             "    }"]
     width = lanes // 2
     while width >= 2:
         lines += ["    #pragma omp simd", f"    for (int64_t l = 0; l < {width}; ++l) {part}[l] = {part}[l] + {part}[l + {width}];"]
         width //= 2
-    return lines + [f"    {acc} = {acc} + ({part}[0] + {part}[1]);"]
+    if not SUM_TAIL_APART:
+        return lines + [f"    {acc} = {acc} + ({part}[0] + {part}[1]);"]
+    return lines + [f"    {acc} = {acc} + (({part}[0] + {part}[1]) + {tail});"]
 
 
 def _row_order(k: Kernel, em: _Emitter) -> list[int]:

@@ -56,6 +56,12 @@ static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
 }
 #endif
 """
+NAN_BITS = True  # a max pool's NaN lanes from an unsigned max of the taps' bits (vector ops; False: a compare per
+#   tap into a mask, whose OR gcc keeps in a general register: kernel alone, 1 thread, ShuffleNet's 3x3 / 2 pool of
+#   24 x 112 x 112, 48.7 -> 40.3 us min, docs/gemm.md)
+PREFETCH_ROWS = 2  # rows form: the input rows of the output row this many ahead prefetched (0: none); in a whole
+#   model a plane's rows come from memory, not cache (ShuffleNetV2 in one call, 1 thread, load 8-10, median: the
+#   stem pool 165 -> 80 us, the stride-2 depthwise convolutions 2-6 us each less)
 FLAT_EPILOGUE = True  # False: a flat plane's stores run row by row too (a switch for side-by-side timing)
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
 IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
@@ -168,8 +174,12 @@ def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
 
 
 def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
-    """C adding tap t (its vector `load`) into acc; a max records NaN lanes in `nan` (torch propagates NaN,
-    _mm512_max_ps does not)."""
+    """C adding tap t (its vector `load`) into acc; a max records NaN lanes (torch propagates NaN,
+    _mm512_max_ps does not): with NAN_BITS in `nanb`, the unsigned max of the taps' bits without the sign (above
+    0x7f800000, infinity's, only for a NaN), else in the mask `nan`."""
+    if dw.combine == "max" and NAN_BITS:
+        return (f"{{ const __m512 v = {load}; nanb = _mm512_max_epu32(nanb, _mm512_and_si512(_mm512_castps_si512(v), "
+                f"_mm512_set1_epi32(0x7fffffff))); acc = _mm512_max_ps(acc, v); }}")
     if dw.combine == "max":
         return (f"{{ const __m512 v = {load}; nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q); "
                 f"acc = _mm512_max_ps(acc, v); }}")
@@ -178,6 +188,10 @@ def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
 
 def _finish(dw: DepthwiseSum) -> list[str]:
     """C starting (first item) and finishing (second) one vector of sums."""
+    if dw.combine == "max" and NAN_BITS:
+        return ["__m512 acc = bias; __m512i nanb = _mm512_setzero_si512();",
+                "acc = _mm512_mask_mov_ps(acc, _mm512_cmpgt_epu32_mask(nanb, _mm512_set1_epi32(0x7f800000)), "
+                "_mm512_set1_ps(NAN));"]
     if dw.combine == "max":
         return ["__m512 acc = bias; __mmask16 nan = 0;", "acc = _mm512_mask_mov_ps(acc, nan, _mm512_set1_ps(NAN));"]
     return ["__m512 acc = bias;", ""]
@@ -324,9 +338,15 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
             return f"vtc_dw_even(fill, wide.m[c * {kw} + {b}], rp + {off})"
         return f"_mm512_mask_i32gather_ps(fill, mk[{b}], lanes, rp + {off}, 4)"
 
+    span = min(w, (ow - 1) * sw + (kw - 1) * dd + 1)  # input elements an output row reads along a row
+
     def emit(row: int, ind: str) -> list[str]:
-        out = [f"{ind}for (int64_t y = r0; y < r1; ++y) {{",
-               f"{ind}  for (int64_t c = 0; c < {chunks}; ++c) {{",
+        out = [f"{ind}for (int64_t y = r0; y < r1; ++y) {{"]
+        if PREFETCH_ROWS:  # the tap rows that output row y + PREFETCH_ROWS reads first (the others: rows before)
+            out += [f"{ind}  for (int64_t a = {max(0, kh - sh)}; a < {kh}; ++a)",
+                    f"{ind}    if (const int64_t iy = (y + {PREFETCH_ROWS}) * {sh} + a * {dh} - {ph}; iy >= 0 && iy < {h})",
+                    f"{ind}      for (int64_t q = 0; q < {span}; q += 16) __builtin_prefetch(src + iy * {row} + q);"]
+        out += [f"{ind}  for (int64_t c = 0; c < {chunks}; ++c) {{",
                f"{ind}    const __mmask16* mk = cols.m + c * {kw};",
                f"{ind}    {start}"]
         for a in range(kh):
