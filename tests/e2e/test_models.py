@@ -7,6 +7,7 @@ paths (SUITE, ~2 s of CPU each); ``VTC_MODEL_SWEEP=all`` runs every one of hf_mo
 (batch 1 and 3, sequence 33, torch.compile, bf16, new sizes, generate) is in the doc."""
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 
@@ -97,3 +98,30 @@ def test_a_causal_lm_returning_its_kv_cache_compiles_and_the_cache_feeds_the_nex
     torch.testing.assert_close(got2.logits, want2.logits, **TOL)
     _assert_same_cache(got2.past_key_values, want2.past_key_values)
     assert got2.past_key_values.get_seq_length() == 8
+
+
+def test_decode_steps_with_a_growing_kv_cache_reuse_one_symbolic_capture(monkeypatch):
+    """A cache input whose length grows by one each step is captured once with symbolic sizes.  Before: the
+    symbolic capture failed ("Node type mismatch; expected list, got DynamicCache": the dynamic_shapes were
+    built by the cache's own unflatten), so every step captured, planned and built its kernels again."""
+    import vtc.compiler
+
+    model = _llama_with_default_cache()
+    with torch.no_grad():
+        cache = model(torch.randint(1, 97, (2, 7))).past_key_values
+    tok = torch.randint(1, 97, (2, 1))
+    step = vtc.compile(model, (tok,), {"cache": copy.deepcopy(cache)})
+    captures = []
+    real = vtc.compiler.export_graph
+    monkeypatch.setattr(vtc.compiler, "export_graph", lambda *a, **k: captures.append(1) or real(*a, **k))
+    want_cache, got_cache = cache, copy.deepcopy(cache)  # eager appends to the cache it is given
+    for length in (8, 9, 10):
+        with torch.no_grad():
+            want = model(tok, cache=want_cache)
+        got = step(tok, cache=got_cache)
+        torch.testing.assert_close(got.logits, want.logits, **TOL)
+        _assert_same_cache(got.past_key_values, want.past_key_values)
+        assert got.past_key_values.get_seq_length() == length
+        want_cache, got_cache = want.past_key_values, got.past_key_values
+        tok = want.logits[:, -1:].argmax(-1)
+    assert captures == []  # no concrete capture per length
