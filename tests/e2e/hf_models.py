@@ -36,45 +36,11 @@ def _llama_padded(batch, seq):
     return model, (ids, mask)
 
 
-def _gpt2(batch, seq):
-    cfg = tf.GPT2Config(vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=128, use_cache=False,
-                        bos_token_id=0, eos_token_id=0)
-    return _eval(tf.GPT2LMHeadModel(cfg)), (_ids(batch, seq),)
-
-
-def _gpt_neox(batch, seq):
-    cfg = tf.GPTNeoXConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, max_position_embeddings=128, rotary_pct=0.25, use_cache=False)
-    return _eval(tf.GPTNeoXForCausalLM(cfg)), (_ids(batch, seq),)
-
-
-def _opt(batch, seq):
-    cfg = tf.OPTConfig(vocab_size=V, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-                       max_position_embeddings=128, word_embed_proj_dim=64, use_cache=False)
-    return _eval(tf.OPTForCausalLM(cfg)), (_ids(batch, seq),)
-
-
-def _phi(batch, seq):
-    cfg = tf.PhiConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, max_position_embeddings=128, partial_rotary_factor=0.5, use_cache=False)
-    return _eval(tf.PhiForCausalLM(cfg)), (_ids(batch, seq),)
-
-
-def _falcon(batch, seq):
-    cfg = tf.FalconConfig(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                          new_decoder_architecture=True, num_kv_heads=2, use_cache=False)
-    return _eval(tf.FalconForCausalLM(cfg)), (_ids(batch, seq),)
-
-
-def _bloom(batch, seq):
-    cfg = tf.BloomConfig(vocab_size=V, hidden_size=64, n_layer=2, n_head=4, use_cache=False)
-    return _eval(tf.BloomForCausalLM(cfg)), (_ids(batch, seq),)
-
-
-def _gptj(batch, seq):
-    cfg = tf.GPTJConfig(vocab_size=V, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128,
-                        use_cache=False)
-    return _eval(tf.GPTJForCausalLM(cfg)), (_ids(batch, seq),)
+def _lm(cls, cfg_cls, **config):
+    """A causal LM of `cls` from `cfg_cls(vocab_size=V, use_cache=False, **config)`."""
+    def make(batch, seq):
+        return _eval(cls(cfg_cls(vocab_size=V, use_cache=False, **config))), (_ids(batch, seq),)
+    return make
 
 
 def _mixtral(batch, seq):
@@ -155,13 +121,18 @@ MODELS = {
     "olmo2": _decoder(tf.Olmo2ForCausalLM, tf.Olmo2Config),
     "starcoder2": _decoder(tf.Starcoder2ForCausalLM, tf.Starcoder2Config),
     "mixtral": _mixtral,
-    "gpt2": _gpt2,
-    "gpt_neox": _gpt_neox,
-    "opt": _opt,
-    "phi": _phi,
-    "falcon": _falcon,
-    "bloom": _bloom,
-    "gptj": _gptj,
+    "gpt2": _lm(tf.GPT2LMHeadModel, tf.GPT2Config, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                bos_token_id=0, eos_token_id=0),
+    "gpt_neox": _lm(tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128, rotary_pct=0.25),
+    "opt": _lm(tf.OPTForCausalLM, tf.OPTConfig, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=64),
+    "phi": _lm(tf.PhiForCausalLM, tf.PhiConfig, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, max_position_embeddings=128, partial_rotary_factor=0.5),
+    "falcon": _lm(tf.FalconForCausalLM, tf.FalconConfig, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  new_decoder_architecture=True, num_kv_heads=2),
+    "bloom": _lm(tf.BloomForCausalLM, tf.BloomConfig, hidden_size=64, n_layer=2, n_head=4),
+    "gptj": _lm(tf.GPTJForCausalLM, tf.GPTJConfig, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=128),
     "bert": _encoder(tf.BertModel, tf.BertConfig),
     "roberta": _encoder(tf.RobertaModel, tf.RobertaConfig, pad_token_id=0),
     "electra": _encoder(tf.ElectraModel, tf.ElectraConfig, embedding_size=32),

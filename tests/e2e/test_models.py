@@ -125,3 +125,22 @@ def test_decode_steps_with_a_growing_kv_cache_reuse_one_symbolic_capture(monkeyp
         want_cache, got_cache = want.past_key_values, got.past_key_values
         tok = want.logits[:, -1:].argmax(-1)
     assert captures == []  # no concrete capture per length
+
+
+def test_a_cache_passed_in_is_appended_to_and_returned_as_eager_does():
+    """transformers' idiom: ``cache = DynamicCache(); model(ids, cache=cache); model(nxt, cache=cache)``.
+    Before: the compiled call returned a new cache and left the one given as it was, so the second call
+    attended to a stale cache (a silent wrong answer)."""
+    model = _llama_with_default_cache()
+    ids, nxt = torch.randint(1, 97, (2, 7)), torch.randint(1, 97, (2, 1))
+    want_cache, got_cache = tf.DynamicCache(config=model.config), tf.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids, cache=want_cache)
+        want = model(nxt, cache=want_cache)
+    step = vtc.compile(model, (nxt,), {"cache": copy.deepcopy(want_cache)})
+    vtc.compile(model, (ids,), {"cache": tf.DynamicCache(config=model.config)})(ids, cache=got_cache)
+    assert got_cache.get_seq_length() == 7
+    got = step(nxt, cache=got_cache)
+    assert got.past_key_values is got_cache
+    torch.testing.assert_close(got.logits, want.logits, **TOL)
+    _assert_same_cache(got_cache, want_cache)

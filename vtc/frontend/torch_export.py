@@ -200,6 +200,48 @@ def register_transformers_caches(model: Any) -> None:
         pass
 
 
+def _cache_class() -> type | None:
+    """transformers' ``Cache`` base class where transformers is imported, else None."""
+    mod = sys.modules.get("transformers.cache_utils")
+    return getattr(mod, "Cache", None)
+
+
+def takes_a_cache(spec: Any) -> bool:
+    """Whether the inputs of structure `spec` (a TreeSpec) hold a transformers ``Cache``."""
+    cache = _cache_class()
+    if cache is None or spec is None:
+        return False
+    todo = [spec]
+    while todo:
+        s = todo.pop()
+        if isinstance(s.type, type) and issubclass(s.type, cache):
+            return True
+        todo.extend(s.children())
+    return False
+
+
+def update_caches_in_place(args: tuple, kwargs: dict, result: Any) -> Any:
+    """`result` with each transformers ``Cache`` it returns replaced by the input cache of the same class, updated
+    to the returned one's state, as eager forward appends to the cache it is given and returns that object (the
+    compiled graph is functional: it returns new tensors and leaves the input cache as it was)."""
+    cache = _cache_class()
+    is_cache = lambda x: isinstance(x, cache)  # noqa: E731
+    given = [x for x in pytree.tree_leaves((args, kwargs), is_leaf=is_cache) if is_cache(x)]
+    if not given:
+        return result
+    returned = [x for x in pytree.tree_leaves(result, is_leaf=is_cache) if is_cache(x)]
+    pairs = {}
+    for out in returned:
+        same = [c for c in given if type(c) is type(out) and id(c) not in pairs.values()]
+        if same:
+            pairs[id(out)] = id(same[0])
+            vars(same[0]).clear()
+            vars(same[0]).update(vars(out))
+    by_id = {id(c): c for c in given}
+    return pytree.tree_map(lambda x: by_id[pairs[id(x)]] if is_cache(x) and id(x) in pairs else x, result,
+                           is_leaf=is_cache)
+
+
 def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
     """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
