@@ -3,7 +3,7 @@ from_pretrained), compiled by vtc and compared with eager (docs/robustness.md, "
 
 Each architecture runs at batch 3 and an odd sequence length (7); the expected fallback ops are listed, so
 a new fallback (or a crash, or a wrong result) fails here.  The suite runs one architecture per family of code
-paths (SUITE, ~2 s of CPU each); ``VTC_MODEL_SWEEP=all`` runs every one of hf_models.MODELS.  The larger sweep
+paths (SUITE, 2-4 s of CPU each with an empty kernel cache); ``VTC_MODEL_SWEEP=all`` runs every one of hf_models.MODELS.  The larger sweep
 (batch 1 and 3, sequence 33, torch.compile, bf16, new sizes, generate) is in the doc."""
 from __future__ import annotations
 
@@ -39,10 +39,9 @@ def _main(out):
     return out[0]
 
 
-# GQA + RoPE + RMSNorm, soft-cap + sliding window, fused QKV, partial rotary, Conv1D, ALiBi, MoE, padding mask,
-# disentangled relative attention, relative position bias, shifted windows, audio convolutions
-SUITE = ("llama", "gemma2", "phi3", "gpt_neox", "gpt2", "bloom", "mixtral", "bert", "deberta_v2", "t5_encoder",
-         "swin", "whisper_encoder")
+# GQA + RoPE + RMSNorm, soft-cap + sliding window, MoE, padding mask, relative position bias, audio convolutions
+# (gpt2 and swin run in tests/zoo and tests/onnx)
+SUITE = ("llama", "gemma2", "mixtral", "bert", "t5_encoder", "whisper_encoder")
 assert set(SUITE) <= set(MODELS)
 
 
@@ -61,9 +60,10 @@ def test_architecture_matches_eager(name):
 
 
 def _llama_with_default_cache():
-    """A causal LM as a user builds it: the config's default use_cache=True, so forward returns a DynamicCache."""
+    """A causal LM as a user builds it (one layer: these tests compile twice): the config's default use_cache=True,
+    so forward returns a DynamicCache."""
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = tf.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     assert cfg.use_cache
     return tf.LlamaForCausalLM(cfg).eval()
@@ -81,7 +81,7 @@ def test_a_causal_lm_returning_its_kv_cache_compiles_and_the_cache_feeds_the_nex
     """Before: CaptureError "Found <class 'transformers.cache_utils.DynamicCache'> in output, which is not a
     known type" for every causal LM built with the default use_cache=True."""
     model = _llama_with_default_cache()
-    ids = torch.randint(1, 97, (3, 7))
+    ids = torch.randint(1, 97, (2, 7))
     with torch.no_grad():
         want = model(ids)
     c = vtc.compile(model, (ids,))
@@ -90,7 +90,7 @@ def test_a_causal_lm_returning_its_kv_cache_compiles_and_the_cache_feeds_the_nex
     _assert_same_cache(got.past_key_values, want.past_key_values)
 
     # a decode step that takes the cache vtc returned
-    nxt = torch.randint(1, 97, (3, 1))
+    nxt = torch.randint(1, 97, (2, 1))
     with torch.no_grad():
         want2 = model(nxt, past_key_values=want.past_key_values)
     step = vtc.compile(model, (nxt,), {"past_key_values": got.past_key_values})
@@ -115,7 +115,7 @@ def test_decode_steps_with_a_growing_kv_cache_reuse_one_symbolic_capture(monkeyp
     real = vtc.compiler.export_graph
     monkeypatch.setattr(vtc.compiler, "export_graph", lambda *a, **k: captures.append(1) or real(*a, **k))
     want_cache, got_cache = cache, copy.deepcopy(cache)  # eager appends to the cache it is given
-    for length in (8, 9, 10):
+    for length in (8, 9):  # 8: the symbolic capture, 9: an instantiation of it
         with torch.no_grad():
             want = model(tok, cache=want_cache)
         got = step(tok, cache=got_cache)
