@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 
 from vtc.codegen.gemm import GEMM_MODES
 from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, ConstantInputChanged, InputShapeError, export_graph,
-                                      flatten_inputs, unflatten_outputs)
+                                      flatten_inputs, takes_a_cache, unflatten_outputs, update_caches_in_place)
 from vtc.ir.fold import fold_constants
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
@@ -132,6 +132,7 @@ class Compiled:
         self._exact_sig: tuple | None = None  # ((dtype, shape) per input or None, one plain output): _exact
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
+        self._cache_io: bool | None = None  # whether the inputs hold a transformers Cache (_caches)
         self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
         if _graph is not None:
@@ -224,12 +225,19 @@ class Compiled:
                 spec = self._specialize(args, kwargs)
                 tensors = flatten_inputs(spec.graph, args, kwargs)
                 check_inputs(spec.graph, tensors, exact_shape=False)
-                return unflatten_outputs(spec.graph, spec.executor(tensors))
+                return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors)))
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
-        return unflatten_outputs(spec.graph, spec.executor(tensors))
+        return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors)))
+
+    def _caches(self, args: tuple, kwargs: dict, result: Any) -> Any:
+        """`result`, where the inputs hold a transformers KV cache, with the returned cache written into the one
+        given and returned as that object, as eager does (``update_caches_in_place``)."""
+        if self._cache_io is None:
+            self._cache_io = takes_a_cache(self._first.graph.in_spec)
+        return update_caches_in_place(args, kwargs, result) if self._cache_io else result
 
     def _exact(self, args: tuple) -> bool:
         """Whether args are plain positional tensors of exactly the captured dtypes and shapes.

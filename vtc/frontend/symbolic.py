@@ -210,6 +210,25 @@ def dynamic_dims(first: list[Any], new: list[Any]) -> list[set[int]]:
     return out
 
 
+def shapes_tree(marks: list[Any], spec: pytree.TreeSpec) -> Any:
+    """The flat per-leaf `marks` in the form torch.export's ``dynamic_shapes`` wants for inputs of structure `spec`:
+    the builtin containers (tuple, list, dict, namedtuple...) as they are, a registered node of another type (a
+    transformers ``DynamicCache``) as the list of its children's marks (``pytree.tree_unflatten`` would call the
+    node's own unflatten, which builds a cache holding the marks: export refused it, "Node type mismatch")."""
+    it = iter(marks)
+
+    def build(s: pytree.TreeSpec) -> Any:
+        if s.is_leaf():
+            return next(it)
+        kids = [build(c) for c in s.children()]
+        node = pytree.namedtuple if pytree.is_namedtuple_class(s.type) else s.type
+        if node in pytree.BUILTIN_TYPES:
+            return pytree.SUPPORTED_NODES[node].unflatten_fn(kids, s.context)
+        return kids
+
+    return build(spec)
+
+
 def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[int]] | None) -> SymbolicGraph:
     """torch.export of the model with ``Dim.AUTO`` on `dims` (per flat input leaf; None: every dim of every tensor)."""
     from torch.export import Dim
@@ -221,7 +240,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
     if dims is None:
         dims = [set(range(x.dim())) if isinstance(x, torch.Tensor) else set() for x in leaves]
     marks = [({d: Dim.AUTO for d in ds} if isinstance(x, torch.Tensor) and ds else None) for x, ds in zip(leaves, dims)]
-    m_args, m_kwargs = pytree.tree_unflatten(marks, spec)
+    m_args, m_kwargs = shapes_tree(marks, spec)
     try:
         bound = inspect.signature(model.forward).bind(*m_args, **m_kwargs)
     except TypeError as e:

@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 import operator
+import sys
 import threading
 import types
 from typing import Any, Callable
@@ -180,9 +181,71 @@ def capture_copy(model: torch.nn.Module) -> torch.nn.Module:
         return model
 
 
+def register_transformers_caches(model: Any) -> None:
+    """transformers' KV caches (``DynamicCache`` and every other ``Cache`` class) as pytree nodes, as
+    transformers' own exporter registers them, so that a model returning one (every causal LM built with its
+    default ``use_cache=True``) or taking one (``past_key_values=``) is captured: the cache's tensors become
+    graph outputs / inputs and the call returns a working cache object.  Only where transformers is already
+    imported and has its exporter's ``register_cache_pytrees_for_model`` (a process-wide registration, done
+    again for classes defined since; without it a cache output stays a capture error)."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except Exception:  # noqa: BLE001 - another transformers version: the capture reports the cache type
+        return
+    try:
+        register_cache_pytrees_for_model(model)
+    except Exception:  # noqa: BLE001 - as above: a registration that fails leaves the capture's own error
+        pass
+
+
+def _cache_class() -> type | None:
+    """transformers' ``Cache`` base class where transformers is imported, else None."""
+    mod = sys.modules.get("transformers.cache_utils")
+    return getattr(mod, "Cache", None)
+
+
+def takes_a_cache(spec: Any) -> bool:
+    """Whether the inputs of structure `spec` (a TreeSpec) hold a transformers ``Cache``."""
+    cache = _cache_class()
+    if cache is None or spec is None:
+        return False
+    todo = [spec]
+    while todo:
+        s = todo.pop()
+        if isinstance(s.type, type) and issubclass(s.type, cache):
+            return True
+        todo.extend(s.children())
+    return False
+
+
+def update_caches_in_place(args: tuple, kwargs: dict, result: Any) -> Any:
+    """`result` with each transformers ``Cache`` it returns replaced by the input cache of the same class, updated
+    to the returned one's state, as eager forward appends to the cache it is given and returns that object (the
+    compiled graph is functional: it returns new tensors and leaves the input cache as it was)."""
+    cache = _cache_class()
+    is_cache = lambda x: isinstance(x, cache)  # noqa: E731
+    given = [x for x in pytree.tree_leaves((args, kwargs), is_leaf=is_cache) if is_cache(x)]
+    if not given:
+        return result
+    returned = [x for x in pytree.tree_leaves(result, is_leaf=is_cache) if is_cache(x)]
+    pairs = {}
+    for out in returned:
+        same = [c for c in given if type(c) is type(out) and id(c) not in pairs.values()]
+        if same:
+            pairs[id(out)] = id(same[0])
+            vars(same[0]).clear()
+            vars(same[0]).update(vars(out))
+    by_id = {id(c): c for c in given}
+    return pytree.tree_map(lambda x: by_id[pairs[id(x)]] if is_cache(x) and id(x) in pairs else x, result,
+                           is_leaf=is_cache)
+
+
 def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dict | None = None) -> Graph:
     """Captures ``model_or_fn(*example_inputs, **example_kwargs)`` with torch.export as a core-ATen Graph."""
     model = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else _as_module(model_or_fn)
+    register_transformers_caches(model_or_fn)
     args = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     args, example_kwargs = distinct_inputs(model, args, example_kwargs)
     model = capture_copy(model)  # the user's module keeps its tensors while this traces fakes
