@@ -50,6 +50,8 @@ from vtc.index.mapping import linear_offset
 
 LANES = 16  # rows per block: one 64-byte line of floats per r
 TERM_BUFFER = 4096  # elements of a block's stored softmax term kept in a block buffer (16 KB of floats)
+TILE = 16  # r per transposed tile of the store pass (vtc_tile_transpose16)
+TRANSPOSED_STORE = True  # False: the store pass reads the block buffer lane by lane (a stride-`width` read), for A/B
 _COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} < {a} ? {v} : {a})"}
 _INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
 
@@ -115,7 +117,8 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
     if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1), else in the output itself
         # a constant size: an array size must not vary with the sizes of a size-generic kernel (vtc.runtime.generic)
-        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER}];")
+        # LANES floats of slack: a transposed tile of fewer than LANES lanes reads up to one row past its end
+        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER + LANES}];")
         stored_at, stored_at_j = f"term_buf[r * {width} + l]", f"term_buf[rr * {width} + j]"  # same element
     else:
         stored_at = stored and f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
@@ -164,10 +167,26 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         done += phase
     per_r = [s for s in k.stores if s.per_r]
     once = [s for s in k.stores if not s.per_r]
+    r0 = "0"  # the first r of the per-lane store loop
+    if per_r and transposed_store(k, stored, stored_at, width):
+        # 16 r at a time: the block's term for 16 r, lane-interleaved in term_buf, transposed in registers
+        r0 = f"({k.r_extent} / {TILE} * {TILE})"
+        lines += [f"    for (int64_t rb = 0; rb < {r0}; rb += {TILE}) {{",
+                  f"      alignas(64) float tile_[{TILE * TILE}];",
+                  f"      vtc_tile_transpose16(tile_, {TILE}, term_buf + rb * {width}, {width});",
+                  "      for (int64_t l = 0; l < ln; ++l) {", f"        {lane}", *_earlier(done, "        ")]
+        em.forget()
+        lines += ["        #pragma omp simd", f"        for (int64_t b = 0; b < {TILE}; ++b) {{",
+                  "          const int64_t r = rb + b;",
+                  f"          const float term_ = tile_[l * {TILE} + b];"]
+        em.temps[id(stored.reduction.value)] = "term_"
+        lines += em.hoist([s.value for s in per_r], "          ")
+        lines += [store(em, s, "          ") for s in per_r]
+        lines += ["        }", "      }", "    }"]
     lines += ["    for (int64_t l = 0; l < ln; ++l) {", f"      {lane}", *_earlier(done, "      ")]
     if per_r:
         em.forget()
-        lines += ["      #pragma omp simd", f"      for (int64_t r = 0; r < {k.r_extent}; ++r) {{"]
+        lines += ["      #pragma omp simd", f"      for (int64_t r = {r0}; r < {k.r_extent}; ++r) {{"]
         if stored:  # the term the sum pass stored, read back instead of computed again
             lines.append(f"        const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
             em.temps[id(stored.reduction.value)] = "term_"
@@ -180,6 +199,15 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     lines += ["    }", "  }"]
     em.forget()
     return lines
+
+
+def transposed_store(k: Kernel, stored, stored_at, width: int) -> bool:
+    """Whether the store pass reads the block buffer 16 r at a time through a register transpose
+    (``vtc_tile_transpose16``) instead of one lane at a time with a stride of `width` floats: the stored
+    term is a float in the block buffer, a block has at least 8 lanes (a transposed 16 x 16 tile then uses
+    at least half its rows) and r has at least one whole tile."""
+    return (TRANSPOSED_STORE and bool(stored) and stored_at.startswith("term_buf[")
+            and stored.reduction.value.dtype == torch.float32 and 8 <= width <= TILE and k.r_extent >= TILE)
 
 
 def r_unroll(k: Kernel, shapes: dict[str, tuple[int, ...]], d: int, width: int) -> int:
