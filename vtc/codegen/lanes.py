@@ -57,6 +57,7 @@ LANES = 16  # rows per block: one 64-byte line of floats per r
 TERM_BUFFER = 4096  # elements of a block's stored softmax term kept in a block buffer (16 KB of floats)
 TILE = 16  # r per transposed tile of the store pass (vtc_tile_transpose16)
 TRANSPOSED_STORE = True  # False: the store pass reads the block buffer lane by lane (a stride-`width` read), for A/B
+TRANSPOSE_8X16 = True  # blocks of 8 lanes: the 8 x 16 transpose (half the shuffles); False: the 16 x 16 one, for A/B
 _COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} < {a} ? {v} : {a})"}
 _INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
 
@@ -178,6 +179,7 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         r0 = f"({k.r_extent} / {TILE} * {TILE})"
         lines += [f"    for (int64_t rb = 0; rb < {r0}; rb += {TILE}) {{",
                   f"      alignas(64) float tile_[{TILE * TILE}];",
+                  f"      vtc_tile_transpose8x16(tile_, {TILE}, term_buf + rb * 8);" if width == 8 and TRANSPOSE_8X16 else
                   f"      vtc_tile_transpose16(tile_, {TILE}, term_buf + rb * {width}, {width});",
                   "      for (int64_t l = 0; l < ln; ++l) {", f"        {lane}", *_earlier(done, "        ")]
         em.forget()
