@@ -33,9 +33,10 @@ thread: 3.5 ms; exp stored once 2.5 ms; and 2 steps of r per vector with the
 block buffer 2.0 ms).  The buffer holds the block lane-interleaved (``term_buf[r * width + l]``), so the
 store pass, which writes one row (lane) at a time along r, would read it with a stride of ``width`` floats
 per element; instead it takes 16 r at a time, transposes the ``width`` x 16 tile in registers
-(``vtc_tile_transpose16``, ``transposed_store``) and stores 16 contiguous floats per row; the steps of r
-after the last whole tile, blocks of fewer than 8 lanes and terms kept in the output read lane by lane
-(micro_permute_softmax_1mb at 1 thread, CPU time: 0.109 -> 0.094 ms, docs/chains.md).
+(``transposed_store``: ``vtc_tile_transpose8x16`` for 8 lanes, else ``vtc_tile_transpose16``) and stores 16
+contiguous floats per row; the steps of r after the last whole tile, blocks of fewer than 8 lanes and terms
+kept in the output read lane by lane (micro_permute_softmax_1mb at 1 thread, CPU time: 0.115 -> 0.094 ms,
+docs/chains.md).
 
 Used when every load that depends on both ``r`` and the lane dim steps 1
 along the lane dim and more than 1 along ``r``, the loads are affine (no

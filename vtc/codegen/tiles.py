@@ -23,6 +23,10 @@ transposed operands share the columns, so that their buffers stay within L1.
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
 do not take that piece, so it stays where it is.
+
+``vtc_tile_transpose8x16`` is the transpose of 16 rows of 8 floats (the block buffer of a lane row kernel
+with 8 lanes, ``vtc.codegen.lanes``): 8 vector loads of two rows each, three of the butterfly stages and one
+lane permute per vector, half the shuffles of a 16 x 16 transpose with 8 rows unused.
 """
 from __future__ import annotations
 
