@@ -30,7 +30,13 @@ back by the store pass, as in the plain row kernel; with a block of at most
 ``TERM_BUFFER`` elements it goes to a buffer of the block (in L1) rather than
 to the output (permute -> softmax over (1024, 256, 8), the kernel alone at 1
 thread: 3.5 ms; exp stored once 2.5 ms; and 2 steps of r per vector with the
-block buffer 2.0 ms).
+block buffer 2.0 ms).  The buffer holds the block lane-interleaved (``term_buf[r * width + l]``), so the
+store pass, which writes one row (lane) at a time along r, would read it with a stride of ``width`` floats
+per element; instead it takes 16 r at a time, transposes the ``width`` x 16 tile in registers
+(``transposed_store``: ``vtc_tile_transpose8x16`` for 8 lanes, else ``vtc_tile_transpose16``) and stores 16
+contiguous floats per row; the steps of r after the last whole tile, blocks of fewer than 8 lanes and terms
+kept in the output read lane by lane (micro_permute_softmax_1mb at 1 thread, CPU time: 0.115 -> 0.094 ms,
+docs/chains.md).
 
 Used when every load that depends on both ``r`` and the lane dim steps 1
 along the lane dim and more than 1 along ``r``, the loads are affine (no
@@ -50,6 +56,9 @@ from vtc.index.mapping import linear_offset
 
 LANES = 16  # rows per block: one 64-byte line of floats per r
 TERM_BUFFER = 4096  # elements of a block's stored softmax term kept in a block buffer (16 KB of floats)
+TILE = 16  # r per transposed tile of the store pass (vtc_tile_transpose16)
+TRANSPOSED_STORE = True  # False: the store pass reads the block buffer lane by lane (a stride-`width` read), for A/B
+TRANSPOSE_8X16 = True  # blocks of 8 lanes: the 8 x 16 transpose (half the shuffles); False: the 16 x 16 one, for A/B
 _COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} < {a} ? {v} : {a})"}
 _INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
 
@@ -115,7 +124,8 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
     if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1), else in the output itself
         # a constant size: an array size must not vary with the sizes of a size-generic kernel (vtc.runtime.generic)
-        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER}];")
+        # LANES floats of slack: a transposed tile of fewer than LANES lanes reads up to one row past its end
+        lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER + LANES}];")
         stored_at, stored_at_j = f"term_buf[r * {width} + l]", f"term_buf[rr * {width} + j]"  # same element
     else:
         stored_at = stored and f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
@@ -164,10 +174,27 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         done += phase
     per_r = [s for s in k.stores if s.per_r]
     once = [s for s in k.stores if not s.per_r]
+    r0 = "0"  # the first r of the per-lane store loop
+    if per_r and transposed_store(k, stored, stored_at, width):
+        # 16 r at a time: the block's term for 16 r, lane-interleaved in term_buf, transposed in registers
+        r0 = f"({k.r_extent} / {TILE} * {TILE})"
+        lines += [f"    for (int64_t rb = 0; rb < {r0}; rb += {TILE}) {{",
+                  f"      alignas(64) float tile_[{TILE * TILE}];",
+                  f"      vtc_tile_transpose8x16(tile_, {TILE}, term_buf + rb * 8);" if width == 8 and TRANSPOSE_8X16 else
+                  f"      vtc_tile_transpose16(tile_, {TILE}, term_buf + rb * {width}, {width});",
+                  "      for (int64_t l = 0; l < ln; ++l) {", f"        {lane}", *_earlier(done, "        ")]
+        em.forget()
+        lines += ["        #pragma omp simd", f"        for (int64_t b = 0; b < {TILE}; ++b) {{",
+                  "          const int64_t r = rb + b;",
+                  f"          const float term_ = tile_[l * {TILE} + b];"]
+        em.temps[id(stored.reduction.value)] = "term_"
+        lines += em.hoist([s.value for s in per_r], "          ")
+        lines += [store(em, s, "          ") for s in per_r]
+        lines += ["        }", "      }", "    }"]
     lines += ["    for (int64_t l = 0; l < ln; ++l) {", f"      {lane}", *_earlier(done, "      ")]
     if per_r:
         em.forget()
-        lines += ["      #pragma omp simd", f"      for (int64_t r = 0; r < {k.r_extent}; ++r) {{"]
+        lines += ["      #pragma omp simd", f"      for (int64_t r = {r0}; r < {k.r_extent}; ++r) {{"]
         if stored:  # the term the sum pass stored, read back instead of computed again
             lines.append(f"        const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
             em.temps[id(stored.reduction.value)] = "term_"
@@ -180,6 +207,15 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     lines += ["    }", "  }"]
     em.forget()
     return lines
+
+
+def transposed_store(k: Kernel, stored, stored_at, width: int) -> bool:
+    """Whether the store pass reads the block buffer 16 r at a time through a register transpose
+    (``vtc_tile_transpose16``) instead of one lane at a time with a stride of `width` floats: the stored
+    term is a float in the block buffer, a block has at least 8 lanes (a transposed 16 x 16 tile then uses
+    at least half its rows) and r has at least one whole tile."""
+    return (TRANSPOSED_STORE and bool(stored) and stored_at.startswith("term_buf[")
+            and stored.reduction.value.dtype == torch.float32 and 8 <= width <= TILE and k.r_extent >= TILE)
 
 
 def r_unroll(k: Kernel, shapes: dict[str, tuple[int, ...]], d: int, width: int) -> int:

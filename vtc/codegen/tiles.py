@@ -23,6 +23,10 @@ transposed operands share the columns, so that their buffers stay within L1.
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
 do not take that piece, so it stays where it is.
+
+``vtc_tile_transpose8x16`` is the transpose of 16 rows of 8 floats (the block buffer of a lane row kernel
+with 8 lanes, ``vtc.codegen.lanes``): 8 vector loads of two rows each, three of the butterfly stages and one
+lane permute per vector, half the shuffles of a 16 x 16 transpose with 8 rows unused.
 """
 from __future__ import annotations
 
@@ -58,19 +62,48 @@ static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const
 """
 
 
-def _butterfly() -> str:
-    """The shuffle stages of a 16 x 16 transpose: stage s swaps the off-diagonal s x s blocks of each 2s x 2s block."""
+PRELUDE_8X16 = r"""
+// dst[l * ld + b] = src[b * 8 + l] for l < 8, b < 16 (16 rows of 8 floats, as in a lane row kernel's block
+// buffer of 8 lanes): 8 loads of two rows each, 3 butterfly stages, one lane permute per vector, 8 stores
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+static inline void vtc_tile_transpose8x16(float* __restrict dst, int64_t ld, const float* __restrict src) {
+  vtc_v16 r[8];
+  for (int i = 0; i < 8; ++i) __builtin_memcpy(&r[i], src + 16 * i, 64);
+%s
+  for (int i = 0; i < 8; ++i) { const vtc_v16 a = __builtin_shufflevector(r[i], r[i], %s);
+    __builtin_memcpy(dst + ld * i, &a, 64); }
+}
+#else
+static inline void vtc_tile_transpose8x16(float* __restrict dst, int64_t ld, const float* __restrict src) {
+  for (int l = 0; l < 8; ++l)
+    for (int b = 0; b < 16; ++b) dst[l * ld + b] = src[b * 8 + l];
+}
+#endif
+"""
+
+
+def _butterfly(stages: tuple[int, ...] = (1, 2, 4, 8), vectors: int = 16) -> str:
+    """The shuffle stages of a transpose: stage s swaps the off-diagonal s x s blocks of each 2s x 2s block
+    (bit s of the vector's index with bit s of the lane's)."""
     lines = []
-    for s in (1, 2, 4, 8):
+    for s in stages:
         lo = [j if not j & s else 16 + j - s for j in range(16)]
         hi = [j + s if not j & s else 16 + j for j in range(16)]
-        lines.append(f"  for (int i = 0; i < 16; ++i) if (!(i & {s})) {{ const vtc_v16 a = r[i], b = r[i + {s}];\n"
+        lines.append(f"  for (int i = 0; i < {vectors}; ++i) if (!(i & {s})) {{ const vtc_v16 a = r[i], b = r[i + {s}];\n"
                      f"    r[i] = __builtin_shufflevector(a, b, {', '.join(map(str, lo))});\n"
                      f"    r[i + {s}] = __builtin_shufflevector(a, b, {', '.join(map(str, hi))}); }}")
     return "\n".join(lines)
 
 
-PRELUDE = PRELUDE % _butterfly()
+def _transpose8x16() -> str:
+    """vtc_tile_transpose8x16: vector i holds rows 2i, 2i + 1 (lane bits r0 l2 l1 l0, vector bits r3 r2 r1);
+    the stages 1, 2, 4 swap vector bit k with lane bit k (vector bits l2 l1 l0, lane bits r0 r3 r2 r1), and
+    the permute puts lane o = r3 r2 r1 r0 where it reads lane (r0 << 3) | (o >> 1)."""
+    perm = [((o & 1) << 3) | (o >> 1) for o in range(16)]
+    return PRELUDE_8X16 % (_butterfly((1, 2, 4), 8), ", ".join(map(str, perm)))
+
+
+PRELUDE = PRELUDE % _butterfly() + _transpose8x16()
 
 
 def _unconditional_loads(k: Kernel) -> list[Scalar]:
