@@ -60,8 +60,9 @@ def a_passes(low, gemm: Node, name: str) -> int:
     """How many times generated GEMM `gemm` would compute value `name` inlined into its A pack: once per
     column block of N its kernel cuts on this machine's threads (``gemm.column_blocks``: llama's down
     projection, 256 x 3584 -> 1024, once on one thread, once per thread on two, where the threads split N and
-    each packs all of A).  1 where `name` is not A (through virtual movement ops with one input each)."""
-    from vtc.codegen.gemm import _operands, column_blocks
+    each packs all of A).  1 where `name` is not A (through virtual movement ops with one input each), and for
+    M <= SKINNY_M."""
+    from vtc.codegen.gemm import SKINNY_M, _operands, column_blocks
     from vtc.plan.cost import machine
     from vtc.virtual.movement import bind
 
@@ -74,6 +75,8 @@ def a_passes(low, gemm: Node, name: str) -> int:
             return 1
         x = ins[0]
     batch, m, k = a.shape if len(a.shape) == 3 else (1, *a.shape)
+    if m <= SKINNY_M:  # a few rows: recomputing them costs less than a kernel of their own (decode's down
+        return 1       # projection, 2 threads: 1.150 -> 1.177 ms with the product stored)
     return column_blocks(batch, m, b.shape[-1], k, machine().threads)
 
 
