@@ -219,20 +219,22 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (on an Intel Xeon: this run's machine is an AMD EPYC, so compare
-ratios, not times): gemm="auto" measures the library's GEMM speed (above);
-a generated GEMM packs its B panel by panel with the next panel prefetched;
-the per-call arena; a small-map convolution's W^T packed once (again when
-the weight changes) and long reductions in the broadcast form; streaming
-stores only beyond the last-level cache; the ONNX systems run the TorchScript
-exporter's file where the dynamo exporter's gives a wrong result under ONNX
-Runtime (efficientvit_b16: NaN).  Where vtc loses or ties: the prefill units
-and llama_model are GEMM-bound and behind OpenVINO (0.86-0.96x at 2
-threads; ~0.92x at 1 thread, so vtc's GEMMs also gain less from the second
-thread): OpenVINO's and ONNX Runtime's GEMMs run on weights packed once,
-vtc's packs W on every call (11% of its GEMM on Zen 5 before this run's
-prefetch), its micro-kernel otherwise at ~95% of the FMA peak;
-shufflenet_v2_model ties the ONNX systems (1.04x).
+last run (the same AMD EPYC): the generated GEMM cuts its blocks equal (an
+up projection's 3584 columns had given one of two threads 2048 of them); an
+A computed through an inlined producer is packed row by row, and a producer
+the kernel would compute once per column block or thread is stored once;
+pow by small constants is multiplied out and log is vectorised (std::pow and
+std::log kept loops scalar: GPT-2's gelu); values computed from nothing the
+caller passes whose index arithmetic would divide are folded into constants
+(Swin's shifted-window masks); the prefill attention reads the mask's cache
+position once per tile and its PV step skips keys of probability 0;
+ShuffleNet's stem convolution reads its input rows directly, prefetched;
+bf16 GEMM choices follow a measured ratio (this CPU has no AMX).  Where vtc
+loses or ties: the prefill units (0.96-0.98x of OpenVINO at 2 threads) are
+GEMM-bound, vtc's GEMMs at 85-90% of the FMA peak with B packed on every
+call, OpenVINO's on weights packed once; swin_t_model (0.80x, not a goal
+workload) has 49-row GEMMs and 49-key windows that fill 49 of 64 vector
+lanes.
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
