@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .util import (case_seed, ROW_TOL, as_tuple, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu,
-                   gen, kernels, rand, report)
+from .util import (ROW_TOL, as_tuple, assert_all_generated, assert_matches_eager, assert_no_movement, case_seed,
+                   channel_shuffle, compile_cpu, gen, kernels, rand, report)
 
 # (batch, channels, multiplier, kernel, stride, padding, dilation, height, width)
 CASES = [
@@ -53,13 +53,8 @@ def test_depthwise_conv_bn_relu_is_one_kernel(case):
     assert [kn.kind for kn in kernels(compiled)] == ["pointwise"]
 
 
-def _shuffle(x, groups=2):
-    b, c, h, w = x.shape
-    return x.view(b, groups, c // groups, h, w).transpose(1, 2).reshape(b, c, h, w)
-
-
 MOVEMENT = {
-    "channel_shuffle": lambda x: _shuffle(x),
+    "channel_shuffle": lambda x: channel_shuffle(x),
     "split": lambda x: x.chunk(2, dim=1)[1],
     "pad": lambda x: F.pad(x, (1, 2, 0, 1)),
     "cat": lambda x: torch.cat([x, x.flip(1)], dim=1),
@@ -145,7 +140,7 @@ def test_channel_shuffle_conv_moves_nothing():
     weight, bias = rand((8, 8, 1, 1), g), rand((8,), g)
 
     def fn(x):
-        return torch.relu(F.conv2d(_shuffle(x), weight, bias))
+        return torch.relu(F.conv2d(channel_shuffle(x), weight, bias))
 
     x = rand((2, 8, 7, 7), g)
     compiled = compile_cpu(fn, (x,), plan="all")
@@ -182,7 +177,7 @@ def test_gemm_auto_leaves_wide_convolutions_to_torch_with_the_reason():
     assert first["choice"] == "vtc" and "small map (3x5" in first["why"], first
 
     def shuffled(x):
-        return F.conv2d(_shuffle(x), wide, None, 1, 1)
+        return F.conv2d(channel_shuffle(x), wide, None, 1, 1)
 
     compiled = compile_cpu(shuffled, (x,), plan="all")
     assert_matches_eager(compiled, shuffled, (x,), **ROW_TOL)
@@ -218,7 +213,7 @@ def test_bn_activation_and_residual_run_in_the_gemm_epilogue():
     mean, var, gamma, beta = rand((6,), g), rand((6,), g, positive=True), rand((6,), g), rand((6,), g)
 
     def fn(x, res):
-        y = F.conv2d(_shuffle(x), weight, bias, 1, 1)
+        y = F.conv2d(channel_shuffle(x), weight, bias, 1, 1)
         return F.silu(F.batch_norm(y, mean, var, gamma, beta, False)) + res
 
     inputs = (rand((2, 8, 9, 9), g), rand((2, 6, 9, 9), g))
@@ -287,7 +282,7 @@ def test_a_depthwise_conv_after_a_gemm_is_not_its_epilogue():
     w1, wd = rand((6, 6, 1, 1), g), rand((6, 1, 3, 3), g)
 
     def fn(x):
-        return F.conv2d(torch.relu(F.conv2d(_shuffle(x), w1)), wd, None, 1, 1, groups=6)
+        return F.conv2d(torch.relu(F.conv2d(channel_shuffle(x), w1)), wd, None, 1, 1, groups=6)
 
     x = rand((1, 6, 8, 8), g)
     compiled = compile_cpu(fn, (x,), plan="all", gemm="vtc")
@@ -304,7 +299,7 @@ def _sources(compiled) -> str:
 
 FRONT = {
     None: lambda x: x,
-    "channel_shuffle": _shuffle,
+    "channel_shuffle": channel_shuffle,
     "split": lambda x: x.chunk(2, dim=1)[1],
     "cat": lambda x: torch.cat([x, x.flip(1)], dim=1),
     "pad": lambda x: F.pad(x, (1, 2, 0, 1)),

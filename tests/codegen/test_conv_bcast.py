@@ -20,20 +20,11 @@ import torch.nn.functional as F
 from vtc.codegen import conv_bcast, conv_t
 from vtc.zoo.shufflenet import ShuffleUnit
 
-from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, \
-    gen, kernels, rand, report
+from .test_conv_t import check_conv_pushed_into_cat, check_shuffle_cat_conv
+from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, bn_relu, case_seed,
+                   check_conv_bias_relu_on_two_threads, compile_cpu, gemm_paths, gen, kernels, rand, report)
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the broadcast form is taken on AVX-512 targets only")
-
-
-def _bn_relu(g, o):
-    mean, var = rand((o,), g), rand((o,), g, positive=True)
-    gamma, beta = rand((o,), g), rand((o,), g)
-    return lambda y: torch.relu(F.batch_norm(y, mean, var, gamma, beta, False, eps=1e-5))
-
-
-def _forms(compiled) -> list[str]:
-    return [q["path"] for q in report(compiled)["gemm"]]
 
 
 # (batch, in channels, out channels, kernel, stride, height, width)
@@ -61,7 +52,7 @@ def test_broadcast_form_conv_bn_relu_matches_torch(case):
     b, c, o, k, s, h, w = case
     g = gen(case_seed(case, 991))
     weight = rand((o, c, k, k), g)
-    post = _bn_relu(g, o)
+    post = bn_relu(g, o)
 
     def fn(x):
         return post(F.conv2d(x, weight, None, s, k // 2))
@@ -70,74 +61,29 @@ def test_broadcast_form_conv_bn_relu_matches_torch(case):
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert_all_generated(compiled)
-    assert _forms(compiled) == [conv_bcast.FORM]
+    assert gemm_paths(compiled) == [conv_bcast.FORM]
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
     # the executor's reference path: the kernel packs W^T itself (the call plan packs it once)
     torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], fn(x), **ROW_TOL)
-
-
-def _shuffle(x, groups=2):
-    b, c, h, w = x.shape
-    return x.view(b, groups, c // groups, h, w).transpose(1, 2).reshape(b, c, h, w)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
 def test_channel_shuffle_and_cat_in_front_of_a_long_reduction(batch):
     """cat -> channel shuffle -> 1x1 264 -> 37 -> BN -> ReLU (ShuffleNet's stage 4 into its last conv): one kernel,
     no movement materialised, the broadcast form."""
-    g = gen(31 + batch)
-    weight = rand((37, 264, 1, 1), g)
-    post = _bn_relu(g, 37)
-
-    def fn(a, b):
-        return post(F.conv2d(_shuffle(torch.cat([a, b], 1)), weight))
-
-    inputs = (rand((batch, 132, 7, 7), g), rand((batch, 132, 7, 7), g))
-    compiled = compile_cpu(fn, inputs, plan="all")
-    assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
-    assert_no_movement(compiled)
-    assert_all_generated(compiled)
-    assert _forms(compiled) == [conv_bcast.FORM]
-    assert report(compiled)["materialized_movement_bytes"] == 0
+    check_shuffle_cat_conv(batch, conv_bcast.FORM)
 
 
 @pytest.mark.parametrize("also_read", [False, True], ids=["in_place", "and_read"])
 def test_result_pushed_into_a_cat(also_read):
     """conv -> BN -> ReLU stored straight into its part of a returned cat; when another kernel reads the result
     too, the kernel stores its own result and the cat's part."""
-    g = gen(41)
-    weight = rand((24, 270, 1, 1), g)
-    post = _bn_relu(g, 24)
-
-    def fn(x, y):
-        r = post(F.conv2d(x, weight))
-        return (torch.cat([y, r], 1), torch.sigmoid(r)) if also_read else torch.cat([y, r], 1)
-
-    inputs = (rand((2, 270, 5, 9), g), rand((2, 24, 5, 9), g))
-    compiled = compile_cpu(fn, inputs, plan="all")
-    assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
-    [choice] = report(compiled)["gemm"]
-    assert choice["path"] == conv_bcast.FORM and choice["stores_into"] == ["cat"], choice
+    check_conv_pushed_into_cat(also_read, conv_bcast.FORM)
 
 
 def test_broadcast_form_with_bias_on_two_threads():
     """Blocks of output-channel vectors split between the threads (batch 1), and whole images (batch 3)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for b, o in ((1, 232), (3, 50)):
-            g = gen(b * 100 + o)
-            weight, bias = rand((o, 200, 1, 1), g), rand((o,), g)
-
-            def fn(x):
-                return torch.relu(F.conv2d(x, weight, bias))
-
-            x = rand((b, 200, 7, 7), g)
-            compiled = compile_cpu(fn, (x,))
-            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-            assert _forms(compiled) == [conv_bcast.FORM]
-    finally:
-        torch.set_num_threads(before)
+    check_conv_bias_relu_on_two_threads([(1, 232, 200, 1, 7, 7), (3, 50, 200, 1, 7, 7)], conv_bcast.FORM)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
@@ -155,7 +101,7 @@ def test_shufflenet_unit_at_7x7_moves_nothing(batch):
     assert_matches_eager(compiled, unit, (x,), **ROW_TOL)
     assert_no_movement(compiled)
     assert report(compiled)["materialized_movement_bytes"] == 0
-    assert _forms(compiled) == [conv_bcast.FORM] * 3
+    assert gemm_paths(compiled) == [conv_bcast.FORM] * 3
 
 
 def test_weight_changed_in_place_is_read_by_the_next_call():
@@ -164,7 +110,7 @@ def test_weight_changed_in_place_is_read_by_the_next_call():
     conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
     x = torch.randn(1, 40, 7, 7)
     compiled = compile_cpu(conv, (x,))
-    assert _forms(compiled) == [conv_bcast.FORM]
+    assert gemm_paths(compiled) == [conv_bcast.FORM]
     assert_matches_eager(compiled, conv, (x,), **ROW_TOL)
     with torch.no_grad():
         conv.weight.mul_(-2.0).add_(0.5)
@@ -185,7 +131,7 @@ def test_other_convolutions_keep_their_form(case):
     x = rand((b, c, h, w), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert _forms(compiled) == [conv_bcast.FORM if c == 300 else "panels"]
+    assert gemm_paths(compiled) == [conv_bcast.FORM if c == 300 else "panels"]
 
 
 def test_same_3x3_keeps_the_taps():
@@ -198,7 +144,7 @@ def test_same_3x3_keeps_the_taps():
     x = rand((1, 17, 7, 7), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert _forms(compiled) == ["conv_taps"]
+    assert gemm_paths(compiled) == ["conv_taps"]
 
 
 def test_switched_off_keeps_the_panel_form(monkeypatch):
@@ -206,7 +152,7 @@ def test_switched_off_keeps_the_panel_form(monkeypatch):
     conv = torch.nn.Conv2d(40, 56, 1, bias=False).eval()
     x = torch.randn(1, 40, 7, 7)
     compiled = compile_cpu(conv, (x,))
-    assert _forms(compiled) == ["panels"]
+    assert gemm_paths(compiled) == ["panels"]
     assert "conv_bcast.ENABLED" in conv_bcast.why_not(dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1), True)
 
 
@@ -237,5 +183,5 @@ def test_other_tile_shapes_cover_every_tail(monkeypatch, rows, vecs):
 
         x = rand((1, c, h, h), g)
         compiled = compile_cpu(fn, (x,))
-        assert _forms(compiled) == [conv_bcast.FORM]
+        assert gemm_paths(compiled) == [conv_bcast.FORM]
         assert_matches_eager(compiled, fn, (x,), **ROW_TOL)

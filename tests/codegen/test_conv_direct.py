@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from vtc.codegen import conv_direct, conv_t
 from vtc.codegen.cpp import generate
 
-from .test_conv_bcast import _bn_relu, _forms
-from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, compile_cpu, gen, kernels, rand
+from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, bn_relu, case_seed,
+                   check_conv_bias_relu_on_two_threads, compile_cpu, gemm_paths, gen, kernels, rand)
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the direct form is taken on AVX-512 targets only")
 
@@ -45,7 +45,7 @@ def test_direct_form_conv_bn_relu_matches_torch(case):
     b, c, o, k, s, p, d, h, w = case
     g = gen(case_seed(case, 557))
     weight = rand((o, c, k, k), g)
-    post = _bn_relu(g, o)
+    post = bn_relu(g, o)
 
     def fn(x):
         return post(F.conv2d(x, weight, None, s, p, d))
@@ -54,7 +54,7 @@ def test_direct_form_conv_bn_relu_matches_torch(case):
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert_all_generated(compiled)
-    assert _forms(compiled) == [conv_direct.FORM]
+    assert gemm_paths(compiled) == [conv_direct.FORM]
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
     src = generate(kernels(compiled)[0])
     assert f"vtc_cd_tile<{-(-o // -(-o // 24))}, {s[1]}>" in src and "__builtin_prefetch(" in src
@@ -62,22 +62,8 @@ def test_direct_form_conv_bn_relu_matches_torch(case):
 
 def test_direct_form_with_bias_on_two_threads():
     """Output rows split between the threads (batch 1 and 3)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for b, o in ((1, 24), (3, 40)):
-            g = gen(b * 100 + o)
-            weight, bias = rand((o, 3, 3, 3), g), rand((o,), g)
-
-            def fn(x):
-                return torch.relu(F.conv2d(x, weight, bias, 2, 1))
-
-            x = rand((b, 3, 97, 101), g)
-            compiled = compile_cpu(fn, (x,))
-            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-            assert _forms(compiled) == [conv_direct.FORM]
-    finally:
-        torch.set_num_threads(before)
+    check_conv_bias_relu_on_two_threads([(1, 24, 3, 3, 97, 101), (3, 40, 3, 3, 97, 101)], conv_direct.FORM,
+                                        stride=2, padding=1)
 
 
 def test_other_convolutions_keep_the_panel_form():
@@ -96,4 +82,4 @@ def test_other_convolutions_keep_the_panel_form():
     for fn, inputs in cases:
         compiled = compile_cpu(fn, inputs, plan="all")
         assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
-        assert conv_direct.FORM not in _forms(compiled), _forms(compiled)
+        assert conv_direct.FORM not in gemm_paths(compiled), gemm_paths(compiled)

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 from vtc.codegen import conv_bcast, conv_t
 
-from .util import case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, gen, kernels, \
-    rand, report
+from .util import (ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, bn_relu, case_seed,
+                   channel_shuffle, check_conv_bias_relu_on_two_threads, compile_cpu, gemm_paths, gen, kernels, rand,
+                   report)
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the dot form is taken on AVX-512 targets only")
 
@@ -31,21 +32,6 @@ pytestmark = pytest.mark.skipif(not conv_t.has_avx512(), reason="the dot form is
 def no_bcast(monkeypatch):
     """The broadcast form off: one-group convolutions over small maps take the dot form."""
     monkeypatch.setattr(conv_bcast, "ENABLED", False)
-
-
-def _bn_relu(g, o):
-    mean, var = rand((o,), g), rand((o,), g, positive=True)
-    gamma, beta = rand((o,), g), rand((o,), g)
-    return lambda y: torch.relu(F.batch_norm(y, mean, var, gamma, beta, False, eps=1e-5))
-
-
-def _shuffle(x, groups=2):
-    b, c, h, w = x.shape
-    return x.view(b, groups, c // groups, h, w).transpose(1, 2).reshape(b, c, h, w)
-
-
-def _forms(compiled) -> list[str]:
-    return [q["path"] for q in report(compiled)["gemm"]]
 
 
 # (batch, in channels, out channels, kernel, stride, groups, height, width)
@@ -64,7 +50,7 @@ def test_dot_form_conv_bn_relu_matches_torch(case, no_bcast):
     b, c, o, k, s, groups, h, w = case
     g = gen(case_seed(case, 997))
     weight = rand((o, c // groups, k, k), g)
-    post = _bn_relu(g, o)
+    post = bn_relu(g, o)
 
     def fn(x):
         return post(F.conv2d(x, weight, None, s, k // 2, 1, groups))
@@ -73,47 +59,38 @@ def test_dot_form_conv_bn_relu_matches_torch(case, no_bcast):
     compiled = compile_cpu(fn, (x,), plan="all")
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     assert_all_generated(compiled)
-    assert _forms(compiled) == [conv_t.FORM]
+    assert gemm_paths(compiled) == [conv_t.FORM]
     assert [(kn.kind, kn.source_nodes[0]) for kn in kernels(compiled)] == [("gemm", "convolution")]  # BN + ReLU fused
 
 
 def test_dot_form_on_two_threads(no_bcast):
     """Output-channel blocks split between the threads (batch 1), and whole images (batch 2)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for b, o in ((1, 130), (2, 64)):
-            g = gen(b * 100 + o)
-            weight, bias = rand((o, 300, 1, 1), g), rand((o,), g)
-
-            def fn(x):
-                return torch.relu(F.conv2d(x, weight, bias))
-
-            x = rand((b, 300, 14, 13), g)
-            compiled = compile_cpu(fn, (x,))
-            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-            assert _forms(compiled) == [conv_t.FORM]
-    finally:
-        torch.set_num_threads(before)
+    check_conv_bias_relu_on_two_threads([(1, 130, 300, 1, 14, 13), (2, 64, 300, 1, 14, 13)], conv_t.FORM)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
 def test_channel_shuffle_and_cat_in_front_are_packed_through(batch, no_bcast):
     """cat -> channel shuffle -> 1x1 conv -> BN -> ReLU (ShuffleNet's stage 4 into its last conv): one kernel,
     no movement materialised, the dot form."""
+    check_shuffle_cat_conv(batch, conv_t.FORM)
+
+
+def check_shuffle_cat_conv(batch: int, form: str) -> None:
+    """cat -> channel shuffle -> 1x1 264 -> 37 -> BN -> ReLU compiled: matches eager, one generated kernel of
+    `form`, no movement materialised."""
     g = gen(31 + batch)
     weight = rand((37, 264, 1, 1), g)
-    post = _bn_relu(g, 37)
+    post = bn_relu(g, 37)
 
     def fn(a, b):
-        return post(F.conv2d(_shuffle(torch.cat([a, b], 1)), weight))
+        return post(F.conv2d(channel_shuffle(torch.cat([a, b], 1)), weight))
 
     inputs = (rand((batch, 132, 7, 7), g), rand((batch, 132, 7, 7), g))
     compiled = compile_cpu(fn, inputs, plan="all")
     assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
     assert_no_movement(compiled)
     assert_all_generated(compiled)
-    assert _forms(compiled) == [conv_t.FORM]
+    assert gemm_paths(compiled) == [form]
     assert report(compiled)["materialized_movement_bytes"] == 0
 
 
@@ -122,9 +99,17 @@ def test_result_pushed_into_a_cat(also_read, no_bcast):
     """The ShuffleNet unit's branch: conv -> BN -> ReLU stored straight into its part of a returned cat (the
     cat's block is the accumulator's layout); when another kernel reads the result too, the kernel stores its
     own result and the cat's part, each element twice."""
+    compiled = check_conv_pushed_into_cat(also_read, conv_t.FORM)
+    [k] = [k for k in kernels(compiled) if k.kind == "gemm"]
+    assert [st.buffer.name for st in k.stores][-1] == "cat" and len(k.stores) == 1 + also_read
+
+
+def check_conv_pushed_into_cat(also_read: bool, form: str):
+    """conv 270 -> 24 -> BN -> ReLU, returned inside a cat (and, with `also_read`, read by a sigmoid too),
+    compiled: matches eager, the convolution takes `form` and stores into the cat.  Returns the compiled model."""
     g = gen(41)
     weight = rand((24, 270, 1, 1), g)
-    post = _bn_relu(g, 24)
+    post = bn_relu(g, 24)
 
     def fn(x, y):
         r = post(F.conv2d(x, weight))
@@ -134,9 +119,8 @@ def test_result_pushed_into_a_cat(also_read, no_bcast):
     compiled = compile_cpu(fn, inputs, plan="all")
     assert_matches_eager(compiled, fn, inputs, **ROW_TOL)
     [choice] = report(compiled)["gemm"]
-    assert choice["path"] == conv_t.FORM and choice["stores_into"] == ["cat"], choice
-    [k] = [k for k in kernels(compiled) if k.kind == "gemm"]
-    assert [st.buffer.name for st in k.stores][-1] == "cat" and len(k.stores) == 1 + also_read
+    assert choice["path"] == form and choice["stores_into"] == ["cat"], choice
+    return compiled
 
 
 @pytest.mark.parametrize("case", [(1, 300, 40, 1, 17, 17), (1, 116, 116, 1, 7, 7), (1, 3, 24, 3, 15, 15)],
@@ -145,7 +129,7 @@ def test_large_maps_and_short_reductions_keep_the_panel_form(case):
     b, c, o, k, h, w = case
     g = gen(h * 10 + c)
     weight = rand((o, c, k, k), g)
-    post = _bn_relu(g, o)
+    post = bn_relu(g, o)
 
     def fn(x):
         return post(F.conv2d(x, weight, None, 1, k // 2))

@@ -72,6 +72,45 @@ def check(fn: Callable, inputs: tuple, *, rtol: float, atol: float, names: Seque
     return compiled
 
 
+def channel_shuffle(x: torch.Tensor, groups: int = 2) -> torch.Tensor:
+    """ShuffleNet's channel shuffle of an NCHW tensor (view -> transpose -> reshape)."""
+    b, c, h, w = x.shape
+    return x.view(b, groups, c // groups, h, w).transpose(1, 2).reshape(b, c, h, w)
+
+
+def bn_relu(g: torch.Generator, channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An eval-mode batch norm (random statistics and affine terms) followed by ReLU."""
+    mean, var = rand((channels,), g), rand((channels,), g, positive=True)
+    gamma, beta = rand((channels,), g), rand((channels,), g)
+    return lambda y: torch.relu(torch.nn.functional.batch_norm(y, mean, var, gamma, beta, False, eps=1e-5))
+
+
+def gemm_paths(compiled) -> list[str]:
+    """The kernel path of each GEMM / convolution of the report, in order."""
+    return [q["path"] for q in report(compiled)["gemm"]]
+
+
+def check_conv_bias_relu_on_two_threads(cases, form: str, **conv_args) -> None:
+    """relu(conv2d(x, W, bias, **conv_args)) compiled and run on two threads for each (batch, out channels, in
+    channels, kernel size, height, width) of `cases`: matches eager and the convolution takes kernel path `form`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for b, o, c, k, h, w in cases:
+            g = gen(b * 100 + o)
+            weight, bias = rand((o, c, k, k), g), rand((o,), g)
+
+            def fn(x):
+                return torch.relu(torch.nn.functional.conv2d(x, weight, bias, **conv_args))
+
+            x = rand((b, c, h, w), g)
+            compiled = compile_cpu(fn, (x,))
+            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+            assert gemm_paths(compiled) == [form]
+    finally:
+        torch.set_num_threads(before)
+
+
 def executor(compiled):
     return compiled._first.executor
 
