@@ -22,6 +22,19 @@ from vtc.ir.graph import Node, Value
 OPS = ("aten.bmm.default", "aten.baddbmm.default")  # the GEMMs whose choice sees an inlined producer
 
 
+def behind_virtual_movement(low, v: Value) -> Value | None:
+    """The first value that is not virtual on the way back from `v` through virtual movement ops with one input
+    each (`v` itself when it is not virtual); None where a virtual value on the way has another producer."""
+    x = v
+    while low.plan.is_virtual(x.name):
+        p = low.producer.get(x.name)
+        ins = [i for i in p.inputs if isinstance(i, Value)] if p is not None else []
+        if p is None or p.kind != "movement" or len(ins) != 1:
+            return None
+        x = ins[0]
+    return x
+
+
 def inlined_producer_bytes(low, v: Value, gemm: Node) -> tuple[str, int]:
     """(name, bytes) of the float32 pointwise value that GEMM operand `v` is (through virtual movement ops
     with one input each) when nothing but node `gemm` reads it (no graph output, no other reader through
@@ -29,13 +42,9 @@ def inlined_producer_bytes(low, v: Value, gemm: Node) -> tuple[str, int]:
     ("", 0) for any other operand (physical data, a library op's result, a value read elsewhere)."""
     from vtc.codegen.ops import POINTWISE, lookup  # (ops imports the convolutions, which import vtc.codegen.gemm)
 
-    x = v
-    while low.plan.is_virtual(x.name):
-        p = low.producer.get(x.name)
-        ins = [i for i in p.inputs if isinstance(i, Value)] if p is not None else []
-        if p is None or p.kind != "movement" or len(ins) != 1:
-            return "", 0
-        x = ins[0]
+    x = behind_virtual_movement(low, v)
+    if x is None:
+        return "", 0
     p = low.producer.get(x.name)
     if (p is None or p.kind == "movement" or p.op == "aten.convolution.default"
             or lookup(POINTWISE, p.target) is None or len(p.outputs) != 1
@@ -67,13 +76,9 @@ def a_passes(low, gemm: Node, name: str) -> int:
     from vtc.virtual.movement import bind
 
     a, b = _operands(gemm, bind(gemm.target, gemm.args, gemm.kwargs))
-    x = a
-    while x.name != name:
-        p = low.producer.get(x.name)
-        ins = [i for i in p.inputs if isinstance(i, Value)] if p is not None else []
-        if p is None or p.kind != "movement" or len(ins) != 1 or not low.plan.is_virtual(x.name):
-            return 1
-        x = ins[0]
+    x = behind_virtual_movement(low, a)
+    if x is None or x.name != name:
+        return 1
     batch, m, k = a.shape if len(a.shape) == 3 else (1, *a.shape)
     if m <= SKINNY_M:  # a few rows: recomputing them costs less than a kernel of their own (decode's down
         return 1       # projection, 2 threads: 1.150 -> 1.177 ms with the product stored)
