@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .util import (case_seed, POINTWISE_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, gen,
-                   kernels, rand)
-from .test_conv import _shuffle, _sources
+from .util import (case_seed, channel_shuffle, POINTWISE_TOL, assert_all_generated, assert_matches_eager, assert_no_movement,
+                   compile_cpu, gen, kernels, rand)
+from .test_conv import _sources
 
 # (batch, channels, height, width, kernel, stride, padding, dilation, ceil_mode, emitted as)
 CASES = [
@@ -103,7 +103,7 @@ def test_channel_shuffle_in_front_of_a_max_pool_moves_nothing():
     g = gen(7)
 
     def fn(x):
-        return F.max_pool2d(_shuffle(x), 3, 2, 1)
+        return F.max_pool2d(channel_shuffle(x), 3, 2, 1)
 
     x = rand((1, 8, 15, 16), g)
     compiled = compile_cpu(fn, (x,))
