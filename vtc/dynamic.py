@@ -22,7 +22,7 @@ capture, with the reason in ``DynamicSizes.why_not``.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ from vtc.ir.graph import Graph
 from vtc.plan.virtualize import Plan, plan_keeping, plan_none
 from vtc.runtime.generic import GenericKernels
 
+MAX_MISSES = 256  # reasons kept (the latest): a decode loop brings a new size every step
+
 
 class DynamicSizes:
     """A symbolic graph and the specializations made from it (plans reused, kernels size-generic)."""
@@ -45,9 +47,9 @@ class DynamicSizes:
         self.symbols = tuple(str(s) for s in sgraph.symbols)
         self.degrees = tuple(sgraph.degree[s] for s in sgraph.symbols)
         self.first_plan: Plan | None = None
-        self.why_not: list[str] = []  # inputs that did not fit, and why
+        self.why_not: deque[str] = deque(maxlen=MAX_MISSES)  # the latest inputs that did not fit, and why
         self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
-        self.misses: list[str] = []  # kernels that found no template: why (vtc.runtime.generic)
+        self.misses: deque[str] = deque(maxlen=MAX_MISSES)  # the latest kernels that found no template: why
 
     def _plan(self, graph: Graph) -> Plan:
         """The first size's plan from the planner; later sizes keep the same movement ops physical."""
@@ -99,7 +101,7 @@ class DynamicSizes:
             MERGE_INNER_DIMS.reset(flat_rows)
         for k, v in builder.stats.items():
             self.kernels[k] += v
-        self.misses += builder.misses
+        self.misses.extend(builder.misses)
         return spec
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import vtc
+import vtc.dynamic
 from vtc.runtime import cbuild, generic
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
@@ -27,8 +28,10 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))  # a build is a compiler run, not a disk hit
     generic._TEMPLATES.clear()
+    generic._SIZE_FREE.clear()
     yield
     generic._TEMPLATES.clear()
+    generic._SIZE_FREE.clear()
 
 
 def _layer_inputs(b: int, s: int, t: int, seed: int):
@@ -93,6 +96,40 @@ def test_size_dependent_mappings_first_static_then_generic():
         _movement(*odd)
     with pytest.raises(Exception):
         compiled(*odd)
+
+
+def _decode_like(tok, past, w):
+    """A token's projection and norm (nothing depends on the cache length) next to attention over the cache."""
+    h = torch.relu(tok @ w) * 2 + 1  # [B, 1, D]: the same kernel text at every cache length
+    h = h / h.square().mean(-1, keepdim=True).add(1e-6).sqrt()
+    kv = torch.cat([past, h], dim=1)  # [B, P+1, D]
+    return torch.softmax(h @ kv.transpose(1, 2), dim=-1) @ kv, kv
+
+
+def test_kernels_the_same_at_every_size_are_not_probed_again(monkeypatch):
+    """A decode loop brings a new cache length every step.  Kernels that do not depend on it (a token's
+    projection, its norm) have no template to fit; they used to make every new length lower the whole graph
+    again at up to five probe sizes (a 1-layer Llama step with a DynamicCache: 0.23 s, after: 0.04 s)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(32, 32, generator=g) / 6
+    make = lambda p: (torch.randn(2, 1, 32, generator=g), torch.randn(2, p, 32, generator=g))  # noqa: E731
+    fn = lambda tok, past: _decode_like(tok, past, w)  # noqa: E731
+    x = make(9)
+    compiled = vtc.compile(fn, x)
+    _close(compiled(*x), fn(*x))
+    probes = []
+    real = vtc.dynamic.DynamicSizes._probe
+    monkeypatch.setattr(vtc.dynamic.DynamicSizes, "_probe",
+                        lambda self, sizes: probes.append(sizes) or real(self, sizes))
+    for p in (10, 11):  # 10: the symbolic capture and the templates' fit, 11: its first instantiation
+        x = make(p)
+        _close(compiled(*x), fn(*x))
+    fitted = len(probes)
+    assert fitted > 0 and generic._SIZE_FREE, "the size-free kernels were not recognised"
+    for p in (12, 13, 20, 31):
+        x = make(p)
+        _close(compiled(*x), fn(*x))
+    assert len(probes) == fitted, f"new cache lengths lowered the graph again at probe sizes: {probes[fitted:]}"
 
 
 def test_kernel_that_cannot_be_generic_recompiles_correctly():

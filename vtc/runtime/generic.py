@@ -257,11 +257,18 @@ def _mismatch(t: Template, p: Parsed, sizes: Sequence[int]) -> str:
 
 
 _TEMPLATES: dict[tuple, list[Template]] = {}  # (kernel name, symbols, head + skeleton digest) -> templates
+# (kernel name, symbols, digest of the whole source) of kernels whose source was the same at every probe size:
+# nothing in them depends on the sizes, so the concrete kernel serves every size and needs no probing again
+_SIZE_FREE: set[tuple] = set()
 _LOCK = threading.Lock()
 
 
 def _key(name: str, symbols: tuple[str, ...], p: Parsed) -> tuple:
     return name, symbols, hashlib.sha256((p.head + "\0" + p.skeleton).encode()).hexdigest()
+
+
+def _text_key(name: str, symbols: tuple[str, ...], p: Parsed) -> tuple:
+    return name, symbols, hashlib.sha256((p.head + "\0" + p.func).encode()).hexdigest()
 
 
 @dataclass
@@ -341,8 +348,8 @@ class GenericKernels:
         missing = []
         for s in ksteps:
             p = parsed[id(s)]
-            if p is None:
-                continue
+            if p is None or _text_key(s.kernel.name, self.symbols, p) in _SIZE_FREE:
+                continue  # no function to template, or a kernel that is the same at every size: built as it is
             cands = _TEMPLATES.get(_key(s.kernel.name, self.symbols, p), ())
             for t in cands:
                 if t.matches(p, self.sizes):
@@ -362,6 +369,12 @@ class GenericKernels:
             for s in list(missing):
                 name = s.kernel.name
                 got = {off: (parse(src[name], name) if name in src else None) for off, src in probes.items()}
+                here = parsed[id(s)]
+                if all(g is not None and g.head == here.head and g.func == here.func for g in got.values()):
+                    with _LOCK:  # the same text at every probe size: no template, and no probing next time
+                        _SIZE_FREE.add(_text_key(name, self.symbols, here))
+                    missing.remove(s)
+                    continue
                 t = fit(name, parsed[id(s)], got, self.sizes, [min(d, MAX_DEGREE) for d in self.degrees],
                         len(buffer_order(s.kernel)), steps)
                 if t is not None and t.matches(parsed[id(s)], self.sizes):
@@ -376,7 +389,8 @@ class GenericKernels:
             for key in [key for key, t in chosen.items() if t.fn is None]:
                 del chosen[key]  # its template did not build: the kernel keeps its constants
         constant = [s for s in ksteps if id(s) not in chosen]
-        self.misses += [f"{s.kernel.name} at {self.sizes}: not generic (built with its sizes)" for s in constant]
+        self.misses += [f"{s.kernel.name} at {self.sizes}: not generic (built with its sizes)" for s in constant
+                        if parsed[id(s)] is None or _text_key(s.kernel.name, self.symbols, parsed[id(s)]) not in _SIZE_FREE]
         built = dict(zip(map(id, constant), build_kernels(constant)))
         self.stats["generic"] += len(chosen)
         self.stats["constant"] += len(constant)
