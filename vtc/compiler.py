@@ -214,7 +214,7 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         if not kwargs and self._exact(args):  # the captured dtypes and shapes: nothing to check or flatten
             outs = self._first.executor.call_plan()(args, checked=True)
-            return outs[0] if self._exact_sig[1] else unflatten_outputs(self._first.graph, outs)
+            return outs[0] if self._exact_sig[1] else unflatten_outputs(self._first.graph, outs, args)
         graph = self._first.graph
         if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
@@ -225,12 +225,12 @@ class Compiled:
                 spec = self._specialize(args, kwargs)
                 tensors = flatten_inputs(spec.graph, args, kwargs)
                 check_inputs(spec.graph, tensors, exact_shape=False)
-                return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors)))
+                return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors), tensors))
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
-        return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors)))
+        return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors), tensors))
 
     def _caches(self, args: tuple, kwargs: dict, result: Any) -> Any:
         """`result`, where the inputs hold a transformers KV cache, with the returned cache written into the one
@@ -248,6 +248,7 @@ class Compiled:
             graph = self._first.graph
             inputs = tuple((v.dtype, torch.Size(v.shape)) for v in graph.inputs)
             single = (len(graph.outputs) == 1 and not graph.meta.get("output_consts")
+                      and not graph.meta.get("input_mutations")
                       and (graph.out_spec is None or isinstance(graph.out_spec, pytree.TreeSpec) and graph.out_spec.is_leaf()))
             self._exact_sig = (inputs if self._plain_inputs(len(graph.inputs)) else None, single)
         sig = self._exact_sig[0]

@@ -123,8 +123,8 @@ class _ConstantAddsInPlace(torch.nn.Module):
         return x * self.table
 
 
-@pytest.mark.parametrize("model", [_BufferAddsInPlace(), _BufferReassigned(), _InputAddsInPlace(),
-                                   _AttributeAssigned(), _ConstantAddsInPlace()], ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("model", [_BufferAddsInPlace(), _BufferReassigned(), _AttributeAssigned(),
+                                   _ConstantAddsInPlace()], ids=lambda m: type(m).__name__)
 def test_state_mutation_is_refused_and_left_to_torch_export(model):
     x = torch.randn(2, 3)
     before = {k: v.clone() for k, v in [*model.named_buffers(), *vars(model).items()]
@@ -143,6 +143,14 @@ def test_state_mutation_is_refused_and_left_to_torch_export(model):
     with torch.no_grad():
         expected = type(model)()(x.clone())
     torch.testing.assert_close(run_graph(graph, [x.clone()])[0], expected)
+
+
+def test_an_input_changed_in_place_becomes_an_output_written_back():
+    """(Refused before, like the model's own state.)  The user's input is the caller's: the graph returns its new
+    value and the compiled call writes it back (tests/frontend/test_input_mutation.py)."""
+    gm, _, _, _, _ = fx_capture.capture(_InputAddsInPlace(), (torch.randn(2, 3),), None)
+    assert gm.meta["input_mutations"] == (0,)
+    assert not [nd for nd in gm.graph.nodes if nd.op == "call_function" and nd.target._schema.is_mutable]
 
 
 def test_data_dependent_control_flow_is_refused():

@@ -215,6 +215,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[f
         changed = _restore(snapshot)
     if changed or reassigned:
         raise Refused(f"forward changes the model's state: {sorted(set(changed + reassigned))[:5]}")
+    _outputs_for_input_mutations(gm, n)
     mutating = [f"{nd.name} ({nd.target})" for nd in gm.graph.nodes
                 if nd.op == "call_function" and isinstance(nd.target, torch._ops.OpOverload)
                 and nd.target._schema.is_mutable]
@@ -225,6 +226,28 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[f
     _name_placeholders(model, placeholders, state, args, kwargs, tensor_at)
     weights = {p.name: t.detach() for p, t in zip(placeholders, state.tensors)}
     return gm, weights, in_spec, out_specs[-1], consts
+
+
+def _outputs_for_input_mutations(gm: fx.GraphModule, n_state: int) -> None:
+    """Turns functionalization's final ``copy_(input, new value)`` of each user input that forward changes in
+    place (a StaticCache's ``index_copy_``) into one more graph output, after forward's own; the user input
+    positions are in ``gm.meta["input_mutations"]`` (the compiled call writes the values back, as eager's
+    in-place ops leave them).  A copy into a parameter or buffer (the model's state) is left for the caller to
+    refuse."""
+    placeholders = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
+    position = {p: i - n_state for i, p in enumerate(placeholders) if i >= n_state}
+    written, values = [], []
+    for nd in list(gm.graph.nodes):
+        if (nd.op == "call_function" and nd.target is torch.ops.aten.copy_.default and nd.args[0] in position
+                and not nd.users and not nd.kwargs):
+            written.append(position[nd.args[0]])
+            values.append(nd.args[1])
+            gm.graph.erase_node(nd)
+    if written:
+        out = next(nd for nd in gm.graph.nodes if nd.op == "output")
+        out.args = ([*out.args[0], *values],)
+        gm.recompile()
+    gm.meta["input_mutations"] = tuple(written)
 
 
 def _tidy(gm: fx.GraphModule) -> None:

@@ -305,6 +305,10 @@ def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> t
         return None, str(e)
     graph.meta["input_consts"] = input_consts
     graph.meta["capture"] = fx_capture.CAPTURE
+    written = gm.meta.get("input_mutations", ())
+    if written:  # forward's outputs, then one per input that forward changes in place
+        first = len(graph.outputs) - len(written)
+        graph.meta["input_mutations"] = tuple((k, first + i) for i, k in enumerate(written))
     return graph, ""
 
 
@@ -507,11 +511,34 @@ def _structure_diff(spec: Any, received: Any) -> str:
     return "; ".join(parts) if parts else "the same inputs in other containers"
 
 
-def unflatten_outputs(graph: Graph, flat: list[torch.Tensor]) -> Any:
-    """The graph's flat output tensors -> what the model returns (via ``out_spec``)."""
+def unflatten_outputs(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor] = ()) -> Any:
+    """The graph's flat output tensors -> what the model returns (via ``out_spec``).
+
+    Where forward changes inputs in place (``graph.meta["input_mutations"]``: (input index, output index)
+    pairs), their new values are first copied into the flat `inputs` the call was given, and an output that is
+    such a value is returned as that input tensor, as eager returns the tensor it changed."""
+    mutations = graph.meta.get("input_mutations", ())
+    if mutations:
+        flat = write_back(graph, flat, inputs)
     consts = graph.meta.get("output_consts", {})
     it = iter(flat)
     leaves = [consts[i] if i in consts else next(it) for i in range(len(flat) + len(consts))]
     if graph.out_spec is None:
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
     return pytree.tree_unflatten(leaves, graph.out_spec)
+
+
+def write_back(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies each new value of an input that forward changes in place into that input tensor; returns forward's
+    own outputs, those that are such a value replaced by the input tensor."""
+    mutations = graph.meta["input_mutations"]
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"{len(mutations)} input(s) are changed in place by the model: the call's "
+                         f"{len(graph.inputs)} input tensors are needed to write them back, got {len(inputs)}")
+    alias = {}
+    for k, j in mutations:
+        with torch.no_grad():
+            inputs[k].copy_(flat[j])
+        alias[graph.outputs[j].name] = inputs[k]
+    n = len(flat) - len(mutations)
+    return [alias.get(v.name, t) for v, t in zip(graph.outputs[:n], flat[:n])]

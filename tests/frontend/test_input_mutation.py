@@ -1,0 +1,103 @@
+"""Inputs that forward changes in place: a StaticCache's ``index_copy_``, an ``add_`` on an input.
+
+The capture turns each in-place change of a user input into one more graph output
+(``graph.meta["input_mutations"]``); the compiled call copies it into the tensor
+the caller passed, and returns that tensor where forward returns it, as eager
+does.  Before, every such model was refused ("mutates state, which vtc does not
+support"), HF's StaticCache included.  Changes to the model's own parameters or
+buffers are still refused (tests/frontend/test_fx_capture.py).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import vtc
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def _scatter_then_read(cache, pos, k):
+    cache.index_copy_(1, pos, k)  # a StaticCache update
+    return cache.sum(1) * 2
+
+
+def _returns_the_input(x, y):
+    x.mul_(y)
+    return x, x + 1
+
+
+def _random(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_index_copy_into_an_input_is_written_back():
+    cache, k = _random(2, 9, 5, seed=0), _random(2, 2, 5, seed=1)
+    compiled = vtc.compile(_scatter_then_read, (cache.clone(), torch.tensor([3, 7]), k))
+    assert compiled.graph.meta["input_mutations"] == ((0, 1),)
+    for step, pos in enumerate(([3, 7], [0, 8], [5, 1])):
+        k = _random(2, 2, 5, seed=10 + step)
+        mine, theirs = cache.clone(), cache.clone()
+        got = compiled(mine, torch.tensor(pos), k)
+        want = _scatter_then_read(theirs, torch.tensor(pos), k)
+        torch.testing.assert_close(got, want, **TOL)
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)  # the rows written, the others untouched
+        assert not torch.equal(mine, cache)
+
+
+def test_an_output_that_is_the_changed_input_is_that_tensor():
+    x, y = _random(3, 4, seed=2), _random(3, 4, seed=3)
+    compiled = vtc.compile(_returns_the_input, (x.clone(), y))
+    mine, theirs = x.clone(), x.clone()
+    got = compiled(mine, y)
+    want = _returns_the_input(theirs, y)
+    assert got[0] is mine  # eager returns the tensor it changed
+    torch.testing.assert_close(mine, theirs, **TOL)
+    torch.testing.assert_close(got[1], want[1], **TOL)
+    again = compiled(mine, y)  # the next call reads the value written back
+    torch.testing.assert_close(again[1], theirs * y + 1, **TOL)
+
+
+def test_a_changed_parameter_is_still_refused():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+
+        def forward(self, x):
+            self.w.add_(1)
+            return x * self.w
+
+    with pytest.raises(Exception, match="mutat|state"):
+        vtc.compile(Counter(), (torch.randn(3),))
+
+
+def test_hf_llama_decodes_with_a_static_cache():
+    """transformers' StaticCache (what HF recommends for compiled decoding) updates its tensors in place with
+    index_copy_: the compiled steps leave the cache exactly as eager's steps do, and give eager's logits."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(1, 97, (2, 5), generator=torch.Generator().manual_seed(4))
+    want_cache = tf.StaticCache(config=cfg, max_cache_len=16)
+    with torch.no_grad():
+        want = model(ids, cache=want_cache, cache_position=torch.arange(5))
+    got_cache = copy.deepcopy(want_cache)
+    tensors = [t for layer in got_cache.layers for t in (layer.keys, layer.values)]
+    tok = want.logits[:, -1:].argmax(-1)
+    step = vtc.compile(model, (tok,), {"cache": copy.deepcopy(got_cache), "cache_position": torch.tensor([5])})
+    for pos in range(5, 9):
+        with torch.no_grad():
+            want = model(tok, cache=want_cache, cache_position=torch.tensor([pos]))
+        got = step(tok, cache=got_cache, cache_position=torch.tensor([pos]))
+        torch.testing.assert_close(got.logits, want.logits, **TOL)
+        for g, w in zip(got_cache.layers, want_cache.layers):
+            torch.testing.assert_close(g.keys, w.keys, **TOL)
+            torch.testing.assert_close(g.values, w.values, **TOL)
+        tok = want.logits[:, -1:].argmax(-1)
+    after = [t for layer in got_cache.layers for t in (layer.keys, layer.values)]
+    assert len(after) == len(tensors) and all(a is b for a, b in zip(after, tensors))  # the same tensors, as eager
