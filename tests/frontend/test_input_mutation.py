@@ -20,7 +20,7 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 
 
 def _scatter_then_read(cache, pos, k):
-    cache.index_copy_(1, pos, k)  # a StaticCache update
+    cache.index_copy_(1, pos, k * 2)  # a StaticCache update of a token's keys computed by a kernel
     return cache.sum(1) * 2
 
 
@@ -45,6 +45,57 @@ def test_index_copy_into_an_input_is_written_back():
         torch.testing.assert_close(got, want, **TOL)
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)  # the rows written, the others untouched
         assert not torch.equal(mine, cache)
+
+
+def test_the_scatter_stores_into_the_callers_tensor():
+    """The input is read by the scatter only: its updates are stored into the caller's tensor (an alias step
+    in place of the base copy) and the write-back copies nothing.  Before: the whole cache was copied into a new
+    buffer, then copied back."""
+    cache, k = _random(2, 64, 8, seed=5), _random(2, 1, 8, seed=6)
+    compiled = vtc.compile(_scatter_then_read, (cache.clone(), torch.tensor([3]), k))
+    steps = compiled._first.executor.steps
+    assert [s.kind for s in steps].count("alias") == 1
+    assert compiled.report.to_dict()["materialized_movement_bytes"] == 0
+    mine = cache.clone()
+    copies = []
+    real = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, *a, **kw: copies.append(self.shape) or real(self, src, *a, **kw)
+        got = compiled(mine, torch.tensor([9]), k)
+    finally:
+        torch.Tensor.copy_ = real
+    assert copies == []  # nothing written back: the kernel stored into `mine`
+    theirs = cache.clone()
+    torch.testing.assert_close(got, _scatter_then_read(theirs, torch.tensor([9]), k), **TOL)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+def test_an_input_read_elsewhere_too_is_copied_then_written_back():
+    """The input is read after the scatter as well (the old rows): the scatter writes a new buffer, as before,
+    and the call copies it back; the read sees the old values, as eager's clone does."""
+    def f(cache, pos, k):
+        old = cache.clone()
+        cache.index_copy_(1, pos, k)
+        return cache.sum(1) - old.sum(1)
+
+    cache, k = _random(2, 16, 8, seed=7), _random(2, 1, 8, seed=8)
+    compiled = vtc.compile(f, (cache.clone(), torch.tensor([3]), k))
+    assert "alias" not in [s.kind for s in compiled._first.executor.steps]
+    mine, theirs = cache.clone(), cache.clone()
+    torch.testing.assert_close(compiled(mine, torch.tensor([5]), k), f(theirs, torch.tensor([5]), k), **TOL)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+def test_a_non_contiguous_input_changed_in_place():
+    """The caller's tensor is a transposed view: the kernels write a contiguous copy; the call copies it back
+    into the view."""
+    cache, k = _random(2, 8, 16, seed=9), _random(2, 1, 8, seed=10)
+    compiled = vtc.compile(_scatter_then_read, (cache.transpose(1, 2).contiguous(), torch.tensor([3]), k))
+    mine, theirs = cache.clone().transpose(1, 2), cache.clone().transpose(1, 2)
+    assert not mine.is_contiguous()
+    got = compiled(mine, torch.tensor([6]), k)
+    torch.testing.assert_close(got, _scatter_then_read(theirs, torch.tensor([6]), k), **TOL)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
 def test_an_output_that_is_the_changed_input_is_that_tensor():

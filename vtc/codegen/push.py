@@ -54,8 +54,9 @@ from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
 from vtc.index.expr import subs
-from vtc.index.mapping import Mapping, Piece, out_vars
+from vtc.index.mapping import Mapping, Piece, Strided, contiguous_strides, identity, out_vars
 from vtc.ir.graph import Graph, Node, Value
+from vtc.plan.virtualize import Realization
 from vtc.virtual import movement
 from vtc.virtual.ops import base_name, packet_name
 
@@ -164,9 +165,10 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
         read = any(low._is_kernel(r) and not r.startswith("realize:") for r in low.readers(y))
         return made or read
 
-    out: dict[str, str] = {}
+    out = {n: f"pushed: its updates are stored into the input %{x}, which the model changes in place"
+           for n, x in in_place_scatters(graph).items()}
     for n in graph.nodes:  # a kept op copies its output: its producers can store there instead
-        if n.name in plan.kept and gains(n):
+        if n.name in plan.kept and n.name not in out and gains(n):
             out[n.name] = f"pushed: its inputs are stored into %{n.outputs[0].name} instead of a copy"
     for name, how in low.realize.items():
         if how != "copy":
@@ -181,6 +183,27 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
                     continue
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
+    return out
+
+
+def in_place_scatters(graph: Graph) -> dict[str, str]:
+    """Scatters whose result the model writes back into the input they scatter into (a StaticCache's
+    ``index_copy_``: ``graph.meta["input_mutations"]``), with that input as their one reader: scatter node ->
+    input.  Pushed, their updates are stored into the caller's tensor and nothing is copied
+    (``Pusher._in_place``), so every planner pushes them."""
+    written_back = {graph.inputs[k].name: graph.outputs[j].name for k, j in graph.meta.get("input_mutations", ())}
+    if not written_back:
+        return {}
+    users = graph.users()
+    out = {}
+    for n in graph.nodes:
+        writes = push_writes(n) if n.kind == "movement" else "not movement"
+        if isinstance(writes, str) or not writes[0].base:
+            continue
+        x, y = writes[0].value, n.outputs[0]
+        if (written_back.get(x) == y.name and [u.name for u in users[x]] == [n.name]
+                and next(v for v in graph.inputs if v.name == x).dtype == y.dtype):
+            out[n.name] = x
     return out
 
 
@@ -230,12 +253,13 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
     plan = plan_of(graph, "greedy", vtog, strategy)
     state = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
     chosen, decisions = list(strategy.chosen), list(strategy.decisions)
+    in_place = in_place_scatters(graph)
     for op, why in worth_pushing(graph, plan, gemm).items():
         c = pushes.get(op)
         if c is None:
             continue
         s = estimator.saving(c, state)
-        if s.seconds <= 0:
+        if s.seconds <= 0 and op not in in_place:  # in place, the push copies nothing: the estimate's copy goes
             continue
         chosen = [x for x in chosen if x.op != op] + [c]
         d = Decision(c.values[0], op, True, s, f"{s.reason} ({why.removeprefix('pushed: ')})", PUSH)
@@ -549,8 +573,8 @@ class Pusher:
             copy = next(i for i, (kind, s) in enumerate(steps) if s is self._base_steps[node])
             if copy > first:
                 steps.insert(first, steps.pop(copy))
+        steps, written = self._in_place(steps)  # the base is the input the model changes in place: no copy
         steps = decode_copy.fuse(self, steps)  # an attention kernel copies a base while reading it
-        written: set[str] = set()
         targets = {self._names[n].outputs[0].name: self._names[n].outputs[0] for n in self.writes}
         for kind, step in steps:
             if kind != "kernel":
@@ -562,6 +586,26 @@ class Pusher:
                     k.inputs.append(Buffer(y.name, y.shape, y.dtype))  # given, written in place
                 written.add(name)
         return steps
+
+
+    def _in_place(self, steps: list) -> tuple[list, set[str]]:
+        """(steps, the outputs now given to every writer) with the base copy of each scatter into an input that
+        the model changes in place (``in_place_scatters``) replaced by an alias of that input: the updates are
+        stored into the caller's tensor, and the call's write-back finds nothing to copy."""
+        in_place = in_place_scatters(self.low.graph)
+        aliased = set()
+        for node, base in list(self._base_first.items()):
+            y = self._names[node].outputs[0]
+            at = next((i for i, (_, s) in enumerate(steps) if s is self._base_steps.get(node)), None)
+            if in_place.get(node) != base or at is None:
+                continue
+            shape = tuple(y.shape)
+            steps[at] = ("alias", Realization(y.name, identity(base, shape), Strided(base, 0, contiguous_strides(shape))))
+            del self._base_first[node]
+            self.copy_through[node] = f"none: the updates are stored into the input %{base}, which the model " \
+                                      "changes in place"
+            aliased.add(y.name)
+        return steps, aliased
 
 
 def _stores(k: Kernel, name: str) -> bool:

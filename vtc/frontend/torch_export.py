@@ -537,8 +537,10 @@ def write_back(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor
                          f"{len(graph.inputs)} input tensors are needed to write them back, got {len(inputs)}")
     alias = {}
     for k, j in mutations:
-        with torch.no_grad():
-            inputs[k].copy_(flat[j])
-        alias[graph.outputs[j].name] = inputs[k]
+        new, given = flat[j], inputs[k]
+        if not (new.data_ptr() == given.data_ptr() and new.stride() == given.stride()):  # else stored in place
+            with torch.no_grad():
+                given.copy_(new)
+        alias[graph.outputs[j].name] = given
     n = len(flat) - len(mutations)
     return [alias.get(v.name, t) for v, t in zip(graph.outputs[:n], flat[:n])]

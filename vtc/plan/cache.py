@@ -7,7 +7,8 @@ never the values of const tensors (weights).  So the key is the sha256 of
 
 - ``print_graph(graph)``: the canonical text form, which holds exactly those
   (a graph whose text cannot be printed, or with a node whose target is not an
-  ATen/custom ``OpOverload``, is not cached);
+  ATen/custom ``OpOverload``, is not cached), and which outputs the model writes
+  back into its inputs (``graph.meta["input_mutations"]``: such scatters are pushed);
 - the plan options (``plan``, ``backend``, ``objective``, ``max_slowdown``,
   ``gemm``), the machine figures (``vtc.plan.cost.machine()``), the prices of
   ``vtc.plan.cost.CostModel`` (its numeric class attributes), the torch
@@ -76,7 +77,8 @@ def plan_key(graph: Graph, options: dict) -> str | None:
         return None
     prices = sorted((k, v) for k, v in vars(CostModel).items() if isinstance(v, (int, float)))
     blob = json.dumps([PLAN_CACHE_FORMAT, torch.__version__, code_digest(), asdict(machine()), prices,
-                       [[k, options.get(k)] for k in KEY_OPTIONS], text], default=str)
+                       [[k, options.get(k)] for k in KEY_OPTIONS], text, graph.meta.get("input_mutations", ())],
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

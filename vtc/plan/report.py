@@ -110,7 +110,7 @@ class Report:
 
 def build_report(graph: Graph, plan: Plan, executor) -> Report:
     """The report of `graph` run by `executor` under `plan`."""
-    realized_as = {s.realization.value: s.kind for s in executor.steps if s.realization is not None}
+    realized_as = {s.realization.value: s.kind for s in executor.steps if s.kind in ("view", "gather")}
     copies = [s for s in executor.steps if s.kind == "kernel" and s.kernel.step.kernel.kind == "copy"]
     realized_as.update({s.kernel.outputs[0].name: "gather" for s in copies})  # a copy kernel is a gather
     movement, eliminated = [], 0

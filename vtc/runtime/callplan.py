@@ -170,7 +170,7 @@ class CallPlan:
             return self._kernel(s.kernel)
         if s.kind == "run":
             return self._run(s)
-        if s.kind == "view":
+        if s.kind in ("view", "alias"):
             return self._view(s)
         return self._by_name(s)
 

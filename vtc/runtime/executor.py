@@ -36,7 +36,7 @@ from vtc.virtual.movement import derive_index_tensors, has_derived_index_tensors
 class Step:
     """One thing the executor does: run a node, call a kernel, or make a virtual value physical."""
 
-    kind: str  # "run" | "view" | "gather" | "kernel"
+    kind: str  # "run" | "view" | "gather" | "kernel" | "alias" (a view that is not a virtual value's)
     node: Node | None = None
     realization: Realization | None = None
     kernel: "CompiledKernel | None" = None
@@ -128,6 +128,8 @@ class Executor:
                 steps.append(Step("run", node=payload, out_bytes=sum(v.nbytes for v in payload.outputs)))
             elif kind == "view":
                 steps.append(Step("view", realization=self.plan.realized[payload]))
+            elif kind == "alias":  # an output stored into the input it replaces (vtc.codegen.push._in_place)
+                steps.append(Step("alias", realization=payload))
             elif kind == "gather":
                 steps.append(Step("gather", realization=payload, out_bytes=self.values[payload.value].nbytes))
             else:
@@ -144,7 +146,7 @@ class Executor:
                 last[name] = k
         held: dict[int, list[str]] = {}  # step -> view sources whose storage a view holds until that step
         for k, s in enumerate(self.steps):
-            if s.kind == "view" and s.realization.strided is not None:
+            if s.kind in ("view", "alias") and s.realization.strided is not None:
                 src, view = s.realization.strided.source, s.realization.value
                 end = len(self.steps) if view in keep else last.get(view, k)
                 if end > last.get(src, -1):
@@ -216,7 +218,7 @@ class Executor:
 
     def _realize(self, s: Step, env: dict[str, torch.Tensor]) -> torch.Tensor:
         m = s.realization.mapping
-        if s.kind == "view":
+        if s.kind in ("view", "alias"):
             for c in m.checks:
                 c.run(env[c.tensor])
             st = s.realization.strided
