@@ -141,6 +141,11 @@ def test_hf_llama_decodes_with_a_static_cache():
     tensors = [t for layer in got_cache.layers for t in (layer.keys, layer.values)]
     tok = want.logits[:, -1:].argmax(-1)
     step = vtc.compile(model, (tok,), {"cache": copy.deepcopy(got_cache), "cache_position": torch.tensor([5])})
+    report = step.report.to_dict()
+    # SDPA's decomposition scales the GQA-expanded keys (repeat_kv's clone): the scale is recomputed where the
+    # attention kernel reads K, so the clone stays virtual (before: kept, a copy of every layer's keys per step)
+    assert [e["node"] for e in report["movement"] if e["fate"] in ("kept", "gather")] == []
+    assert report["materialized_movement_bytes"] <= 2 * cfg.num_hidden_layers * (2 * 2 * 16 * 4)  # new K/V rows
     for pos in range(5, 9):
         with torch.no_grad():
             want = model(tok, cache=want_cache, cache_position=torch.tensor([pos]))

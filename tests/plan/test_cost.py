@@ -232,3 +232,35 @@ def test_a_kept_scatter_run_by_torch_is_priced_with_the_clone_of_its_base():
     assert "(torch, the base cloned first," in torch_run.note
     clone = model.copy(out.numel, 4, cost.DENSE, generated=False)
     assert torch_run.seconds >= clone + model.copy(out.numel, 4, cost.DENSE) - model.call_us * 1e-6 - 1e-12
+
+
+def test_a_scale_of_gqa_keys_on_their_way_to_a_gemm_is_walked_as_the_gemm_walks_them():
+    """SDPA's decomposition scales K^T (repeat_kv's expanded clone, transposed) before its bmm.  The code
+    generator recomputes that scale where the attention kernel packs K (``attention.is_cheap``), so the keys are
+    read row by row, not down their columns: the estimate must not price it as a scattered walk (it kept the
+    clone, a copy of every layer's keys per decode step, for an HF Llama with a 2048-token StaticCache)."""
+    from vtc.plan.cost import Estimator
+    from vtc.plan.virtualize import plan_all
+    from vtc.plan.vtog import VTOG, node_kinds
+    from .graphs import capture, node
+
+    def sdpa_keys(q, k):  # [1, 8, 1, 32] queries, [1, 2, 256, 32] keys: GQA 4, scale on both sides
+        kk = k[:, :, None].expand(1, 2, 4, 256, 32).reshape(1, 8, 256, 32)
+        return torch.softmax((q * 0.42) @ (kk.transpose(-1, -2) * 0.42), dim=-1)
+
+    def keys_summed(q, k):  # the same scale, read by a reduction: no GEMM packs it
+        kk = k[:, :, None].expand(1, 2, 4, 256, 32).reshape(1, 8, 256, 32)
+        return (kk.transpose(-1, -2) * 0.42).sum(-1) + q.sum()
+
+    q, k = torch.randn(1, 8, 1, 32), torch.randn(1, 2, 256, 32)
+    walks = {}
+    for fn in (sdpa_keys, keys_summed):
+        graph, _ = capture(fn, q, k)
+        est = Estimator(VTOG(graph, node_kinds(graph, "cpu", "auto")))
+        scale = next(n for n in graph.nodes if n.op == "aten.mul.Tensor" and n.inputs[0].shape == (1, 8, 32, 256))
+        read = scale.inputs[0].name
+        m = plan_all(graph).mappings[read]
+        walks[fn.__name__] = (est._scales_a_matmul_operand(scale), est.kernel_access(m, read, scale).kind,
+                              est.access(m, read).kind)
+    assert walks["sdpa_keys"][0] and not walks["keys_summed"][0]
+    assert walks["sdpa_keys"][1] != walks["sdpa_keys"][2] == walks["keys_summed"][1]  # reordered only for the GEMM

@@ -787,7 +787,7 @@ class Estimator:
             return acc
         orders = []
         rank = len(m.shape)
-        if category(reader) == "matmul":
+        if category(reader) == "matmul" or self._scales_a_matmul_operand(reader):
             orders.append([*range(rank - 2), rank - 1, rank - 2])
         elif _is_row(reader) and acc.strided is not None:
             rows = [d for d in range(rank - 1) if m.shape[d] > 1]
@@ -802,6 +802,24 @@ class Estimator:
             if self.model.read(_numel(m.shape), size, alt, reads) < self.model.read(_numel(m.shape), size, acc, reads):
                 acc = alt
         return acc
+
+    def _scales_a_matmul_operand(self, reader: Node) -> bool:
+        """A scale or cast whose result only movement ops carry to a GEMM (SDPA's decomposition scales K^T):
+        the code generator recomputes it where the GEMM or attention kernel packs that operand
+        (``vtc.codegen.attention.is_cheap``), so the operand is walked as the GEMM walks it."""
+        from vtc.codegen.attention import is_cheap
+
+        if category(reader) != "pointwise" or not is_cheap(reader):
+            return False
+        todo, seen = [reader.outputs[0].name], set()
+        while todo:
+            for u in self.users.get(todo.pop(), []):
+                if u.kind == "movement" and u.name not in seen:
+                    seen.add(u.name)
+                    todo.extend(o.name for o in u.outputs)
+                elif u.kind != "movement" and category(u) != "matmul":
+                    return False
+        return bool(seen)
 
     def readers(self, value: str, state: frozenset) -> list[str]:
         """Who needs `value` itself under `state`: node names, "<output>", "<index>" (virtual ops read through;
