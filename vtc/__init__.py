@@ -4,9 +4,9 @@
     out = compiled(*example_inputs)
     print(compiled.report)                             # what was removed, what is still moved
 """
-from vtc.compiler import Compiled, FallbackWarning, compile  # noqa: A004 - the public name is vtc.compile
+from vtc.compiler import Compiled, FallbackWarning, NewSizesWarning, compile  # noqa: A004 - the public name is vtc.compile
 from vtc.frontend import torch_backend as _torch_backend  # noqa: F401 - registers backend "vtc"
 from vtc.frontend.torch_export import CaptureError, InputShapeError
 
-__all__ = ["CaptureError", "Compiled", "FallbackWarning", "InputShapeError", "compile"]
+__all__ = ["CaptureError", "Compiled", "FallbackWarning", "InputShapeError", "NewSizesWarning", "compile"]
 __version__ = "0.1.0"

@@ -101,6 +101,13 @@ class FallbackWarning(UserWarning):
     """Ops of the model that vtc runs through the framework (torch or onnxruntime), not generated kernels."""
 
 
+class NewSizesWarning(UserWarning):
+    """A compiled model keeps being called with new input sizes, each of which costs a specialization."""
+
+
+NEW_SIZES_WARN_AT = 8  # new input sizes after the example's at which Compiled warns (once)
+
+
 def warn_fallbacks(ops: list[str]) -> None:
     """One FallbackWarning naming the ops vtc does not lower (shown once per distinct list of ops)."""
     if ops:
@@ -134,6 +141,7 @@ class Compiled:
         self._lock = threading.Lock()
         self._cache_io: bool | None = None  # whether the inputs hold a transformers Cache (_caches)
         self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
+        self._new_sizes = -1  # specializations made after the first (NewSizesWarning)
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
         if _graph is not None:
             self._first = specialize(_graph, self.options)
@@ -180,6 +188,13 @@ class Compiled:
                 self._specs[key] = spec
                 while len(self._specs) > self.options["max_specializations"]:
                     self._specs.popitem(last=False)
+                self._new_sizes += 1
+            if self._new_sizes == NEW_SIZES_WARN_AT:
+                warnings.warn(
+                    f"vtc: {type(self.model).__name__} has been called with {NEW_SIZES_WARN_AT} new input sizes; each "
+                    "costs a specialization (planning and lowering: tenths of a second, no C++ compile). A decode "
+                    "loop whose KV cache grows every step does this every step: transformers' StaticCache keeps "
+                    "the sizes fixed (vtc updates it in place).", NewSizesWarning, stacklevel=3)
         return spec
 
     def _capture(self, args: tuple, kwargs: dict) -> Graph:

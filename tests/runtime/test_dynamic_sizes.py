@@ -132,6 +132,26 @@ def test_kernels_the_same_at_every_size_are_not_probed_again(monkeypatch):
     assert len(probes) == fitted, f"new cache lengths lowered the graph again at probe sizes: {probes[fitted:]}"
 
 
+def test_a_new_size_at_every_call_warns_once(monkeypatch):
+    """A decode loop with a growing cache makes a specialization per step: after NEW_SIZES_WARN_AT of them the user
+    is told once, with the fix (a StaticCache)."""
+    import warnings
+
+    import vtc.compiler
+
+    monkeypatch.setattr(vtc.compiler, "NEW_SIZES_WARN_AT", 3)
+    fn = lambda x, past: torch.cat([past, x], 1).softmax(-1)  # noqa: E731
+    make = lambda p: (torch.randn(2, 1, 8), torch.randn(2, p, 8))  # noqa: E731
+    compiled = vtc.compile(fn, make(4))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for p in (5, 6, 5, 7, 8, 9):  # 5 again: no new specialization
+            x = make(p)
+            _close([compiled(*x)], [fn(*x)])
+    said = [w for w in seen if issubclass(w.category, vtc.NewSizesWarning)]
+    assert len(said) == 1 and "StaticCache" in str(said[0].message)
+
+
 def test_kernel_that_cannot_be_generic_recompiles_correctly():
     def f(x, y):
         return x.transpose(-1, -2) * 2 + y  # from 16 x 16 up: register-tiled transposes, another loop nest
