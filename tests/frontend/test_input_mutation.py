@@ -155,5 +155,14 @@ def test_hf_llama_decodes_with_a_static_cache():
             torch.testing.assert_close(g.keys, w.keys, **TOL)
             torch.testing.assert_close(g.values, w.values, **TOL)
         tok = want.logits[:, -1:].argmax(-1)
+    shape = tuple(tensors[0].shape)  # one more step: no copy of a cache tensor, the updates land in place
+    copied, real = [], (torch.Tensor.copy_, torch.Tensor.clone)
+    try:
+        torch.Tensor.copy_ = lambda t, *a, **k: copied.append(tuple(t.shape)) or real[0](t, *a, **k)
+        torch.Tensor.clone = lambda t, *a, **k: copied.append(tuple(t.shape)) or real[1](t, *a, **k)
+        step(tok, cache=got_cache, cache_position=torch.tensor([9]))
+    finally:
+        torch.Tensor.copy_, torch.Tensor.clone = real
+    assert shape not in copied, copied
     after = [t for layer in got_cache.layers for t in (layer.keys, layer.values)]
     assert len(after) == len(tensors) and all(a is b for a, b in zip(after, tensors))  # the same tensors, as eager

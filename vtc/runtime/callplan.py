@@ -592,7 +592,11 @@ def _owning_outputs(executor, graph) -> Callable[[list, list], None] | None:
     place must not change its input, the model's weight, another output or the next call's result."""
     made_by = {name: s.kind for s in executor.steps for name in s.writes}
     names = [v.name for v in graph.outputs]
-    risky = [k for k, n in enumerate(names) if made_by.get(n) in (None, "view", "run") or n in names[:k]]
+    # the new value of an input changed in place is written back into it, and returned as that input
+    # (vtc.frontend.torch_export.write_back), never as a buffer of its own
+    written_back = {names[j] for _, j in graph.meta.get("input_mutations", ())}
+    risky = [k for k, n in enumerate(names) if n not in written_back
+             and (made_by.get(n) in (None, "view", "run") or n in names[:k])]
     if not risky:
         return None
     consts = {t.untyped_storage().data_ptr() for t in executor.consts.values()}
