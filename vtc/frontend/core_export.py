@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from vtc.frontend import decomp
+
 ONE_PASS = "torch.export to core ATen in one trace"
 TWO_PASS = "torch.export + run_decompositions"
 _lock = threading.Lock()
@@ -67,15 +69,16 @@ def _private() -> tuple | None:
 def _tables() -> tuple[dict, dict]:
     """torch's default core-ATen table split as run_decompositions splits it: (CIA overrides, the rest).
 
-    Computed once per process (run_decompositions computes it per call: a quarter of a second)."""
+    Computed once per process (run_decompositions computes it per call: a quarter of a second); vtc's
+    overrides (``vtc.frontend.decomp``) in place."""
     _, ep_mod, _ = _private()
-    table = ep_mod.default_decompositions().materialize()
+    table = decomp.with_overrides(ep_mod.default_decompositions().materialize())
     return ep_mod._split_decomp_table_to_cia_and_python_decomp(dict(table))
 
 
 def two_pass(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> torch.export.ExportedProgram:
-    """The documented path: ``torch.export.export(strict=False).run_decompositions()``."""
-    return torch.export.export(model, args, kwargs, strict=False).run_decompositions()
+    """The documented path: ``torch.export.export(strict=False).run_decompositions()`` (with vtc's overrides)."""
+    return torch.export.export(model, args, kwargs, strict=False).run_decompositions(decomp.export_decompositions())
 
 
 def one_pass(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> torch.export.ExportedProgram:

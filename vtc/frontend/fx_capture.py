@@ -58,6 +58,8 @@ import torch._decomp
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from vtc.frontend import decomp
+
 CAPTURE = "make_fx to core ATen in one trace"
 _SPECIALIZED = (bool, int, float, str)  # non-tensor inputs captured as constants (torch.export does too)
 
@@ -89,9 +91,11 @@ def _private() -> tuple | None:
 def _decompositions() -> dict:
     """torch's core-ATen decomposition table for a trace below autograd: ``run_decompositions()``'s without its
     CompositeImplicitAutograd entries, whose decompositions the dispatcher applies here as the trace meets those
-    ops (``core_aten_decompositions()`` spends a quarter of a second collecting them)."""
+    ops (``core_aten_decompositions()`` spends a quarter of a second collecting them); vtc's overrides
+    (``vtc.frontend.decomp``) in place."""
     post_autograd = getattr(torch._decomp, "_core_aten_decompositions_post_autograd", None)
-    return post_autograd() if callable(post_autograd) else torch._decomp.core_aten_decompositions()
+    table = post_autograd() if callable(post_autograd) else torch._decomp.core_aten_decompositions()
+    return decomp.with_overrides(dict(table))
 
 
 @dataclass

@@ -31,6 +31,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from vtc.frontend import decomp
 from vtc.frontend.torch_export import (CaptureError, _as_module, capture_copy, distinct_inputs, graph_from_fx,
                                       program_constants, quiet_fake_tensor_log)
 from vtc.ir.graph import Graph
@@ -251,7 +252,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
     try:
         with torch.no_grad(), quiet_fake_tensor_log():
             ep = torch.export.export(model, tuple(args), dict(kwargs) or None, strict=False,
-                                     dynamic_shapes=shapes).run_decompositions()
+                                     dynamic_shapes=shapes).run_decompositions(decomp.export_decompositions())
     except Exception as e:
         raise CaptureError(f"torch.export with dynamic sizes failed: {type(e).__name__}: "
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e

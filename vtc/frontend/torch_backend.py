@@ -25,6 +25,7 @@ import torch._dynamo
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from vtc.frontend import decomp
 from vtc.frontend.torch_export import CaptureError, graph_from_fx
 from vtc.ir.graph import Graph
 
@@ -83,7 +84,7 @@ def _eager(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
 vtc_backend = aot_autograd(
     fw_compiler=compile_fx,
     bw_compiler=_eager,
-    decompositions=torch._decomp.core_aten_decompositions,  # called lazily by aot_autograd
+    decompositions=decomp.core_aten_decompositions,  # called lazily by aot_autograd
 )
 
 if "vtc" not in torch._dynamo.backends.registry._COMPILER_FNS:
