@@ -484,12 +484,23 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         for j, x in enumerate(lane):
             em.forget()
             fill += [*em.hoist([x], "      "), f"      lq{j}[q] = {em.scalar(x)};"]
-        lanes = ([f"alignas(64) {ctype(x.dtype)} lq{j}[{flash.QUERY_TILE}];" for j, x in enumerate(lane)], fill)
+        decls = [f"alignas(64) {ctype(x.dtype)} lq{j}[{flash.QUERY_TILE}];" for j, x in enumerate(lane)]
+        # its float loads along the key with unit stride (a relative-position bias, a window mask): staged per
+        # key block into key x query tiles by transposes (flash.KEY_ROWS), each lane's row base computed here
+        em.forget()
+        rows = flash.key_row_loads(k.score, em) if flash.KEY_ROWS else []
+        types = []  # of the row bases: 32-bit where the buffer allows (a gather of 16 lanes, not 8)
+        for j, (x, base, _) in enumerate(rows):
+            types.append("int" if math.prod(em.shapes[x.args[0]]) < 1 << 31 else "int64_t")
+            decls.append(f"alignas(64) {types[-1]} lk{j}[{flash.QUERY_TILE}];")
+            fill.append(f"      lk{j}[q] = {base};")
+        lanes = (decls, fill)
 
         def forget(per_lane: bool) -> None:
             em.forget()
             if per_lane:
                 em.temps.update({id(x): f"lq{j}[q]" for j, x in enumerate(lane)})
+                em.temps.update({id(x): f"kt{j}[t][q]" for j, (x, _, _) in enumerate(rows)})
 
         parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
         texts = []
@@ -501,7 +512,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             forget(True)
             mask = (em.hoist([mask], "      ", within_temps=False), em.scalar(mask))
         em.forget()
-        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes)
+        key_rows = [(em.ptr[x.args[0]], c, it) for (x, _, c), it in zip(rows, types)]
+        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes, key_rows=key_rows)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)

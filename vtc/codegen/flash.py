@@ -84,6 +84,12 @@ MAX_DIM = 256  # head / value dims up to which the packed blocks stay small enou
 QUERY_TILE = 4 * LANES
 PV_KEY_RANGE = True  # the PV micro-kernel of a query group visits only the keys from its first to its last p != 0
 LANE_TERMS = True  # the score chain's per-query loads (cache_position[i1]) read once per tile into lane arrays
+# the score chain's float loads at base(query) + key (a relative-position bias, a window or padding mask) staged
+# per key block by 16 x 16 register transposes of their rows into key x query tiles (``kt<j>[t][q]``), read as
+# vectors by the chain, instead of one gathered element per lane and key in a loop gcc leaves scalar (its
+# per-lane ``i0 % heads``); a load with a key stride above 1 (a [N, N, heads] bias read through a permute) is
+# gathered over the lanes from a row base computed once per tile (docs/prefill.md: Swin-T)
+KEY_ROWS = True
 
 
 def decode_key_block(k) -> int:
@@ -381,11 +387,59 @@ def _bounds(cond: Scalar, lows: list, highs: list) -> None:
         lows.append((c0 + (0 if strict else 1), ci))
 
 
-def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], [])) -> list[str]:
+def key_row_loads(score: Scalar, em) -> list[tuple[Scalar, str, int]]:
+    """The float32 loads of a score chain whose offset is b(i0, i1) + c * r (c > 0), each once, with the C
+    text of b (the lane's row base) and c; no load under a piece choice (its untaken side may read out of
+    range).  ``emit_tiled`` stages them per key block as ``kt<j>[t][q]`` (``KEY_ROWS``)."""
+    out, seen = [], set()
+    for s in scalars_under([score], stop=lambda x: x.op == "pick"):
+        if s.op != "load" or s.dtype != torch.float32 or s.args[0] in seen:
+            continue
+        off = linear_offset(s.args[1], em.shapes[s.args[0]])
+        base = subs(off, {"r": 0})
+        step = affine(add(off, mul(base, -1)))
+        if step is not None and step[0] == 0 and set(step[1]) == {"r"} and step[1]["r"] > 0:
+            seen.add(s.args[0])
+            out.append((s, em.index(base), step[1]["r"]))
+    return out
+
+
+def _stage_key_rows(rows: list[tuple[str, int, str]], ind: str) -> list[str]:
+    """C lines filling ``kt<j>[t][q]`` = p[lk<j>[q] + c * (r0 + t)] for each (p, c, type of lk) of `rows`, the
+    block's keys t < nk and the task's lanes q < nr: with c = 1 16 rows of 16 keys read as vectors (a masked
+    load for the block's last keys) and transposed in registers, else gathered over the lanes."""
+    lines = []
+    for j, (p, c, it) in enumerate(rows):
+        if c != 1:
+            lines += [f"{ind}for (int64_t t = 0; t < nk; ++t) {{  // the score chain's key rows (KEY_ROWS), gathered",
+                      f"{ind}  const {it} o_ = ({it})({c} * (r0 + t));",
+                      f"{ind}  #pragma omp simd",
+                      f"{ind}  for (int64_t q = 0; q < nr; ++q) kt{j}[t][q] = {p}[lk{j}[q] + o_];",
+                      f"{ind}}}"]
+            continue
+        lines += [f"{ind}for (int64_t q0 = 0; q0 < nr; q0 += {LANES}) {{  // the score chain's key rows (KEY_ROWS)",
+                  f"{ind}  for (int64_t t0 = 0; t0 < nk; t0 += {LANES}) {{",
+                  f"{ind}    const int nt_ = (int)std::min<int64_t>({LANES}, nk - t0);",
+                  f"{ind}    alignas(64) float kr_[{LANES}][{LANES}];",
+                  f"{ind}    for (int64_t j = 0; j < {LANES}; ++j) {{",
+                  f"{ind}      const float* p_ = q0 + j < nr ? {p} + lk{j}[q0 + j] + r0 + t0 : nullptr;",
+                  f"{ind}      *(vtc_v{LANES}*)&kr_[j][0] = !p_ ? vtc_v{LANES}{{}} : nt_ == {LANES} ? vtc_load16(p_) "
+                  f": vtc_load16_n(p_, nt_);",
+                  f"{ind}    }}",
+                  f"{ind}    vtc_flash_transpose16(&kr_[0][0], {LANES}, &kt{j}[t0][q0], {QUERY_TILE});",
+                  f"{ind}  }}",
+                  f"{ind}}}"]
+    return lines
+
+
+def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], []),
+               key_rows: list[tuple[str, int, str]] = ()) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
     (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``;
     `lanes`: (declarations, lines that set lane q's entries) of the per-query terms that the score and mask
-    expressions read as ``lq<j>[q]``, filled once per task."""
+    expressions read as ``lq<j>[q]``, filled once per task; `key_rows`: (pointer, key stride, C type of the
+    row bases) of the loads that they read as ``kt<j>[t][q]`` (``key_row_loads``; lane q's row base in
+    ``lk<j>[q]``, among `lanes`)."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
@@ -439,7 +493,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         kg = ACCUMULATORS // nqv  # keys per step
         acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
         return [
-            f"        for (int64_t t0 = 0; t0 < nkp; t0 += {kg}) {{",
+            f"        for (int64_t t0 = 0; t0 < nk; t0 += {kg}) {{",
             f"          {v16} " + ", ".join(f"{a} = {{}}" for a in acc) + ";",
             *[f"          const float* kr{t} = {krow(t)};" for t in range(kg)],
             f"          for (int64_t d = 0; d < {dd}; ++d) {{",
@@ -469,6 +523,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         *(["    const float* kb_;"] if krows else [f"    alignas(64) float kp[{kb}][{dd}];"]),
         *(["    const float* vb_;"] if vrows else [f"    alignas(64) float vp[{kb}][{ep}];"]),
         f"    alignas(64) float st[{kb}][{qt_n}];",
+        *[f"    alignas(64) float kt{j}[{kb}][{qt_n}];" for j in range(len(key_rows))],
         f"    alignas(64) float ov[{qt_n}][{ep}];",
         f"    alignas(64) float mx[{qt_n}], sm[{qt_n}], mu[{qt_n}], cr[{qt_n}], bm[{qt_n}], ps[{qt_n}];",
         f"    alignas(64) int bn[{qt_n}];",
@@ -503,6 +558,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         f"      const int64_t nk = std::min<int64_t>({kb}, {n} - r0);",
         f"      const int64_t nkp = (nk + {kg - 1}) / {kg} * {kg};",
         *([f"      const bool trim_ = {trim_cond};  // a mask may hide part of the block"] if trim else []),
+        *(_stage_key_rows(list(key_rows), "      ") if key_rows else []),
         *(hidden_block_check(mask[0], mask[1], ["for (int64_t t = 0; t < nk && !seen; ++t) {", "const int64_t r = r0 + t;"],
                              ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i0 = li0[q], i1 = li1[q];"], "      ")
           if mask else []),
