@@ -12,6 +12,8 @@ side by side in one process, 1 thread, CPU time of the calling thread
 
 - ``call``: ``compiled(*inputs)``, the user's call;
 - ``plan``: the executor's call plan (``vtc.runtime.callplan``), no input checks;
+- ``solo``: the call plan with every kernel called on its own (``VTC_CALL_SEGMENTS=0``: no segments,
+  ``vtc.runtime.segment``);
 - ``steps``: the same steps one by one through ``Executor.run_step`` (the slower
   reference path);
 - ``real``: the user's call with the real kernels, for scale.
@@ -43,28 +45,39 @@ def nop_kernel():
     return fn
 
 
-def compiled_pair(name: str):
-    """(compiled with real kernels, compiled whose kernels are empty, inputs) for workload `name`."""
+def compiled_pair(name: str, copies: int = 1):
+    """(compiled with real kernels, compiled whose kernels are empty (`copies` of them), inputs) for workload
+    `name`."""
     import vtc
 
     model, inputs = W.get(name).build(False) if name.startswith("micro") else W.get(name).build()
     options = {"plan": "all"} if name.startswith("micro") else {}
     real = vtc.compile(model, inputs, **options)
-    empty = vtc.compile(model, inputs, **options)
     nop = nop_kernel()
-    for s in empty._first.executor.steps:
-        if s.kind == "kernel":
-            s.kernel.fn = nop  # before the first call: the call plan takes the function when it is built
-    return real, empty, inputs
+    empties = []
+    for _ in range(copies):
+        empty = vtc.compile(model, inputs, **options)
+        for s in empty._first.executor.steps:
+            if s.kind == "kernel":
+                s.kernel.fn = nop  # before the first call: the call plan takes the function when it is built
+        empties.append(empty)
+    return (real, *empties, inputs)
 
 
 def measure(name: str, rounds: int) -> dict[str, float]:
     """{way of calling: (median, min) microseconds per call} (see the module docstring)."""
-    real, empty, inputs = compiled_pair(name)
-    ex = empty._first.executor
+    from vtc.runtime import segment
+
+    real, empty, solo, inputs = compiled_pair(name, 2)
+    ex, solo_ex = empty._first.executor, solo._first.executor
+    was, segment.SEGMENTS = segment.SEGMENTS, False
+    try:
+        solo_ex.call_plan()  # built now, without segments
+    finally:
+        segment.SEGMENTS = was
     flush = torch.set_flush_denormal(True)  # the empty kernels leave garbage that torch ops read: keep
     with torch.no_grad():                   # denormals from slowing those down
-        fns = {"call": lambda: empty(*inputs), "plan": lambda: ex(list(inputs)),
+        fns = {"call": lambda: empty(*inputs), "plan": lambda: ex(list(inputs)), "solo": lambda: solo_ex(list(inputs)),
                "steps": lambda: ex.run_steps(list(inputs)), "real": lambda: real(*inputs)}
         times = time_side_by_side(fns, rounds, time.thread_time)
     torch.set_flush_denormal(False) if flush else None

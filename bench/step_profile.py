@@ -14,7 +14,8 @@ all plans side by side, matched by what they do (a kernel's name, a torch
 op's node), then the plans' kept / pushed movement ops that differ.  T (env,
 default 2) threads; with CPU=1 (and T=1) each step is timed by the calling thread's CPU time, the
 comparison that holds on a machine loaded above its core count.  A profile, not the benchmark: the clock and the Python
-loop add a few µs per step.
+loop add a few µs per step.  Each kernel is called on its own (consecutive kernels are one C call in a
+normal call, ``vtc.runtime.segment``); with SEGMENTS=1 a segment is timed as its first kernel.
 """
 import os
 import statistics
@@ -28,6 +29,9 @@ torch.set_num_threads(T)
 CLOCK = time.thread_time if os.environ.get("CPU") else time.perf_counter  # CPU=1 with T=1 on a busy machine
 
 import vtc  # noqa: E402
+from vtc.runtime import segment  # noqa: E402
+
+segment.SEGMENTS = bool(os.environ.get("SEGMENTS"))  # per step: each kernel on its own
 from bench.workloads import get  # noqa: E402
 
 
@@ -69,7 +73,7 @@ def timed_plan_call(ex, inputs, times: dict) -> None:
     slots = plan.template.copy()
     for i, t in zip(plan.inputs, inputs):
         slots[i] = t
-    arena = slots[plan.arena_slot] = plan.acquire_arena() if plan.arena_kernels else None
+    arena = slots[plan.arena_slot] = plan.acquire_arena() if plan.arena_kernels or plan.segment_arena else None
     clk, key = CLOCK, None
     for fn, s in zip(plan.fns, plan.fn_steps):
         t0 = clk()

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vtc.runtime import cbuild
+from vtc.runtime import cbuild, checks
 
 from .util import ROW_TOL, assert_all_generated, compile_cpu, errors_in_threads, gen, rand, rss_growth_kb, steps
 
@@ -64,10 +64,12 @@ def libraries(cache: Path) -> dict[str, tuple[int, int]]:
 
 def build_here(cache: Path, monkeypatch) -> list[str]:
     """Compiles FN in this process into `cache`, with no library loaded in memory (the in-memory
-    table is content-keyed: FN's kernels may be loaded from the session cache already); returns the
-    names of the libraries it had to compile."""
+    table is content-keyed: FN's kernels may be loaded from the session cache already; the call plan's
+    C helpers, vtc.runtime.checks, are loaded once per process); returns the names of the libraries it
+    had to compile."""
     monkeypatch.setenv("VTC_CACHE_DIR", str(cache))
     monkeypatch.setattr(cbuild, "_loaded", {})
+    monkeypatch.setattr(checks, "_fns", None)
     compiles: list[str] = []
     real = cbuild._compile
     monkeypatch.setattr(cbuild, "_compile", lambda source, stem, *rest: compiles.append(stem.name)

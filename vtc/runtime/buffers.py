@@ -86,9 +86,6 @@ def _free(st: torch.UntypedStorage) -> bool:
 
 
 def _on(st: torch.UntypedStorage, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A contiguous tensor over all of storage `st` (not a view: no _base)."""
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return torch.empty(0, dtype=dtype).set_(st, 0, shape, tuple(reversed(strides)))
+    """A contiguous tensor over all of storage `st` (not a view: no _base).  ``set_`` without strides makes
+    the contiguous ones (in C: 2.4 -> 1.5 us a buffer with them worked out in Python, 1 thread)."""
+    return torch.empty(0, dtype=dtype).set_(st, 0, shape)

@@ -41,7 +41,7 @@ import ctypes
 import operator
 import struct
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -54,6 +54,7 @@ from vtc.runtime.buffers import MIN_BYTES, BufferPool
 from vtc.runtime.checks import check_range, checked_caller
 from vtc.runtime.executor import _own  # the executor imports this module only when it first runs
 from vtc.runtime.reference import check_inputs
+from vtc.runtime.segment import Segment
 
 aten = torch.ops.aten
 # framework ops whose torch function takes the same positional arguments and runs the same ATen op
@@ -96,7 +97,8 @@ class CallPlan:
         # what was set up (the tests assert it): range checks run in a kernel's C call / from Python, views of
         # constants made once, steps that go through Executor.run_step
         self.counts = {"checks_in_c": 0, "checks_in_python": 0, "constant_views": 0, "by_name": 0,
-                       "packed_weights": 0, "packed_conv_weights": 0}
+                       "packed_weights": 0, "packed_conv_weights": 0,
+                       "segments": 0, "segment_kernels": 0}  # kernels run in one C call (vtc.runtime.segment)
         self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
         self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
         # kernel outputs that only kernels read: placed in a per-call arena at offsets fixed here (_arena_layout)
@@ -105,17 +107,26 @@ class CallPlan:
         self.arena_offsets, self.arena_bytes = _arena_layout(executor) if ARENA else ({}, 0)
         self.arena_kernels: list[tuple[list, dict]] = []  # per arena kernel: (arena offset or None by pointer,
         #                                                      {pointer: address the same in every call})
-        self._arenas: list[list] = []  # free arenas (one per call running at once), each [buffer, lists...]
+        self._arenas: list[list] = []  # free arenas (one per call running at once), each [buffer, base, lists...]
+        self.segment_arena = False  # a segment reads or writes the arena (vtc.runtime.segment)
+        self.fixed_storages: list = []  # the storages of constants whose addresses a segment's table holds
+        self.c_calls = 0  # calls into C per model call: kernels called on their own and segments
+        segment = Segment(self)
         for s in executor.steps:
-            fn = self._step(s)
-            if fn is None:
+            for name in s.writes:
+                self.made.pop(name, None)
+                self.typed.pop(name, None)
+            if s.kind == "kernel" and not s.kernel._derived:  # derived index tensors: computed by run_step
+                parts = self._kernel_parts(s.kernel)
+                if not segment.add(s, parts):  # ends the segment before it, and where it must run on its own
+                    self._flush(segment)
+                    if not segment.add(s, parts):
+                        self._add(self._kernel_closure(parts), s, s.frees)
+                        self.c_calls += 1
                 continue
-            self.fns.append(fn)
-            self.fn_steps.append(s)
-            frees = tuple(self.slot[n] for n in s.frees if n not in self.arena_offsets)  # arena values: no tensor
-            if frees:
-                self.fns.append(_freer(frees))
-                self.fn_steps.append(None)
+            self._flush(segment)
+            self._add(self._step(s), s, s.frees)
+        self._flush(segment)
         self.own_outputs = _owning_outputs(executor, graph)
         self.const_copies = bool(executor.const_copies)
 
@@ -131,7 +142,7 @@ class CallPlan:
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t
-        if self.arena_kernels:
+        if self.arena_kernels or self.segment_arena:
             arena = self.acquire_arena()
             slots[self.arena_slot] = arena
             try:
@@ -148,7 +159,8 @@ class CallPlan:
         return outs
 
     def acquire_arena(self) -> list:
-        """A free arena for one call (``[buffer, pointer list of each arena kernel...]``; give it back with
+        """A free arena for one call (``[buffer, its aligned address, pointer list of each arena kernel...]``;
+        give it back with
         ``self._arenas.append``): a new one where every arena is taken (calls in several threads at once)."""
         try:
             return self._arenas.pop()
@@ -158,16 +170,35 @@ class CallPlan:
         base = -(-buf.data_ptr() // ARENA_ALIGN) * ARENA_ALIGN
         lists = [[base + off if off is not None else fixed.get(p, 0) for p, off in enumerate(offsets)]
                  for offsets, fixed in self.arena_kernels]
-        return [buf, *lists]
+        return [buf, base, *lists]
+
+    def _add(self, fn: Callable[[Slots], None] | None, s, frees: tuple[str, ...]) -> None:
+        """Appends closure fn (running step s, the first of a segment's; None: nothing to run), then one
+        dropping the values named in `frees` but those in the arena (never tensors)."""
+        if fn is not None:
+            self.fns.append(fn)
+            self.fn_steps.append(s)
+        frees = tuple(self.slot[n] for n in frees if n not in self.arena_offsets)
+        if frees:
+            self.fns.append(_freer(frees))
+            self.fn_steps.append(None)
+
+    def _flush(self, segment: "Segment") -> None:
+        """Ends the segment being gathered: one closure for its kernels (one on its own: ``_kernel_closure``)."""
+        items = segment.take()
+        if len(items) == 1:
+            (s, parts), = items
+            self._add(self._kernel_closure(parts), s, s.frees)
+        elif items:
+            self._add(segment.closure(items), items[0][0], ())  # the segment drops what its kernels free
+        self.c_calls += bool(items)
 
     # -- one closure per step ---------------------------------------------------
     def _step(self, s) -> Callable[[Slots], None] | None:
-        """The closure running step s, or None when the step was done here once (a view of constants)."""
-        for name in s.writes:
-            self.made.pop(name, None)
-            self.typed.pop(name, None)
-        if s.kind == "kernel" and not s.kernel._derived:  # derived index tensors: computed by run_step
-            return self._kernel(s.kernel)
+        """The closure running step s (not a plain kernel), or None when the step was done here once (a view
+        of constants)."""
+        if s.kind == "kernel":
+            return self._by_name(s)  # a kernel computing derived index tensors
         if s.kind == "run":
             return self._run(s)
         if s.kind in ("view", "alias"):
@@ -266,11 +297,9 @@ class CallPlan:
             slots[out_slot] = src.as_strided(shape, strides, src.storage_offset() + offset)
         return view
 
-    def _kernel(self, ck) -> Callable[[Slots], None]:
-        """A generated kernel: inputs checked where needed, outputs allocated, one C call (with its range
-        checks where it can run them)."""
+    def _kernel_parts(self, ck) -> "KernelParts":
+        """What a call of generated kernel ck needs, worked out once (its outputs are then known to be made)."""
         name = ck.step.kernel.name
-        ins = [self.slot[b.name] for b in ck.inputs]
         types = [(torch.Size(b.shape), b.dtype) for b in ck.inputs]
         # inputs that neither a kernel nor the constants made: contiguity checked per call, and dtype and
         # shape but for the graph's inputs (checked by the call)
@@ -278,27 +307,36 @@ class CallPlan:
                    if self.made.get(b.name) != types[k] and self.typed.get(b.name) != types[k]]
         strided = [k for k, b in enumerate(ck.inputs)
                    if self.made.get(b.name) != types[k] and self.typed.get(b.name) == types[k]]
-        outs = [self.slot[b.name] for b in ck.outputs]
-        allocs = [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs]
-        sizes = tuple(t.data_ptr() for t in ck._sizes)  # a size-generic kernel's sizes (the tensor lives in ck)
         weight = self._packed_conv_weight(ck)  # a conv_bcast kernel's W^T packed once, passed after the buffers
         if weight is not None and ck.step.checks:  # pragma: no cover - a convolution's kernel has no index checks
             self.why_not_packed[name], weight = "the kernel has index range checks", None
-        pointers = pointer_array(ck._pointers._length_ + (weight is not None))
-        call_checked = checked_caller() if ck.step.checks else None
-        fused, other = _split_checks(ck) if call_checked is not None else ([], ck.step.checks)
-        python_checks = [(c, self.slot[c.tensor]) for c in other]
+        fused, other = _split_checks(ck) if checked_caller() is not None else ([], ck.step.checks)
         self.counts["checks_in_c"] += len(fused)
         self.counts["checks_in_python"] += len(other)
+        if weight is not None:
+            self.counts["packed_conv_weights"] += 1
+        for b in ck.outputs:
+            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
+        return KernelParts(
+            ck, name, [self.slot[b.name] for b in ck.inputs], [self.slot[b.name] for b in ck.outputs],
+            [_allocator(torch.Size(b.shape), b.dtype, self.pool) for b in ck.outputs], checked, strided,
+            tuple(t.data_ptr() for t in ck._sizes),  # a size-generic kernel's sizes (the tensor lives in ck)
+            weight, fused, [(c, self.slot[c.tensor]) for c in other], ctypes.cast(ck.fn, ctypes.c_void_p).value)
+
+    def _kernel_closure(self, parts: "KernelParts") -> Callable[[Slots], None]:
+        """A generated kernel called on its own: inputs checked where needed, outputs allocated, one C call
+        (with its range checks where it can run them)."""
+        ck, name, ins, outs, allocs = parts.ck, parts.name, parts.ins, parts.outs, parts.allocs
+        checked, strided, sizes, weight, fused = parts.checked, parts.strided, parts.sizes, parts.weight, parts.fused
+        python_checks, address = parts.python_checks, parts.address
+        pointers = pointer_array(ck._pointers._length_ + (weight is not None))
+        call_checked = checked_caller() if fused else None
         get_threads = torch.get_num_threads
-        address = ctypes.cast(ck.fn, ctypes.c_void_p).value
-        fn = ctypes.CFUNCTYPE(None)(address)  # no argtypes: arguments are an array (a pointer) and an int;
-        if fused:                             # ctypes calls it in half the time of a function with argtypes
+        fn = kernel_function(address)
+        if fused:
             kernel_address, nchecks = ctypes.c_void_p(address), ctypes.c_int64(len(fused))
             table = (ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row])
         take = _taker(ins)
-        if weight is not None:
-            self.counts["packed_conv_weights"] += 1
         placed = self.arena_offsets
         if placed and any(b.name in placed for b in [*ck.inputs, *ck.outputs]):
             if ck.step.checks:  # pragma: no cover - _arena_layout places none of its buffers
@@ -317,8 +355,6 @@ class CallPlan:
                    get_threads() | flag)
                 for i, t in zip(outs, made):
                     slots[i] = t
-            for b in ck.outputs:
-                self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
             return kernel_packed
 
         def kernel(slots: Slots) -> None:
@@ -338,8 +374,6 @@ class CallPlan:
                 # both test lo <= i <= hi on the same int64s
             for i, t in zip(outs, made):
                 slots[i] = t
-        for b in ck.outputs:
-            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
         return kernel
 
     def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs, checked,
@@ -350,7 +384,7 @@ class CallPlan:
         placed = self.arena_offsets
         order = [*ck.inputs, *ck.outputs]
         offsets = [placed.get(b.name) for b in order] + [None] * (len(sizes) + (weight is not None))
-        k = len(self.arena_kernels) + 1  # the arena's list for this kernel: arena[k] (arena[0] is its buffer)
+        k = len(self.arena_kernels) + 2  # the arena's list for this kernel: arena[k] (arena[0] is its buffer)
         # addresses the same in every call and arena: a size-generic kernel's sizes
         self.arena_kernels.append((offsets, {len(order) + p: ptr for p, ptr in enumerate(sizes)}))
         nin = len(ck.inputs)
@@ -358,8 +392,6 @@ class CallPlan:
         made = [(nin + p, self.slot[b.name], a) for p, (b, a) in enumerate(zip(ck.outputs, allocs))
                 if b.name not in placed]
         a_slot, flag, last = self.arena_slot, conv_bcast.PACKED_FLAG if weight is not None else 0, len(offsets) - 1
-        for b in ck.outputs:
-            self.made[b.name] = self.typed[b.name] = (torch.Size(b.shape), b.dtype)
 
         name, take = ck.step.kernel.name, _taker([i for _, i in given])
         positions = [p for p, _ in given]
@@ -409,10 +441,10 @@ def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list)
     for k in strided:
         if not tensors[k].is_contiguous():
             tensors[k] = tensors[k].contiguous()
-    for k, n, shape, dtype in checked:
+    for k, n, shape, dtype, *reader in checked:  # reader: the kernel's name where they are several's inputs
         t = tensors[k]
         if t.dtype != dtype or t.shape != shape:
-            raise RuntimeError(f"kernel {name}: buffer {n} is {t.dtype} {list(t.shape)}, "
+            raise RuntimeError(f"kernel {reader[0] if reader else name}: buffer {n} is {t.dtype} {list(t.shape)}, "
                                f"generated for {dtype} {list(shape)}")
         if not t.is_contiguous():
             tensors[k] = t.contiguous()
@@ -421,6 +453,12 @@ def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list)
 
 ARENA = POOL_ENABLED  # VTC_BUFFER_POOL=0 (the benchmark's memory probes) keeps nothing between calls: no arena
 ARENA_ALIGN = 64  # bytes: each buffer of the arena starts on a cache line
+# the largest value placed in the arena; a larger one comes from the buffer pool.  Up to 2 MB a value costs
+# less in the arena: no pool allocation per call (~2 us, 1 thread) and no end of a segment where the pool
+# would reuse a buffer freed in it (vtc.runtime.segment).  A larger one stays the pool's: llama3_prefill_b1
+# ran 0.7% slower with its MB-sized intermediates in the arena (measured twice when the arena was made, the
+# saving is per buffer; docs/chains.md)
+ARENA_MAX_BYTES = 2 << 20
 
 
 def _arena_layout(executor) -> tuple[dict[str, int], int]:
@@ -430,7 +468,7 @@ def _arena_layout(executor) -> tuple[dict[str, int], int]:
     call allocates nothing for it (a ``torch.empty`` and the addresses read back cost ~2 us per kernel,
     ShuffleNetV2: ~55 kernels).  A value qualifies when its writer and every reader are kernel steps that run
     without index checks or derived index tensors, it is not a graph output, and it is smaller than
-    ``buffers.MIN_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step
+    ``ARENA_MAX_BYTES`` (a larger one comes from the buffer pool, as before).  Values live from the step
     that writes them to the last step that reads them; two values share bytes only when those spans do not
     meet (first fit, largest first)."""
     steps = executor.steps
@@ -454,9 +492,8 @@ def _arena_layout(executor) -> tuple[dict[str, int], int]:
                 bad.add(name)
     sizes = {}
     for k in sorted(plain):
-        for b in steps[k].kernel.outputs:  # a large one stays the pool's (as measured before: llama3_prefill_b1
-            # ran 0.7% slower with its MB-sized intermediates in the arena, twice; the saving is per buffer)
-            if b.name not in bad and b.name not in sizes and b.nbytes < MIN_BYTES:
+        for b in steps[k].kernel.outputs:  # a large one stays the pool's (ARENA_MAX_BYTES)
+            if b.name not in bad and b.name not in sizes and b.nbytes < ARENA_MAX_BYTES:
                 sizes[b.name] = -(-max(b.nbytes, 1) // ARENA_ALIGN) * ARENA_ALIGN
     placed: list[tuple[int, int, int, int]] = []  # (offset, end, first step, last step)
     offsets: dict[str, int] = {}
@@ -525,6 +562,29 @@ def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Calla
         t = empty(*sizes)
         return t if t.dtype is dtype else empty(*sizes, dtype=dtype)
     return default_dtype
+
+
+class KernelParts(NamedTuple):
+    """What a call of one generated kernel needs (``CallPlan._kernel_parts``); positions are in its pointer
+    array: its inputs, its outputs, then a size-generic kernel's sizes, then a packed weight."""
+    ck: Any  # the executor's CompiledKernel
+    name: str
+    ins: list[int]  # the inputs' slots
+    outs: list[int]  # the outputs' slots
+    allocs: list[Callable[[], torch.Tensor]]  # the outputs' allocators
+    checked: list[tuple]  # (input position, value, shape, dtype): dtype, shape and contiguity checked per call
+    strided: list[int]  # input positions made contiguous per call where they are not
+    sizes: tuple[int, ...]  # addresses after the buffers (a size-generic kernel's sizes)
+    weight: Callable[[], tuple] | None  # a conv_bcast kernel's packed weight state (its address: [2])
+    fused: list[tuple]  # (check, (input position, count, lo, hi)): range checks run in C before the kernel
+    python_checks: list[tuple]  # (check, slot): range checks run from Python
+    address: int  # the kernel function's
+
+
+def kernel_function(address: int) -> Callable[..., None]:
+    """The kernel at `address` as a ctypes function without argtypes (arguments: an array, which may be a bytes
+    object, and an int): ctypes calls it in half the time of a function with argtypes."""
+    return ctypes.CFUNCTYPE(None)(address)
 
 
 def pointer_array(n: int) -> Callable[..., bytes]:

@@ -16,6 +16,8 @@ int64 tensors and leaves everything else, and every failure, to
 uses it for checks over a kernel's own int64 input buffers, which saves a
 Python call and a ctypes call per check; a failing check returns its number
 before the kernel runs, and ``IndexCheck.run`` raises as above.
+``vtc_run_segment`` runs several kernels, each after its checks, in one C call
+(``segment_runner``, ``vtc.runtime.segment``).
 """
 from __future__ import annotations
 
@@ -48,6 +50,34 @@ extern "C" int64_t vtc_call_checked(void* kernel, void* const* bufs, int nthread
   ((vtc_kernel)kernel)(bufs, nthreads);
   return -1;
 }
+// a segment: consecutive kernels in one call (vtc.runtime.segment).  table: n kernels, p pointers, r
+// relocations; the p-pointer template (addresses the same in every call); r rows of (pointer, value, addend):
+// pointer = vals[value] + addend; n rows of (kernel, first pointer, flag or'ed into nthreads, first check,
+// check count); then the check rows as above, numbered in the kernel's own pointers.  The pointers are
+// copied to this call's stack and patched there: the table is shared by calls in several threads.  Returns
+// the first failing check's row (the kernels before it have run, it and those after have not), or -1.
+extern "C" int64_t vtc_run_segment(const int64_t* table, const uint64_t* vals, int nthreads) {
+  const int64_t n = table[0], p = table[1], r = table[2];
+  const int64_t* relocs = table + 3 + p;
+  const int64_t* kernels = relocs + 3 * r;
+  const int64_t* checks = kernels + 5 * n;
+  void** bufs = (void**)__builtin_alloca(p * sizeof(void*));
+  __builtin_memcpy(bufs, table + 3, p * sizeof(void*));
+  for (int64_t i = 0; i < r; ++i) {
+    const int64_t* row = relocs + 3 * i;
+    bufs[row[0]] = (void*)(uintptr_t)(vals[row[1]] + (uint64_t)row[2]);
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t* row = kernels + 5 * k;
+    void* const* b = bufs + row[1];
+    for (int64_t c = row[3]; c < row[3] + row[4]; ++c) {
+      const int64_t* check = checks + 4 * c;
+      if (vtc_first_out_of_range((const int64_t*)b[check[0]], check[1], check[2], check[3]) >= 0) return c;
+    }
+    ((vtc_kernel)row[0])(b, nthreads | (int)row[2]);
+  }
+  return -1;
+}
 """
 _lock = threading.Lock()
 _fns = None  # the loaded C functions (range check, checked call); False once building them failed
@@ -65,7 +95,8 @@ def _functions():
                     f, call = lib.vtc_first_out_of_range, lib.vtc_call_checked
                     f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
                     f.restype = call.restype = ctypes.c_int64  # call: no argtypes, see checked_caller
-                    _fns = (f, call)
+                    segment = ctypes.cast(lib.vtc_run_segment, ctypes.c_void_p).value
+                    _fns = (f, call, segment)
                 except Exception:  # no compiler: the torch check below is always right, only slower
                     _fns = False
     return _fns
@@ -83,6 +114,13 @@ def checked_caller():
     ``ctypes.c_void_p``, bufs and checks as ctypes arrays, nthreads as an int, n as a ``ctypes.c_int64``."""
     fns = _functions()
     return fns[1] if fns else None
+
+
+def segment_runner():
+    """``vtc_run_segment(table, vals, nthreads)`` (see ``vtc.runtime.segment``) as a ctypes function without
+    argtypes (table and vals as bytes, nthreads an int) returning an int64, or None without a compiler."""
+    fns = _functions()
+    return ctypes.CFUNCTYPE(ctypes.c_int64)(fns[2]) if fns else None
 
 
 def check_range(check: IndexCheck, t: torch.Tensor) -> None:
