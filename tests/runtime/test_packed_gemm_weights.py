@@ -107,6 +107,28 @@ def test_a_row_major_weight_is_packed_once():
         torch.testing.assert_close(compiled(x), mod(x), **ROW_TOL)
 
 
+def test_a_slice_of_a_constant_is_packed_from_its_offset():
+    """B = W[50:150, 10:310]^T of a [200, 400] parameter: rows of 300 floats at offset 50 * 400 + 10, 400 apart."""
+    g = gen(16)
+    w = torch.nn.Parameter(rand((200, 400), g))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = w
+
+        def forward(self, x):
+            return x @ self.w[50:150, 10:310].t() + 1.0
+
+    mod, x = M(), rand((160, 300), g)
+    with torch.no_grad():
+        compiled = vtc.compile(mod, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), mod(x), **ROW_TOL)
+        assert _plan(compiled).counts["packed_conv_weights"] == 1, _plan(compiled).why_not_packed
+        w[60:70].mul_(3.0)  # rows inside the slice change
+        torch.testing.assert_close(compiled(x), mod(x), **ROW_TOL)
+
+
 def test_weight_rows_and_skinny_gemms_read_w_in_place():
     """At most WT_MAX_M rows (weight_rows) or SKINNY_M (dot products) the kernel packs no B: nothing to pack once."""
     for m in (100, 8):
