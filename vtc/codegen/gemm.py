@@ -426,7 +426,8 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   __m512 c0[R], c1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);  // both lines of the tile's row of C (read at the end)
+    _mm_prefetch((const char*)(c + r * ldc + 16), _MM_HINT_T0);
     c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
   }
   #pragma GCC unroll 2
