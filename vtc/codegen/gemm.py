@@ -426,7 +426,8 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   __m512 c0[R], c1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);  // both lines of the tile's row of C (read at the end)
+    _mm_prefetch((const char*)(c + r * ldc + 16), _MM_HINT_T0);
     c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
   }
   #pragma GCC unroll 2
@@ -946,7 +947,7 @@ def generate(k: Kernel) -> str:
     MR x NR tiles of the block.  Blocks are made a multiple of the thread count by splitting the larger
     of M and N, so both threads get the same work.
     """
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, buffer_pointers
 
     g: GemmOperands = k.gemm
     if g.generate is not None:
@@ -964,6 +965,17 @@ def generate(k: Kernel) -> str:
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
+    lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
+    spec = _packed_spec(em, g, lazy)
+    # what the call plan packs once (vtc.runtime.packed); none where the weight_rows path runs (it packs no B).
+    # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
+    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M):
+        g.__dict__.pop("packed_weight", None)
+    else:
+        g.packed_weight = spec
+    if spec is not None:  # B packed once by the caller, passed after the buffers with PACKED_FLAG set
+        lines += [f"  const float* __restrict wpk = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{len(buffer_order(k))}] : nullptr;",
+                  f"  nthreads &= ~{PACKED_FLAG};"]
     # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
@@ -979,6 +991,9 @@ def generate(k: Kernel) -> str:
             f"  if (wt_rows) {{ kc = {WT_KC}; mc = M; nc = VTC_NC; }}  // A^T in one block, packed once",
             "#endif"]),
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
+        *([] if spec is None else [  # (packed_panels: packed_kc's slices, N rounded up to 32)
+            "  const int64_t KCP = (K + (K + VTC_KC - 1) / VTC_KC - 1) / ((K + VTC_KC - 1) / VTC_KC), NP = (N + VTC_NR - 1) / VTC_NR * VTC_NR;",
+            "  const float* __restrict bpk = wpk && kc == KCP && VTC_NR == 32 ? wpk : nullptr;  // B's panels packed once"]),
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         # blocks of equal size (3584 columns: 4 x 896, not 3 x 1024 + 512, which gave one of 2 threads 2048)
         *(["  mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
@@ -1026,12 +1041,12 @@ def generate(k: Kernel) -> str:
                   f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
                   f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
                   f"{ind}#else"]
-    lazy = _lazy_b(em, g) if LAZY_B and not direct and not dot else None
     if lazy is None:
         lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
     else:
         lines.append(f"{ind}const float* __restrict bnext = {lazy[0]};  // B's block at (k0, n0): panels packed in the first strip")
-    lines += [f"{ind}const float* __restrict bsrc = bp;",
+    lines += [f"{ind}const float* __restrict bsrc = bp;" if spec is None else
+              f"{ind}const float* __restrict bsrc = bpk ? bpk + k0 * NP + n0 * kb : bp;",
               f"{ind}const float* __restrict btail = nullptr;",
               f"{ind}const int64_t ldb = VTC_NR, bstep = kb;"]
     if direct:
@@ -1043,7 +1058,7 @@ def generate(k: Kernel) -> str:
         f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
-        *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ")),
+        *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ", spec is not None)),
         f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
         f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
         f"{ind}    }}",
@@ -1063,6 +1078,60 @@ EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile),
 SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
+PACKED_B = True  # a constant B (W^T of a weight, or a row-major weight) that _lazy_b would pack per call: the kernel
+#                  also takes its panels packed once by the caller (packed_panels; vtc.runtime.packed) (docs/gemm.md)
+PACKED_FLAG = 1 << 30  # set in a call's nthreads: the pointer after the buffers is B packed once (conv_bcast's flag)
+
+
+def packed_kc(k: int) -> int:
+    """The KC slice the AVX-512 kernel cuts a reduction of k into where it runs the panels (``generate``'s C:
+    VTC_KC = 256, equal slices; the kernel takes no packed B where its kc differs)."""
+    slices = -(-k // 256)
+    return -(-k // slices)
+
+
+def packed_panels(w: torch.Tensor, offset: int, lda: int, rows: int, cols: int, *, kc: int, wt: bool) -> torch.Tensor:
+    """B packed as the AVX-512 kernel's panels read it, from the weight rows ``W[i, j] = w.flatten()[offset +
+    i * lda + j]`` (i < rows, j < cols): B = W^T (`wt`: K = cols, N = rows) or B = W (K = rows, N = cols).  Per
+    KC slice (``packed_kc``) at k0, ceil(N / 32) panels of kb x 32 floats (zero past N): B[k0 + p, 32 j + c] at
+    ``k0 * NP + j * 32 * kb + p * 32 + c`` (NP = N rounded up to 32), so the block at (k0, n0) starts at
+    ``k0 * NP + n0 * kb``."""
+    rows_ = w.detach().as_strided((rows, cols), (lda, 1), w.storage_offset() + offset)
+    b = rows_.t() if wt else rows_
+    kk, n = b.shape
+    npad = -(-n // 32) * 32
+    out = torch.zeros(kk * npad, dtype=w.dtype)
+    for k0 in range(0, kk, kc):
+        kb = min(kc, kk - k0)
+        blk = out[k0 * npad:(k0 + kb) * npad].view(npad // 32, kb, 32)
+        blk[: n // 32] = b[k0:k0 + kb, : n // 32 * 32].reshape(kb, n // 32, 32).transpose(0, 1)
+        if n % 32:
+            blk[n // 32, :, : n % 32] = b[k0:k0 + kb, n // 32 * 32:]
+    return out
+
+
+def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tuple | None:
+    """What a caller may pack once and pass with PACKED_FLAG (``vtc.runtime.packed.PackedConvWeight``'s spec:
+    the weight's buffer, offset, row stride, rows, columns and ``packed_panels`` as its layout), or None: B
+    packed panel by panel in the first strip (``_lazy_b``) from one buffer at a constant offset with no
+    batch term, static sizes, AVX-512."""
+    from functools import partial
+
+    from vtc.codegen.conv_t import has_avx512
+
+    if not PACKED_B or lazy is None or not has_avx512() or not all(isinstance(x, int) for x in (g.m, g.n, g.k)):
+        return None
+    buf, idx = g.b.args
+    c, terms = _terms(linear_offset(idx, em.shapes[buf]))
+    if any(not (atom.op == "var" and atom.args[0] in (g.vars[2], "r")) for atom in terms):
+        return None  # a batch or other term: not one weight for all of the kernel
+    _, mode, _ = lazy
+    co = {atom.args[0]: k for atom, k in terms.items()}
+    sn, sk = co.get(g.vars[2], 0), co.get("r", 0)
+    offset = int(c)
+    if mode == 2:  # B = W^T: N rows of K floats, sn apart
+        return buf, offset, sn, g.n, g.k, partial(packed_panels, kc=packed_kc(g.k), wt=True)
+    return buf, offset, sk, g.k, g.n, partial(packed_panels, kc=packed_kc(g.k), wt=False)
 
 
 def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
@@ -1083,19 +1152,30 @@ def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
     return (src, 2, sn) if sk == 1 else None
 
 
-def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str) -> list[str]:
+def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str, packed: bool = False) -> list[str]:
     """In the jr loop of the block's first row strip: pack B's panel jr (_pack_b's lines over NR columns at
     n0 + jr), then run its full tile with the next panel's source prefetched into L2 (vtc_ukr's PF), so the
-    next pack reads from L2 while this tile's FMAs run instead of waiting on memory."""
+    next pack reads from L2 while this tile's FMAs run instead of waiting on memory.  `packed`: where the
+    kernel got B's panels packed once (``bpk``), no pack, and the next packed panel is prefetched (PF 1)."""
     _, mode, pld = lazy
-    return [f"{ind}if (mi == mlo && ir == 0) {{  // first strip: pack panel jr just before its first use",
-            f"{ind}  float* __restrict const bpj = bp + jr * kb;",
+    pack = [f"{ind}  float* __restrict const bpj = bp + jr * kb;",
             f"{ind}  const int64_t n0j = n0 + jr;",
             f"{ind}  {{ const int64_t n0 = n0j, nb = cols; float* __restrict bp = bpj;",
             *_pack_b(em, g, ind + "    "),
-            f"{ind}  }}",
+            f"{ind}  }}"]
+    if packed:
+        pack = [f"{ind}  if (bpk && mb >= VTC_MR && jr + VTC_NR < nb) {{  // packed once: the next panel into L2",
+                f"{ind}    vtc_ukr<VTC_MR, 1>(kb, ap, bsrc + jr * kb, VTC_NR, ct + jr, LDC, k0 > 0, VTC_NR,",
+                f"{ind}                       bsrc + (jr + VTC_NR) * kb, VTC_NR);",
+                f"{ind}    continue;",
+                f"{ind}  }}",
+                f"{ind}  if (!bpk) {{",
+                *["  " + x for x in pack],
+                f"{ind}  }}"]
+    return [f"{ind}if (mi == mlo && ir == 0) {{  // first strip: pack panel jr just before its first use",
+            *pack,
             f"{ind}#if defined(__AVX512F__)",
-            f"{ind}  if (mb >= VTC_MR && jr + VTC_NR < nb) {{",
+            f"{ind}  if ({'!bpk && ' if packed else ''}mb >= VTC_MR && jr + VTC_NR < nb) {{",
             f"{ind}    vtc_ukr<VTC_MR, {mode}>(kb, ap, bp + jr * kb, VTC_NR, ct + jr, LDC, k0 > 0, VTC_NR,",
             f"{ind}                         bnext + (jr + VTC_NR) * {1 if mode == 1 else pld}, {pld});",
             f"{ind}    continue;",

@@ -120,7 +120,9 @@ def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Ca
 
 class PackedConvWeight:
     """A generated convolution's constant weight packed once as the kernel reads it (vtc.codegen.conv_bcast: W^T
-    in vectors of 16 output channels), packed again when the weight's version counter moves.
+    in vectors of 16 output channels), packed again when the weight's version counter moves.  A generated
+    GEMM's constant B (vtc.codegen.gemm: W^T or W in the micro-kernel's KC x 32 panels) takes the same way, its
+    spec naming the layout (``gemm.packed_panels``).
 
     The broadcast form otherwise packs W^T on every call (~13% of a 1x1 232 -> 232 on 7x7).  The call plan
     passes ``state()[2]`` after the kernel's buffers with ``conv_bcast.PACKED_FLAG`` set in its thread count;
@@ -129,16 +131,18 @@ class PackedConvWeight:
     (version, packed tensor, its address): a caller holds it while the kernel runs, so a concurrent re-pack
     (another thread's call) never frees the buffer under it."""
 
-    def __init__(self, w: torch.Tensor, offset: int, lda: int, m: int, k: int) -> None:
+    def __init__(self, w: torch.Tensor, offset: int, lda: int, m: int, k: int,
+                 layout: Callable[..., torch.Tensor] | None = None) -> None:
+        from vtc.codegen.conv_bcast import packed_layout
+
         self.w, self.spec, self.lock = w, (offset, lda, m, k), threading.Lock()
+        self.layout = layout or packed_layout  # a generated GEMM's B: its spec names vtc.codegen.gemm.packed_panels
         self._state = self._pack()
 
     def _pack(self) -> tuple[int, torch.Tensor, int]:
-        from vtc.codegen.conv_bcast import packed_layout
-
         version = self.w._version  # read first: a change during the pack is seen by the next call
         with torch.no_grad():
-            p = packed_layout(self.w, *self.spec)
+            p = self.layout(self.w, *self.spec)
         return version, p, p.data_ptr()
 
     def state(self) -> tuple[int, torch.Tensor, int]:
@@ -162,7 +166,7 @@ def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
         return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
-    offset, lda, m, k = spec
+    offset, lda, m, k = spec[:4]  # a fifth: the layout (a generated GEMM's B)
     if offset < 0 or offset + (m - 1) * lda + k > w.numel():
         return "the weight rows lie outside the constant"
     return None
