@@ -34,6 +34,12 @@ def _chain(g):
     return fn
 
 
+@pytest.fixture(autouse=True)
+def _segments_on(monkeypatch):
+    """Segments are off by default (vtc.runtime.segment.SEGMENTS): these tests turn them on."""
+    monkeypatch.setattr(segment, "SEGMENTS", True)
+
+
 def _solo(fn, inputs, **options):
     """fn compiled with every kernel called on its own (its plan built without segments)."""
     compiled = compile_cpu(fn, inputs, **options)

@@ -24,10 +24,11 @@ kernel's own call would.
 
 What ends a segment: a step that is not a generated kernel (a torch op, a view, a gather), a kernel that
 computes derived index tensors or has a range check C cannot run (not over an int64 input buffer); a
-kernel allocating a buffer from the pool (``buffers.MIN_BYTES`` or more) after a pooled buffer was freed
-earlier in the segment (run on its own, the kernel would reuse that buffer: allocating every output before
-the C call must not raise the peak); more than ``MAX_POINTERS`` pointers.  ``VTC_CALL_SEGMENTS=0`` in the
-environment (or ``SEGMENTS = False`` before a plan is built) calls every kernel on its own.
+kernel allocating a buffer (``buffers.MIN_BYTES`` or more, not in the arena) after such a buffer was freed
+earlier in the segment (run on its own, the kernel would reuse that memory, through the pool or, with the
+pool off, the allocator: allocating every output before the C call must not raise the peak); more than ``MAX_POINTERS`` pointers.  Segments are off unless
+``VTC_CALL_SEGMENTS=1`` is in the environment (or ``SEGMENTS = True`` before a plan is built): they raised the
+peak memory of the bench's units (docs/chains.md, the callcost section's follow-up).
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ from vtc.runtime.buffers import ENABLED as POOL_ENABLED
 from vtc.runtime.buffers import MIN_BYTES
 from vtc.runtime.checks import segment_runner
 
-SEGMENTS = os.environ.get("VTC_CALL_SEGMENTS", "1") != "0"
+# off by default: with segments the memory probes of `vtc bench` measured a higher peak (efficientvit_b16 55 -> 73
+# MiB, c3k2_b1 1.7 -> 2.9 MiB, session 12) for a per-call saving within the noise of the units' timings
+SEGMENTS = os.environ.get("VTC_CALL_SEGMENTS", "0") == "1"
 MAX_POINTERS = 4096  # a segment's pointer arrays (copied to the C stack: 32 KB)
 
 
@@ -65,7 +68,9 @@ class Segment:
                     self.nbytes[b.name] = b.nbytes
 
     def _pooled(self, name: str) -> bool:
-        return POOL_ENABLED and self.nbytes.get(name, 0) >= MIN_BYTES and name not in self.plan.arena_offsets
+        """A buffer of its own per call (not the arena's), from the pool or, with the pool off, the allocator:
+        freed within a run, it is memory the next allocation would take again."""
+        return self.nbytes.get(name, 0) >= MIN_BYTES and name not in self.plan.arena_offsets
 
     def add(self, s, parts) -> bool:
         """Adds kernel step s to the segment; False where it cannot join it (the caller ends the segment and
