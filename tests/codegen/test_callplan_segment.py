@@ -36,7 +36,8 @@ def _chain(g):
 
 @pytest.fixture(autouse=True)
 def _segments_on(monkeypatch):
-    """Segments are off by default (vtc.runtime.segment.SEGMENTS): these tests turn them on."""
+    """Segments are on with the buffer pool (vtc.runtime.segment.SEGMENTS); these tests turn them on whatever
+    VTC_BUFFER_POOL says."""
     monkeypatch.setattr(segment, "SEGMENTS", True)
 
 

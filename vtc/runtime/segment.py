@@ -26,9 +26,10 @@ What ends a segment: a step that is not a generated kernel (a torch op, a view, 
 computes derived index tensors or has a range check C cannot run (not over an int64 input buffer); a
 kernel allocating a buffer (``buffers.MIN_BYTES`` or more, not in the arena) after such a buffer was freed
 earlier in the segment (run on its own, the kernel would reuse that memory, through the pool or, with the
-pool off, the allocator: allocating every output before the C call must not raise the peak); more than ``MAX_POINTERS`` pointers.  Segments are off unless
-``VTC_CALL_SEGMENTS=1`` is in the environment (or ``SEGMENTS = True`` before a plan is built): they raised the
-peak memory of the bench's units (docs/chains.md, the callcost section's follow-up).
+pool off, the allocator: allocating every output before the C call must not raise the peak); more than ``MAX_POINTERS`` pointers.  Segments are on where the
+buffer pool is (``VTC_BUFFER_POOL=0`` turns both off: with the pool off they raised the peak memory of the
+bench's units, docs/chains.md, the callcost section's follow-up); ``VTC_CALL_SEGMENTS=0`` / ``1`` in the
+environment (or ``SEGMENTS`` set before a plan is built) decides alone.
 """
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ from vtc.runtime.buffers import ENABLED as POOL_ENABLED
 from vtc.runtime.buffers import MIN_BYTES
 from vtc.runtime.checks import segment_runner
 
-# off by default: with segments the memory probes of `vtc bench` measured a higher peak (efficientvit_b16 55 -> 73
-# MiB, c3k2_b1 1.7 -> 2.9 MiB, session 12) for a per-call saving within the noise of the units' timings
-SEGMENTS = os.environ.get("VTC_CALL_SEGMENTS", "0") == "1"
+# on with the buffer pool (whose reuse Segment.add accounts for: the pool holds as many buffers as without
+# segments); with the pool off (VTC_BUFFER_POOL=0, the bench's memory probes) every buffer's lifetime is the
+# peak's, and segments measured a higher one (efficientvit_b16 55 -> 73 MiB, c3k2_b1 1.7 -> 2.9 MiB, session 12)
+SEGMENTS = os.environ.get("VTC_CALL_SEGMENTS", "1" if POOL_ENABLED else "0") == "1"
 MAX_POINTERS = 4096  # a segment's pointer arrays (copied to the C stack: 32 KB)
 
 
