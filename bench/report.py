@@ -219,22 +219,17 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): the generated GEMM cuts its blocks equal (an
-up projection's 3584 columns had given one of two threads 2048 of them); an
-A computed through an inlined producer is packed row by row, and a producer
-the kernel would compute once per column block or thread is stored once;
-pow by small constants is multiplied out and log is vectorised (std::pow and
-std::log kept loops scalar: GPT-2's gelu); values computed from nothing the
-caller passes whose index arithmetic would divide are folded into constants
-(Swin's shifted-window masks); the prefill attention reads the mask's cache
-position once per tile and its PV step skips keys of probability 0;
-ShuffleNet's stem convolution reads its input rows directly, prefetched;
-bf16 GEMM choices follow a measured ratio (this CPU has no AMX).  Where vtc
-loses or ties: the prefill units (0.96-0.98x of OpenVINO at 2 threads) are
-GEMM-bound, vtc's GEMMs at 85-90% of the FMA peak with B packed on every
-call, OpenVINO's on weights packed once; swin_t_model (0.80x, not a goal
-workload) has 49-row GEMMs and 49-key windows that fill 49 of 64 vector
-lanes.
+last run (the same AMD EPYC): a constant GEMM weight (W^T of a Linear, or a
+row-major weight) is packed once into the generated kernel's 32-column
+panels and re-packed when it changes, instead of on every call (the prefill
+units moved from 0.96-0.98x to 1.02-1.04x of OpenVINO); the flash kernel
+stages a bias or mask read along the key into key x query tiles (Swin's
+relative-position bias, transformers' [b, 1, q, k] masks; swin_t_model
+0.80x -> 0.96x); runs of consecutive generated kernels are one C call
+while the buffer pool is on (shufflenet_v2_model: 60 C calls per call ->
+1), and the per-call arena takes values up to 2 MB.  Where vtc loses or
+ties: swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of
+64 vector lanes; the prefill units stay GEMM-bound (1.02-1.04x).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
