@@ -141,7 +141,7 @@ class Compiled:
         self._lock = threading.Lock()
         self._cache_io: bool | None = None  # whether the inputs hold a transformers Cache (_caches)
         self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
-        self._new_sizes = -1  # specializations made after the first (NewSizesWarning)
+        self._new_sizes = 0  # specializations made after the first (NewSizesWarning)
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
         if _graph is not None:
             self._first = specialize(_graph, self.options)
@@ -185,10 +185,10 @@ class Compiled:
             if spec is None:
                 spec = specialize(self._capture(args, kwargs), self.options)
             with self._lock:
+                self._new_sizes += bool(self._specs)  # the example's own is the first
                 self._specs[key] = spec
                 while len(self._specs) > self.options["max_specializations"]:
                     self._specs.popitem(last=False)
-                self._new_sizes += 1
             if self._new_sizes == NEW_SIZES_WARN_AT:
                 warnings.warn(
                     f"vtc: {type(self.model).__name__} has been called with {NEW_SIZES_WARN_AT} new input sizes; each "

@@ -59,6 +59,7 @@ from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
 from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
 from vtc.codegen import gemm_bf16, gemm_dot, gemm_inline, gemm_pack
+from vtc.codegen.conv_bcast import PACKED_FLAG  # the call plan sets it for every weight packed once
 from vtc.codegen.gemm_push import pushed_bytes
 from vtc.plan.cost import library_gemm_speed
 from vtc.runtime import packed
@@ -1080,7 +1081,6 @@ LAZY_B = True  # B's panels packed in the block's first row strip, the next pane
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
 PACKED_B = True  # a constant B (W^T of a weight, or a row-major weight) that _lazy_b would pack per call: the kernel
 #                  also takes its panels packed once by the caller (packed_panels; vtc.runtime.packed) (docs/gemm.md)
-PACKED_FLAG = 1 << 30  # set in a call's nthreads: the pointer after the buffers is B packed once (conv_bcast's flag)
 
 
 def packed_kc(k: int) -> int:

@@ -587,7 +587,6 @@ class Pusher:
                 written.add(name)
         return steps
 
-
     def _in_place(self, steps: list) -> tuple[list, set[str]]:
         """(steps, the outputs now given to every writer) with the base copy of each scatter into an input that
         the model changes in place (``in_place_scatters``) replaced by an alias of that input: the updates are
@@ -600,7 +599,8 @@ class Pusher:
             if in_place.get(node) != base or at is None:
                 continue
             shape = tuple(y.shape)
-            steps[at] = ("alias", Realization(y.name, identity(base, shape), Strided(base, 0, contiguous_strides(shape))))
+            steps[at] = ("alias", Realization(y.name, identity(base, shape),
+                                              Strided(base, 0, contiguous_strides(shape))))
             del self._base_first[node]
             self.copy_through[node] = f"none: the updates are stored into the input %{base}, which the model " \
                                       "changes in place"

@@ -384,7 +384,8 @@ class CallPlan:
         placed = self.arena_offsets
         order = [*ck.inputs, *ck.outputs]
         offsets = [placed.get(b.name) for b in order] + [None] * (len(sizes) + (weight is not None))
-        k = len(self.arena_kernels) + 2  # the arena's list for this kernel: arena[k] (arena[0] is its buffer)
+        k = len(self.arena_kernels) + 2  # the arena's list for this kernel: arena[k] (arena[0] is its buffer,
+        #                                   arena[1] the buffer's aligned address)
         # addresses the same in every call and arena: a size-generic kernel's sizes
         self.arena_kernels.append((offsets, {len(order) + p: ptr for p, ptr in enumerate(sizes)}))
         nin = len(ck.inputs)

@@ -346,10 +346,12 @@ class GenericKernels:
         parsed = {id(s): parse(sources[id(s)], s.kernel.name) for s in ksteps}
         chosen: dict[int, Template] = {}
         missing = []
+        size_free = {id(s) for s in ksteps  # the same at every size: built as it is, no template, no probes
+                     if parsed[id(s)] is not None and _text_key(s.kernel.name, self.symbols, parsed[id(s)]) in _SIZE_FREE}
         for s in ksteps:
             p = parsed[id(s)]
-            if p is None or _text_key(s.kernel.name, self.symbols, p) in _SIZE_FREE:
-                continue  # no function to template, or a kernel that is the same at every size: built as it is
+            if p is None or id(s) in size_free:
+                continue
             cands = _TEMPLATES.get(_key(s.kernel.name, self.symbols, p), ())
             for t in cands:
                 if t.matches(p, self.sizes):
@@ -373,11 +375,12 @@ class GenericKernels:
                 if all(g is not None and g.head == here.head and g.func == here.func for g in got.values()):
                     with _LOCK:  # the same text at every probe size: no template, and no probing next time
                         _SIZE_FREE.add(_text_key(name, self.symbols, here))
+                    size_free.add(id(s))
                     missing.remove(s)
                     continue
-                t = fit(name, parsed[id(s)], got, self.sizes, [min(d, MAX_DEGREE) for d in self.degrees],
+                t = fit(name, here, got, self.sizes, [min(d, MAX_DEGREE) for d in self.degrees],
                         len(buffer_order(s.kernel)), steps)
-                if t is not None and t.matches(parsed[id(s)], self.sizes):
+                if t is not None and t.matches(here, self.sizes):
                     chosen[id(s)] = t
                     new.append(t)
                     missing.remove(s)
@@ -390,7 +393,7 @@ class GenericKernels:
                 del chosen[key]  # its template did not build: the kernel keeps its constants
         constant = [s for s in ksteps if id(s) not in chosen]
         self.misses += [f"{s.kernel.name} at {self.sizes}: not generic (built with its sizes)" for s in constant
-                        if parsed[id(s)] is None or _text_key(s.kernel.name, self.symbols, parsed[id(s)]) not in _SIZE_FREE]
+                        if id(s) not in size_free]
         built = dict(zip(map(id, constant), build_kernels(constant)))
         self.stats["generic"] += len(chosen)
         self.stats["constant"] += len(constant)
