@@ -400,13 +400,18 @@ class _Lowering:
                 x = self.const_value(x)
             if not isinstance(x, Value):
                 raise OnnxError(f"graph output {o.name!r} is a {type(x).__name__}; vtc supports tensor outputs")
+            if x.kind == "input" or any(x is v for v in outputs):  # e.g. Transposes that cancelled
+                self._base = _clean(o.name)
+                x = self.call(torch.ops.aten.alias.default, x)
             outputs.append(x)
+        self.nodes = _live(self.nodes, outputs)
         used = {id(v) for n in self.nodes for v in n.inputs} | {id(v) for v in outputs}
         consts = [v for v in self.consts if id(v) in used]
         graph = Graph(self.inputs, consts, self.nodes, outputs, meta={
             "source": f"ONNX model {g.name or '(unnamed)'} (opset {self.opset})",
             "onnx_inputs": [s.name for s in self.specs], "onnx_outputs": [o.name for o in g.output],
-            "fallback_reasons": dict(self.fallbacks), "shape_notes": list(self.shape_notes),
+            "fallback_reasons": {n.name: self.fallbacks[n.name] for n in self.nodes if n.name in self.fallbacks},
+            "shape_notes": list(self.shape_notes),
             "onnx_node_of": {n.name: self.onnx_node_of[n.name] for n in self.nodes}})
         from vtc.ir.verify import verify
 
@@ -500,6 +505,21 @@ class _Lowering:
             if tt.elem_type:
                 out[vi.name] = (tt.elem_type, dims)
         return out
+
+
+def _live(nodes: list[Node], outputs: list[Value]) -> list[Node]:
+    """The nodes whose results something reads (a graph output, or a node that is itself live), in order.
+
+    Lowerings that rewrite what an earlier node produced (a Transpose of a Transpose composed into one
+    permute, a ScatterND into a permuted tensor moved in front of the permute) leave the nodes they bypass
+    unread; random ops (``NONDETERMINISTIC``) are dropped too when nothing reads them, like any other."""
+    needed = {id(v) for v in outputs}
+    keep = []
+    for n in reversed(nodes):
+        if any(id(v) in needed for v in n.outputs):
+            keep.append(n)
+            needed.update(id(v) for v in n.inputs)
+    return keep[::-1]
 
 
 def _tensor(t: onnx.TensorProto) -> torch.Tensor:

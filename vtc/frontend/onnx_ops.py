@@ -43,6 +43,10 @@ from vtc.frontend.onnx_ort import torch_dtype
 
 A = torch.ops.aten
 OPS: dict[tuple[str, str], Callable] = {}
+# The rewrites of exporter patterns into the graphs torch.export gives (a constant MatMul / Gemm B as a
+# Linear's t(W), Transposes composed, a ScatterND through a Transpose as the index_put under it); False
+# lowers each ONNX node on its own (the ablation of bench/onnx_side_by_side.py's vtc-onnx-plain).
+REWRITE = True
 
 
 class Unsupported(Exception):
@@ -133,6 +137,52 @@ def _reverse(cx, x, dims):
         n = int(x.shape[d])
         x = cx.call(A.index_select.default, x, d, torch.arange(n - 1, -1, -1, dtype=torch.int64))
     return x
+
+
+def _producer(x):
+    """The node of the graph being built that computes Value x (None for inputs, constants, tensors)."""
+    return getattr(x, "producer", None) if not isinstance(x, torch.Tensor) else None
+
+
+def _permute(cx, x, perm):
+    """x permuted by perm, a permute of a permute composed into one (none at all when they cancel).
+
+    Exporters wrap an update along a middle dim in a pair of Transposes (the dynamo exporter's
+    KV-cache ``index_put`` on the sequence dim: Transpose -> ScatterND -> Transpose back); composing them
+    lets ``_scatter_nd`` hand the planner the same ``index_put`` torch.export gives it."""
+    perm = [int(p) for p in perm]
+    src = _producer(x)
+    if not REWRITE:
+        return cx.call(A.permute.default, x, perm)
+    if src is not None and src.target is A.permute.default and not src.kwargs:
+        inner = [int(p) for p in src.args[1]]
+        x, perm = src.args[0], [inner[p] for p in perm]
+    if perm == list(range(len(perm))):
+        return x  # (a graph output that is a graph input gets an alias, _Lowering.run)
+    return cx.call(A.permute.default, x, perm)
+
+
+def _weight_t(cx, w):
+    """The permute node W -> W^T of a constant [N, K] weight W (not folded: a Linear's ``t(W)``).
+
+    ``x @ W^T`` is the form torch.export gives a Linear and the one vtc's GEMM planning knows: decode's
+    skinny GEMMs read W's rows in place (``weight_rows``), larger ones pack the constant W^T once.  A
+    folded W^T (a constant [K, N] row-major B) would be packed on every call instead."""
+    return cx.call(A.permute.default, cx.const_value(w), [1, 0])
+
+
+def _constant_b(cx, b):
+    """A constant 2-D MatMul / Gemm B [K, N] as permute(W) of a constant W = B^T [N, K] (see _weight_t).
+
+    ONNX exporters store a Linear's weight transposed (MatMul with a [K, N] initializer) or as Gemm
+    transB=1; both become the Linear's ``t(W)``.  One W per B tensor (a B shared by several MatMuls keeps
+    one transposed copy)."""
+    cache = cx.__dict__.setdefault("_weight_t_of", {})
+    w = cache.get(id(b))
+    if w is None:
+        w = cache[id(b)] = b.t().contiguous()
+        cx.__dict__.setdefault("_weight_t_keep", []).append(b)  # b's id stays unique while the cache lives
+    return _weight_t(cx, w)
 
 
 def _view(cx, x, shape):
@@ -254,7 +304,9 @@ def _transpose(cx, ins, at):
     perm = at.ints("perm") or list(reversed(range(len(x.shape))))
     if sorted(perm) != list(range(len(x.shape))):
         raise cx.error(f"perm {perm} is not a permutation of the {len(x.shape)} dims")
-    return cx.call(A.permute.default, x, perm)
+    if cx.const(x) is not None:
+        return cx.call(A.permute.default, x, perm)
+    return _permute(cx, x, perm)
 
 
 @op("Reshape")
@@ -455,6 +507,9 @@ def _index_columns(cx, idx) -> list:
     if c is not None:
         c = c.to(torch.int64)
         return [c[..., j].contiguous() for j in range(k)]
+    src = _producer(idx)
+    if REWRITE and k == 1 and src is not None and src.target is A.view.default and src.args[0].shape == idx.shape[:-1]:
+        return [src.args[0]]  # Unsqueeze(positions, -1): the positions themselves (torch.export's index_put)
     return [cx.call(A.select.int, idx, -1, j) for j in range(k)]
 
 
@@ -479,6 +534,22 @@ def _scatter_nd(cx, ins, at):
     if red not in ("none", "add"):
         raise Unsupported(f"ScatterND reduction={red!r}")
     cols = _index_columns(cx, idx)
+    k, src = len(cols), _producer(data)
+    if REWRITE and src is not None and src.target is A.permute.default and not src.kwargs and cx.const(upd) is None:
+        # ScatterND into permute(X, p) along its first k dims = permute(index_put(X, cols at dims p[:k]), p)
+        # when those dims are consecutive in X: the exporter's Transpose -> ScatterND -> Transpose back of a
+        # KV-cache update becomes torch.export's index_put(cache, [None, None, positions], new) (no permute
+        # left once _permute composes the Transposes), which the planner pushes like torch's
+        x, p = src.args[0], [int(d) for d in src.args[1]]
+        p0 = p[0]
+        if p[:k] == list(range(p0, p0 + k)):
+            m = len(upd.shape) - (len(p) - k)  # the index tensors' broadcast dims, leading in upd
+            have = [("b", i) for i in range(m)] + [("x", d) for d in p[k:]]
+            want = ([("x", d) for d in range(p0)] + [("b", i) for i in range(m)]
+                    + [("x", d) for d in range(p0 + k, len(p))])
+            upd_x = _permute(cx, upd, [have.index(w) for w in want])
+            y = cx.call(A.index_put.default, x, [None] * p0 + cols, upd_x, red == "add")
+            return _permute(cx, y, p)
     return cx.call(A.index_put.default, data, cols, upd, red == "add")
 
 
@@ -707,6 +778,15 @@ def _div(cx, ins, at):
 
 @op("Pow")
 def _pow(cx, ins, at):
+    x, e = ins
+    c = cx.const(e)
+    if (REWRITE and c is not None and c.numel() == 1 and cx.const(x) is None and x.dtype.is_floating_point
+            and len(c.shape) <= len(x.shape)):
+        # a constant exponent as a Scalar, as torch.export gives ``x ** 2``: the kernels compute x * x
+        # (and x**3, sqrt, rsqrt, 1/x) vectorised, where a tensor exponent is a scalar std::pow per element
+        v = c.reshape(()).item()
+        k = int(v) if float(v).is_integer() else float(v)
+        return cx.call(A.pow.Tensor_Scalar, x, k)
     y = cx.call(A.pow.Tensor_Tensor, ins[0], ins[1])
     return y if y.dtype == ins[0].dtype else cx.call(A._to_copy.default, y, dtype=ins[0].dtype)
 
@@ -857,6 +937,8 @@ def _matmul(cx, a, b):
     m, k, n = sa[-2], sa[-1], sb[-1]
     if sb[-2] != k:
         raise cx.error(f"matmul of shapes {sa} and {sb}: inner dims {k} and {sb[-2]} differ")
+    if REWRITE and len(sb) == 2 and cx.const(b) is not None and cx.const(a) is None:
+        b = _constant_b(cx, cx.const(b))
     if len(sa) == 2 and len(sb) == 2:
         y = cx.call(A.mm.default, a, b)
         batch = []
@@ -895,8 +977,11 @@ def _gemm(cx, ins, at):
     alpha, beta = at.f("alpha", 1.0), at.f("beta", 1.0)
     if at.i("transA", 0):
         a = cx.call(A.permute.default, a, [1, 0])
+    runtime = REWRITE and cx.const(a) is None
     if at.i("transB", 0):
-        b = cx.call(A.permute.default, b, [1, 0])
+        b = _weight_t(cx, b) if runtime and cx.const(b) is not None else cx.call(A.permute.default, b, [1, 0])
+    elif runtime and cx.const(b) is not None:
+        b = _constant_b(cx, b)
     if c is not None and beta != 0:
         return cx.call(A.addmm.default, c, a, b, beta=_scalar(a.dtype, beta), alpha=_scalar(a.dtype, alpha))
     y = cx.call(A.mm.default, a, b)
