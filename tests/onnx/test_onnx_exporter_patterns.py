@@ -177,3 +177,76 @@ def test_pow_broadcasting_exponent_keeps_tensor_form():
     c = check(m, {"x": x})
     assert c({"x": x})[0].shape == (1, 4)
     assert ort_run(m, {"x": x})[0].shape == (1, 4)
+
+
+# ----------------------------------------------------------------------------- onnxruntime's fused norms
+# onnxruntime.transformers.optimizer rewrites an exported Llama's RMSNorms into SimplifiedLayerNormalization
+# (ONNX domain: onnx.checker has no schema for it) and SkipSimplifiedLayerNormalization (residual add + norm);
+# vtc refused such a file (the checker) and would have run the ops through onnxruntime
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def test_simplified_layer_norm_lowered_like_torch_rmsnorm():
+    x, w = _randn(2, 5, 64), _randn(64)
+    m = model([node("SimplifiedLayerNormalization", ["x", "w"], ["y"], axis=-1, epsilon=1e-6),
+               node("Relu", ["y"], ["r"], name="relu")], {"x": x}, ["r"], {"w": w}, out_shapes={"r": [2, 5, 64]})
+    c = check(m, {"x": x}, rtol=1e-5, atol=1e-5, backend="cpu", plan="greedy")
+    want = torch.relu(_rms(torch.from_numpy(x), torch.from_numpy(w), 1e-6))
+    np.testing.assert_allclose(c({"x": x})[0], want.numpy(), rtol=1e-5, atol=1e-5)
+    assert c.report.fallback_ops == []
+    t = vtc.compile(lambda x: torch.relu(_rms(x, torch.from_numpy(w), 1e-6)), (torch.from_numpy(x),))
+    assert c.report.kernels == t.report.kernels
+
+
+def test_rms_normalization_opset23():
+    x, w = _randn(3, 2, 16), _randn(2, 16)
+    m = model([node("RMSNormalization", ["x", "w"], ["y"], axis=1, epsilon=1e-5)], {"x": x}, ["y"], {"w": w},
+              opset=23)
+    c = check(m, {"x": x}, rtol=1e-5, atol=1e-5)
+    xt = torch.from_numpy(x)
+    want = xt * torch.rsqrt(xt.pow(2).mean((1, 2), keepdim=True) + 1e-5) * torch.from_numpy(w)
+    np.testing.assert_allclose(c({"x": x})[0], want.numpy(), rtol=1e-5, atol=1e-5)
+    assert c.report.fallback_ops == []
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_skip_simplified_layer_norm(bias):
+    x, skip, w, b = _randn(1, 7, 32), _randn(1, 7, 32), _randn(32), _randn(32)
+    ins = ["x", "skip", "w"] + (["b"] if bias else [])
+    m = model([node("SkipSimplifiedLayerNormalization", ins, ["y", "", "", "sum"], domain="com.microsoft",
+                    epsilon=1e-5)],
+              {"x": x, "skip": skip}, ["y", "sum"], {"w": w, **({"b": b} if bias else {})},
+              domains={"com.microsoft": 1}, out_shapes={"y": [1, 7, 32], "sum": [1, 7, 32]})
+    c = check(m, {"x": x, "skip": skip}, rtol=1e-5, atol=1e-5)
+    s = torch.from_numpy(x) + torch.from_numpy(skip) + (torch.from_numpy(b) if bias else 0)
+    got = c({"x": x, "skip": skip})
+    np.testing.assert_allclose(got[0], _rms(s, torch.from_numpy(w), 1e-5).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], s.numpy(), rtol=1e-6, atol=1e-6)
+    assert c.report.fallback_ops == []
+
+
+@pytest.mark.parametrize("beta,bias", [(True, True), (False, False)])
+def test_skip_layer_norm(beta, bias):
+    x, skip, g, bt, b = _randn(2, 3, 48), _randn(2, 3, 48), _randn(48), _randn(48), _randn(48)
+    ins = ["x", "skip", "g", "bt" if beta else "", "b" if bias else ""]
+    inits = {"g": g, **({"bt": bt} if beta else {}), **({"b": b} if bias else {})}
+    m = model([node("SkipLayerNormalization", ins, ["y"], domain="com.microsoft")], {"x": x, "skip": skip},
+              ["y"], inits, domains={"com.microsoft": 1}, out_shapes={"y": [2, 3, 48]})
+    c = check(m, {"x": x, "skip": skip}, rtol=1e-4, atol=1e-4)  # default epsilon: onnxruntime's
+    s = torch.from_numpy(x) + torch.from_numpy(skip) + (torch.from_numpy(b) if bias else 0)
+    want = torch.nn.functional.layer_norm(s, [48], torch.from_numpy(g), torch.from_numpy(bt) if beta else None,
+                                          1e-12)
+    np.testing.assert_allclose(c({"x": x, "skip": skip})[0], want.numpy(), rtol=1e-4, atol=1e-4)
+    assert c.report.fallback_ops == []
+
+
+def test_skip_layer_norm_statistics_fall_back():
+    x, skip, g = _randn(1, 2, 8), _randn(1, 2, 8), _randn(8)
+    m = model([node("SkipLayerNormalization", ["x", "skip", "g"], ["y", "mean"], name="sln",
+                    domain="com.microsoft")], {"x": x, "skip": skip}, ["y", "mean"], {"g": g},
+              domains={"com.microsoft": 1}, out_shapes={"y": [1, 2, 8], "mean": [1, 2, 1]})
+    c = check(m, {"x": x, "skip": skip})
+    assert c.report.fallback_ops == ["onnx.com.microsoft.SkipLayerNormalization"]

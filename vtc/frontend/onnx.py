@@ -96,15 +96,49 @@ def load_model(model: "str | os.PathLike | bytes | onnx.ModelProto") -> onnx.Mod
     return proto
 
 
+# ops onnxruntime registers in the ONNX domain beyond the standard: onnxruntime's transformer optimizer
+# (onnxruntime.transformers.optimizer) writes SimplifiedLayerNormalization there, and LayerNormalization at
+# opsets below 17; onnx.checker rejects them ("No Op registered"), onnxruntime and vtc run them
+ORT_ONNX_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "LayerNormalization"})
+
+
 def check_model(model: onnx.ModelProto) -> None:
-    """``onnx.checker.check_model``; its failure is an ``OnnxError`` with the checker's message and the node."""
+    """``onnx.checker.check_model``; its failure is an ``OnnxError`` with the checker's message and the node.
+
+    Nodes of ``ORT_ONNX_DOMAIN_OPS`` that the checker has no schema for are checked as custom-domain ops."""
     try:
-        onnx.checker.check_model(model)
+        _check_with_ort_ops(model)
     except onnx.checker.ValidationError as e:
         msg = " ".join(str(e).split())
         node = _offending_node(model, msg)
         where = f" (node {node.name!r}, op {node.op_type})" if node is not None else ""
         raise OnnxError(f"invalid ONNX model{where}: onnx.checker: {msg}") from None
+
+
+def _check_with_ort_ops(model: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(model)
+        return
+    except onnx.checker.ValidationError as e:
+        m = re.search(r"No Op registered for (\w+) with domain_version", str(e))
+        if not m or m.group(1) not in ORT_ONNX_DOMAIN_OPS:
+            raise
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    domain = "ai.onnxruntime.onnx_domain"
+    copy.opset_import.append(onnx.helper.make_opsetid(domain, 1))
+    for n in copy.graph.node:
+        if n.domain in ("", "ai.onnx") and n.op_type in ORT_ONNX_DOMAIN_OPS and not _registered(n.op_type, copy):
+            n.domain = domain
+    onnx.checker.check_model(copy)
+
+
+def _registered(op_type: str, model: onnx.ModelProto) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, _opsets(model).get("", 1), "")
+        return True
+    except onnx.defs.SchemaError:
+        return False
 
 
 def _offending_node(model: onnx.ModelProto, msg: str) -> onnx.NodeProto | None:

@@ -1090,6 +1090,65 @@ def _layer_norm(cx, ins, at):
     return list(cx.call(A.native_layer_norm.default, x, norm, scale, bias, at.f("epsilon", 1e-5)))
 
 
+def _rms_norm(cx, x, scale, axis: int, eps: float):
+    """(y, inv_std) of RMSNorm over dims axis.. as torch.export gives a Llama RMSNorm (pow, mean, add, rsqrt,
+    mul, mul: one row kernel), computed in float32 for a lower-precision x (stash_type 1) and cast back."""
+    dtype = x.dtype
+    if dtype != torch.float32:
+        x = cx.call(A._to_copy.default, x, dtype=torch.float32)
+    dims = list(range(axis, len(x.shape)))
+    ms = cx.call(A.mean.dim, cx.call(A.pow.Tensor_Scalar, x, 2), dims, True)
+    inv = cx.call(A.rsqrt.default, cx.call(A.add.Scalar, ms, eps))
+    y = cx.call(A.mul.Tensor, x, inv)
+    if scale.dtype != torch.float32:
+        scale = cx.call(A._to_copy.default, scale, dtype=torch.float32)
+    y = cx.call(A.mul.Tensor, y, scale)
+    return (y if dtype == torch.float32 else cx.call(A._to_copy.default, y, dtype=dtype)), inv
+
+
+@op("RMSNormalization")  # opset 23
+@op("SimplifiedLayerNormalization")  # onnxruntime's contrib op (registered in the ONNX domain)
+def _simplified_layer_norm(cx, ins, at):
+    x, scale = ins[0], ins[1]
+    if not x.dtype.is_floating_point or at.i("stash_type", 1) != 1:
+        raise Unsupported(f"{cx.node.op_type} of {x.dtype} with stash_type {at.i('stash_type', 1)}")
+    y, inv = _rms_norm(cx, x, scale, _axis(cx, at.i("axis", -1), len(x.shape)), at.f("epsilon", 1e-5))
+    return [y, inv]
+
+
+def _skip_sum(cx, ins):
+    x, skip = ins[0], ins[1]
+    bias = _opt(ins, 4 if cx.node.op_type == "SkipLayerNormalization" else 3)
+    s = cx.call(A.add.Tensor, x, skip)
+    return s if bias is None else cx.call(A.add.Tensor, s, bias)
+
+
+def _no_stats(cx):
+    """Skip*LayerNormalization's mean / inv_std_var outputs (training statistics) are left to onnxruntime."""
+    outs = list(cx.node.output)
+    if any(outs[k] for k in (1, 2) if k < len(outs)):
+        raise Unsupported(f"{cx.node.op_type} with its mean / inv_std_var outputs")
+
+
+@op("SkipSimplifiedLayerNormalization", domain="com.microsoft")
+def _skip_simplified_layer_norm(cx, ins, at):
+    """RMSNorm(input + skip (+ bias)) * gamma over the last dim; output 3 is the sum (the residual)."""
+    _no_stats(cx)
+    s = _skip_sum(cx, ins)
+    y, _ = _rms_norm(cx, s, ins[2], len(s.shape) - 1, at.f("epsilon", 1e-5))
+    return [y, None, None, s]
+
+
+@op("SkipLayerNormalization", domain="com.microsoft")
+def _skip_layer_norm(cx, ins, at):
+    """LayerNorm(input + skip (+ bias)) with gamma (and beta) over the last dim; output 3 is the sum."""
+    _no_stats(cx)
+    s = _skip_sum(cx, ins)
+    gamma, beta = ins[2], _opt(ins, 3)
+    y = cx.call(A.native_layer_norm.default, s, [int(s.shape[-1])], gamma, beta, at.f("epsilon", 1e-12))[0]
+    return [y, None, None, s]
+
+
 @op("BatchNormalization")
 def _batch_norm(cx, ins, at):
     if at.i("training_mode", 0):
