@@ -8,7 +8,10 @@ the dynamo exporter, the TorchScript one if that fails or its file is wrong unde
 ``eager``; ``onnxruntime`` (all graph optimisations, T intra-op threads); ``vtc-torch``: ``vtc.compile(model,
 inputs)``; ``vtc-onnx``: ``vtc.compile(path, inputs)`` (the ONNX frontend, ``vtc.frontend.onnx``);
 ``vtc-onnx-plain``: the same with the exporter-pattern rewrites off (``vtc.frontend.onnx_ops.REWRITE =
-False``: each ONNX node lowered on its own, the frontend before they were added).  Every vtc result is checked
+False``: each ONNX node lowered on its own, the frontend before they were added); ``onnxruntime-opt`` /
+``vtc-onnx-opt``: ONNX Runtime / vtc on the file rewritten by onnxruntime's transformer optimizer
+(``onnxruntime.transformers.optimizer.optimize_model``, model_type "gpt2", heads and hidden size detected: an
+exported Llama's RMSNorms become SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization).  Every vtc result is checked
 against eager and against ONNX Runtime (``bench.harness.compare``: max error relative to the output's largest
 magnitude <= ``bench.harness.RTOL``), and the plan of each ONNX variant is compared with vtc-torch's (movement
 ops eliminated / total, materialised movement bytes, kernel kinds, GEMM paths, fallback ops).  Timing as
@@ -16,6 +19,7 @@ bench/units_side_by_side.py: interleaved rounds (N, default 25), ``T`` threads (
 calling thread's CPU time (only with T=1); min and median per system, and vtc-onnx's ratio to each other system.
 """
 import collections
+import functools
 import os
 import sys
 import tempfile
@@ -61,6 +65,16 @@ def compile_onnx(path, inputs, rewrite: bool):
         onnx_ops.REWRITE = keep
 
 
+@functools.lru_cache(maxsize=None)
+def ort_optimized(path: Path) -> Path:
+    """The file as onnxruntime's transformer optimizer rewrites it (fused norms, attention where it matches)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    out = path.with_name(path.stem + "_ort_opt.onnx")
+    optimize_model(str(path), model_type="gpt2", num_heads=0, hidden_size=0).save_model_to_file(str(out))
+    return out
+
+
 def main(names: list[str], systems: list[str], rounds: int) -> None:
     for name in names:
         model, inputs = get(name).build()
@@ -79,11 +93,16 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
             if s == "onnxruntime":
                 fns[s] = ort
                 continue
+            if s == "onnxruntime-opt":
+                octx = Context(name, model, inputs, T, ctx.workdir, onnx_path=ort_optimized(path))
+                fns[s] = _onnxruntime(octx).fn
+                continue
             if s == "vtc-torch":
                 c = vtc.compile(model, inputs)
                 fns[s] = (lambda c: lambda: c(*inputs))(c)
-            elif s in ("vtc-onnx", "vtc-onnx-plain"):
-                c = compile_onnx(path, inputs, s == "vtc-onnx")
+            elif s in ("vtc-onnx", "vtc-onnx-plain", "vtc-onnx-opt"):
+                opt = s == "vtc-onnx-opt"
+                c = compile_onnx(ort_optimized(path) if opt else path, inputs, s != "vtc-onnx-plain")
                 arrays = [t.contiguous() for t in inputs]
                 fns[s] = (lambda c, a: lambda: c(a))(c, arrays)
             else:

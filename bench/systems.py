@@ -18,7 +18,8 @@ Systems:
   op virtual, ``vtc-all``: every one, ``vtc-greedy`` (the default planner),
   ``vtc-measured`` (uncertain choices timed), ``vtc-memory`` (objective="memory");
   ``vtc-gemm-vtc`` / ``vtc-gemm-torch``: every GEMM generated / through torch,
-  run only when named); a
+  run only when named; ``vtc-onnx``: ``vtc.compile(<the ONNX file above>, inputs)``, the ONNX frontend on
+  the file ONNX Runtime and OpenVINO run, run only when named, docs/onnx.md); a
   variant whose options vtc rejects (TypeError/ValueError on a trivial
   function) is "n/a".  The first compile of a workload runs against an empty
   kernel cache (``VTC_CACHE_DIR`` set to a directory of its own: a cold
@@ -51,7 +52,9 @@ VTC_VARIANTS: dict[str, dict] = {
     "vtc-gemm-vtc": {"plan": "all", "gemm": "vtc"},  # every float32 GEMM a generated kernel
     "vtc-gemm-torch": {"plan": "all", "gemm": "torch"},  # every GEMM through torch (non-strided operands copied)
     "vtc-memory": {"plan": "greedy", "objective": "memory"},  # lowest peak within 5% of greedy's estimate
+    "vtc-onnx": {"plan": "greedy"},  # vtc-greedy on the ONNX file ONNX Runtime runs (the ONNX frontend)
 }
+FROM_ONNX = ("vtc-onnx",)  # vtc variants that compile the exported ONNX file, not the torch model
 # The vtc variant that speaks for vtc in the summary: the most advanced one that ran (later wins).
 VTC_HEADLINE_ORDER = ("vtc-all", "vtc-greedy", "vtc-measured")
 OTHERS = ("eager", "inductor", "inductor-max-autotune", "onnxruntime", "openvino")
@@ -59,7 +62,7 @@ SYSTEMS = OTHERS + tuple(VTC_VARIANTS)
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "torch": "eager", "torch.compile": "inductor",
            "max-autotune": "inductor-max-autotune", "vtc": ",".join(VTC_VARIANTS)}
 QUICK_SKIP = ("inductor-max-autotune",)
-NAMED_ONLY = ("vtc-gemm-vtc", "vtc-gemm-torch")  # GEMM ablations: run only when named (--systems)
+NAMED_ONLY = ("vtc-gemm-vtc", "vtc-gemm-torch", "vtc-onnx")  # GEMM ablations, the ONNX frontend: when named
 
 
 class SystemFailure(Exception):
@@ -277,16 +280,21 @@ def _vtc(name: str):
         if ctx.vtc_cache is not None:
             ctx.vtc_cache.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.environ["VTC_CACHE_DIR"] = str(ctx.vtc_cache)
+        if name in FROM_ONNX:  # the file exported for ONNX Runtime; inputs as contiguous torch tensors
+            source, inputs = str(ctx.onnx()), [t.contiguous() for t in ctx.inputs]
+            args = (inputs,)
+        else:
+            source, inputs = ctx.model, ctx.inputs
+            args = tuple(inputs)
         t0 = time.perf_counter()
-        compiled = vtc.compile(ctx.model, ctx.inputs, **opts)
+        compiled = vtc.compile(source, inputs, **opts)
         cold = time.perf_counter() - t0
         info: dict = {"options": opts, "compile_cold_s": cold, "report": _report(compiled.report)}
         if not ctx.memory_probe:
             t0 = time.perf_counter()
-            vtc.compile(ctx.model, ctx.inputs, **opts)
+            vtc.compile(source, inputs, **opts)
             info["compile_warm_s"] = time.perf_counter() - t0
-        inputs = ctx.inputs
-        return Prepared(lambda: compiled(*inputs), cold, info)
+        return Prepared(lambda: compiled(*args), cold, info)
     return prepare
 
 
