@@ -250,3 +250,14 @@ def test_skip_layer_norm_statistics_fall_back():
               domains={"com.microsoft": 1}, out_shapes={"y": [1, 2, 8], "mean": [1, 2, 1]})
     c = check(m, {"x": x, "skip": skip})
     assert c.report.fallback_ops == ["onnx.com.microsoft.SkipLayerNormalization"]
+
+
+def test_layer_norm_below_opset17_as_onnxruntime_registers_it():
+    """onnxruntime's optimizer writes LayerNormalization into files of opsets that predate it (17)."""
+    x, g, b = _randn(2, 6, 32), _randn(32), _randn(32)
+    m = model([node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1, epsilon=1e-5)], {"x": x}, ["y"],
+              {"g": g, "b": b}, opset=14, out_shapes={"y": [2, 6, 32]})
+    c = check(m, {"x": x}, rtol=1e-5, atol=1e-5)
+    want = torch.nn.functional.layer_norm(torch.from_numpy(x), [32], torch.from_numpy(g), torch.from_numpy(b), 1e-5)
+    np.testing.assert_allclose(c({"x": x})[0], want.numpy(), rtol=1e-5, atol=1e-5)
+    assert c.report.fallback_ops == []
