@@ -1,7 +1,7 @@
 """vtc from the ONNX file vs vtc from the torch model vs ONNX Runtime on that file, side by side in one process.
 
     PYTHONPATH=$PWD T=1 CPU=1 python bench/onnx_side_by_side.py llama3_decode_b1,c3k2_b1 \
-        [eager,onnxruntime,vtc-torch,vtc-onnx,vtc-onnx-plain]
+        [eager,onnxruntime,vtc-torch,vtc-onnx,vtc-onnx-plain,onnxruntime-opt,vtc-onnx-opt]
 
 Each workload is exported once as `vtc bench` exports it for ONNX Runtime (``bench.systems.Context.onnx``:
 the dynamo exporter, the TorchScript one if that fails or its file is wrong under ONNX Runtime).  Systems:
@@ -11,10 +11,11 @@ inputs)``; ``vtc-onnx``: ``vtc.compile(path, inputs)`` (the ONNX frontend, ``vtc
 False``: each ONNX node lowered on its own, the frontend before they were added); ``onnxruntime-opt`` /
 ``vtc-onnx-opt``: ONNX Runtime / vtc on the file rewritten by onnxruntime's transformer optimizer
 (``onnxruntime.transformers.optimizer.optimize_model``, model_type "gpt2", heads and hidden size detected: an
-exported Llama's RMSNorms become SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization).  Every vtc result is checked
-against eager and against ONNX Runtime (``bench.harness.compare``: max error relative to the output's largest
-magnitude <= ``bench.harness.RTOL``), and the plan of each ONNX variant is compared with vtc-torch's (movement
-ops eliminated / total, materialised movement bytes, kernel kinds, GEMM paths, fallback ops).  Timing as
+exported Llama's RMSNorms become SimplifiedLayerNormalization and SkipSimplifiedLayerNormalization).
+Every vtc result is checked against eager and against ONNX Runtime (``bench.harness.compare``: max error
+relative to the output's largest magnitude <= ``bench.harness.RTOL``), and the plan of each ONNX variant is
+compared with vtc-torch's (movement ops eliminated / total, materialised movement bytes, kernel kinds, GEMM
+paths, fallback ops).  ``EXPORTER=torchscript`` exports with the TorchScript exporter instead.  Timing as
 bench/units_side_by_side.py: interleaved rounds (N, default 25), ``T`` threads (default 1), ``CPU=1`` for the
 calling thread's CPU time (only with T=1); min and median per system, and vtc-onnx's ratio to each other system.
 """
@@ -81,6 +82,11 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
         ctx = Context(name, model, inputs, T, Path(tempfile.mkdtemp()))
         with torch.no_grad():
             ref = flat_outputs(model(*inputs))
+        if os.environ.get("EXPORTER") == "torchscript":
+            path = ctx.workdir / f"{name}.onnx"
+            with torch.no_grad():
+                torch.onnx.export(model, inputs, str(path), dynamo=False)
+            ctx.onnx_path, ctx.export = path, {"exporter": "torchscript", "bytes": path.stat().st_size}
         path = ctx.onnx()
         ort = _onnxruntime(ctx).fn
         ort_out = flat_outputs(ort())

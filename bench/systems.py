@@ -62,7 +62,7 @@ SYSTEMS = OTHERS + tuple(VTC_VARIANTS)
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "torch": "eager", "torch.compile": "inductor",
            "max-autotune": "inductor-max-autotune", "vtc": ",".join(VTC_VARIANTS)}
 QUICK_SKIP = ("inductor-max-autotune",)
-NAMED_ONLY = ("vtc-gemm-vtc", "vtc-gemm-torch", "vtc-onnx")  # GEMM ablations, the ONNX frontend: when named
+NAMED_ONLY = ("vtc-gemm-vtc", "vtc-gemm-torch", "vtc-onnx")  # GEMM ablations, ONNX frontend: when named
 
 
 class SystemFailure(Exception):

@@ -261,3 +261,51 @@ def test_layer_norm_below_opset17_as_onnxruntime_registers_it():
     want = torch.nn.functional.layer_norm(torch.from_numpy(x), [32], torch.from_numpy(g), torch.from_numpy(b), 1e-5)
     np.testing.assert_allclose(c({"x": x})[0], want.numpy(), rtol=1e-5, atol=1e-5)
     assert c.report.fallback_ops == []
+
+
+def _scatter_elements_model(cache, pos, new, idx_shape):
+    """The TorchScript exporter's cache[:, :, pos] = new: ScatterElements with the positions expanded."""
+    nodes = [node("Unsqueeze", ["pos", "axes"], ["p4"], name="u"),
+             node("Expand", ["p4", "shape"], ["idx"], name="e"),
+             node("ScatterElements", ["cache", "idx", "new"], ["updated"], name="s", axis=2),
+             node("ReduceSum", ["updated", "ax"], ["total"], name="r", keepdims=0)]
+    return model(nodes, {"cache": cache, "pos": pos, "new": new}, ["updated", "total"],
+                 {"axes": np.array([0, 1, 3], np.int64), "shape": np.array(idx_shape, np.int64),
+                  "ax": np.array([2], np.int64)})
+
+
+def test_scatter_elements_of_expanded_positions_is_index_put():
+    h, s, d, n = 4, 32, 16, 3
+    cache, new = _randn(1, h, s, d), _randn(1, h, n, d)
+    pos = np.array([7, -1, 0], np.int64)  # a negative position counts from the end, as in onnxruntime
+    feeds = {"cache": cache, "pos": pos, "new": new}
+    c = check(_scatter_elements_model(cache, pos, new, [1, h, n, d]), feeds, backend="cpu", plan="greedy")
+    want = torch.from_numpy(cache).clone()
+    want[:, :, torch.from_numpy(pos)] = torch.from_numpy(new)
+    got = c(feeds)
+    np.testing.assert_array_equal(got[0], want.numpy())
+    np.testing.assert_allclose(got[1], want.sum(2).numpy(), rtol=1e-5, atol=1e-5)
+    assert not [n for n in c.graph.nodes if n.op.startswith("aten.scatter")]
+    (put,) = [n for n in c.graph.nodes if n.op == "aten.index_put.default"]
+    cache_v, pos_v, new_v = c.graph.inputs
+    assert put.args[0] is cache_v and put.args[1] == [None, None, pos_v] and put.args[2] is new_v
+
+    def torch_fn(cache, pos, new):
+        out = torch.ops.aten.index_put(cache, [None, None, pos], new)
+        return out, out.sum(2)
+
+    t = vtc.compile(torch_fn, tuple(torch.from_numpy(feeds[k]) for k in ("cache", "pos", "new")))
+    assert c.report.materialized_movement_bytes == t.report.materialized_movement_bytes
+
+
+def test_scatter_elements_over_part_of_a_dim_stays_scatter():
+    """Indices covering only part of another dim scatter into that part only: not an index_put."""
+    h, s, d, n = 2, 8, 6, 2
+    cache, new = _randn(1, h, s, d), _randn(1, h, n, 3)
+    pos = np.array([5, 2], np.int64)
+    feeds = {"cache": cache, "pos": pos, "new": new}
+    c = check(_scatter_elements_model(cache, pos, new, [1, h, n, 3]), feeds)
+    want = torch.from_numpy(cache).clone()
+    want[:, :, torch.from_numpy(pos), :3] = torch.from_numpy(new)
+    np.testing.assert_array_equal(c(feeds)[0], want.numpy())
+    assert [n for n in c.graph.nodes if n.op == "aten.scatter.src"]

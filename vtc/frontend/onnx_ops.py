@@ -558,15 +558,38 @@ def _scatter_elements(cx, ins, at):
     data, idx, upd = ins
     axis = _axis(cx, at.i("axis", 0), len(data.shape))
     n = int(data.shape[axis])
+    red = at.s("reduction", "none")
+    pos = _positions_along(cx, idx, axis, data) if REWRITE and red == "none" and cx.const(upd) is None else None
+    if pos is not None:
+        # the TorchScript exporter's index_copy / cache[:, :, pos] = new: indices that are the positions
+        # expanded over every other (whole) dim, i.e. torch.export's index_put(data, [None, None, pos], new),
+        # which the planner pushes (the new rows stored in place) like the torch path's
+        return cx.call(A.index_put.default, data, [None] * axis + [pos], upd, False)
     c = cx.const(idx)
     idx = _normalized_indices(cx, c, n, "indices") if c is not None else _runtime_indices(cx, idx, n)
-    red = at.s("reduction", "none")
     if red == "none":
         return cx.call(A.scatter.src, data, axis, idx, upd)
     reduce = {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}.get(red)
     if reduce is None:
         raise Unsupported(f"ScatterElements reduction={red!r}")
     return cx.call(A.scatter_reduce.two, data, axis, idx, upd, reduce, include_self=True)
+
+
+def _positions_along(cx, idx, axis: int, data):
+    """The 1-D positions p when runtime ScatterElements indices are ``expand(p viewed along axis)`` over
+    whole dims of data (so each index depends only on its position along axis); else None."""
+    src = _producer(idx)
+    if src is None or src.target is not A.expand.default or idx.dtype not in (torch.int64, torch.int32):
+        return None
+    p = src.args[0]
+    shape, full = list(p.shape), list(idx.shape)
+    if (len(shape) != len(full) or any(s != 1 for d, s in enumerate(shape) if d != axis)
+            or any(full[d] != data.shape[d] for d in range(len(full)) if d != axis)):
+        return None
+    view = _producer(p)
+    if view is not None and view.target is A.view.default and list(view.args[0].shape) == [shape[axis]]:
+        return view.args[0]  # Unsqueeze of the 1-D positions: the positions themselves
+    return _view(cx, p, [shape[axis]])
 
 
 def _pad_index(mode: str, n: int, before: int, after: int) -> torch.Tensor:
