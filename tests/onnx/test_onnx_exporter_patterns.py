@@ -309,3 +309,25 @@ def test_scatter_elements_over_part_of_a_dim_stays_scatter():
     want[:, :, torch.from_numpy(pos), :3] = torch.from_numpy(new)
     np.testing.assert_array_equal(c(feeds)[0], want.numpy())
     assert [n for n in c.graph.nodes if n.op == "aten.scatter.src"]
+
+
+def test_shape_inference_is_given_the_graph_without_its_weights(monkeypatch):
+    """Import-time shape inference serializes the model it gets: the weights stay out (compile time), the
+    small initializers its data propagation reads (a Reshape's shape) stay in, and the types are the same."""
+    import onnx
+
+    x, w = _randn(2, 8, 256), _randn(256, 1024, scale=0.05)  # a 1 MB weight
+    m = model([node("MatMul", ["x", "w"], ["y"], name="mm"), node("Reshape", ["y", "shape"], ["r"], name="rs")],
+              {"x": x}, ["r"], {"w": w, "shape": np.array([16, 32, 32], np.int64)})
+    sizes, real = [], onnx.shape_inference.infer_shapes
+
+    def spy(proto, *args, **kwargs):
+        sizes.append(proto.ByteSize())
+        return real(proto, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", spy)
+    c = check(m, {"x": x}, rtol=1e-4, atol=1e-4)
+    assert sizes and max(sizes) < 64 << 10, sizes
+    np.testing.assert_allclose(c({"x": x})[0], (torch.from_numpy(x) @ torch.from_numpy(w)).reshape(16, 32, 32).numpy(),
+                               rtol=1e-4, atol=1e-4)
+    assert c.graph.outputs[0].shape == (16, 32, 32)

@@ -35,6 +35,7 @@ called like ``onnxruntime.InferenceSession.run`` returns: see its docstring.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -516,8 +517,7 @@ class _Lowering:
 
     def _inferred_types(self) -> dict[str, tuple[int, tuple | None]]:
         """ONNX shape inference on the model with the concrete input shapes: name -> (elem type, dims)."""
-        m = onnx.ModelProto()
-        m.CopyFrom(self.model)
+        m = _without_weights(self.model)
         for vi in m.graph.input:
             if vi.name in self.shapes:
                 dims = vi.type.tensor_type.shape.dim
@@ -539,6 +539,35 @@ class _Lowering:
             if tt.elem_type:
                 out[vi.name] = (tt.elem_type, dims)
         return out
+
+
+SHAPE_DATA_ELEMS = 64  # initializers up to this size keep their values for shape inference's data propagation
+
+
+def _without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model for shape inference: initializers above ``SHAPE_DATA_ELEMS`` elements are typed graph inputs.
+
+    Shape inference serializes the model it is given; with the weights that is most of an import's time (a
+    425 MB GPT-2: copying and serializing the weights took longer than lowering and planning the graph),
+    and only small integer initializers (shapes, axes) matter to its data propagation."""
+    m = onnx.ModelProto()
+    m.ir_version = model.ir_version
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    g, src = m.graph, model.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    declared = {vi.name for vi in src.input}
+    for t in src.initializer:
+        if math.prod(t.dims) <= SHAPE_DATA_ELEMS:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return m
 
 
 def _live(nodes: list[Node], outputs: list[Value]) -> list[Node]:
