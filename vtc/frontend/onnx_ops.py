@@ -579,7 +579,7 @@ def _positions_along(cx, idx, axis: int, data):
     """The 1-D positions p when runtime ScatterElements indices are ``expand(p viewed along axis)`` over
     whole dims of data (so each index depends only on its position along axis); else None."""
     src = _producer(idx)
-    if src is None or src.target is not A.expand.default or idx.dtype not in (torch.int64, torch.int32):
+    if src is None or src.target is not A.expand.default or idx.dtype != torch.int64:
         return None
     p = src.args[0]
     shape, full = list(p.shape), list(idx.shape)
