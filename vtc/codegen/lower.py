@@ -237,7 +237,7 @@ class Lowering:
                     self.inline.add(o)  # it reads nothing: free to recompute
                 elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
                       and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])
-                      and not (self._packs(kernels[0]) and _low_precision(n))):
+                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n))):
                     self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
                     # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
 
@@ -650,8 +650,9 @@ class _ProbeCtx(_Ctx):
 
 
 def _low_precision(n: Node) -> bool:
-    """True when node n reads or makes a bfloat16 / float16 value: a GEMM or attention kernel, float32 code that
-    packs its operands, does not inline it (the bf16 GEMM reads physical or strided bf16 operands only)."""
+    """True when node n reads or makes a bfloat16 / float16 value: a GEMM kernel does not inline it (its pack loops
+    read float32, the bf16 GEMM physical or strided bf16 operands only).  An attention kernel does: it reads such
+    operands (a bf16 mask, K cast to float32) through the general emitter, which converts."""
     return any(v.dtype in LOW_PRECISION for v in [*n.inputs, *n.outputs])
 
 
