@@ -43,6 +43,7 @@ from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, 
 from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
+from vtc.codegen.low_tiles import staged_loads
 from vtc.codegen import stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
@@ -557,13 +558,15 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines = [par, f"  for (int64_t t = 0; t < {outer} * {ta} * {tb}; ++t) {{",
                  f"    const int64_t o = t / ({ta} * {tb}), ta = (t / {tb}) % {ta}, tb = t % {tb};"]
         lines += _decompose(names[:-2], shape[:-2], "o", "    ")
+        em.forget()
+        if low_precision(k):  # 16-bit loads across rows: staged per tile (no 16-bit gather; vtc.codegen.low_tiles)
+            lines += staged_loads(k, em, names, (a, b), TILE, "    ")
         lines += [f"    for (int64_t {names[-2]} = ta * {TILE}; {names[-2]} < std::min<int64_t>(ta * {TILE} + {TILE}, {a}); "
                   f"++{names[-2]}) {{",
                   "      #pragma omp simd",
                   f"      for (int64_t {names[-1]} = tb * {TILE}; {names[-1]} < std::min<int64_t>(tb * {TILE} + {TILE}, {b}); "
                   f"++{names[-1]}) {{"]
         close, indent = ["      }", "    }", "  }"], "        "
-        em.forget()
     else:
         m = _merged_inner_dims(k, em)
         last = math.prod(shape[-m:])
