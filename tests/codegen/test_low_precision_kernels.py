@@ -79,7 +79,9 @@ def test_pointwise_chains_are_one_kernel_and_eager_bit_for_bit(dtype, shape):
         casts = (y.to(OTHER[dt]) * 3, (y * 7).to(torch.int32), (xt * 5).to(torch.int64).to(dt) + y,
                  y.float() * z, (z * 3).to(dt) - y)
         cat = torch.cat([xt[..., :k], y[..., k:] + 1], -1) * w.expand(b, n, m)
-        return (a, p, c, *casts, cat)
+        # eager: bf16's x ** 3 rounds x * x to bf16 first, fp16's computes in float32 (ops._pow follows both)
+        powers = y.pow(3) - xt.pow(2) + y.pow(-2) + xt.abs().pow(0.5)
+        return (a, p, c, *casts, cat, powers)
 
     args = (x, y, z, w, mask)
     compiled, got, want = _outputs(fn, args)

@@ -214,7 +214,9 @@ def _div(ctx, args, out):
 
 @pointwise("pow")
 def _pow(ctx, args, out):
-    a = ctx.arg(args["self"], out.dtype)
+    # as eager: float16's x ** 3 and x ** -2 in float32, rounded once; bfloat16's round x * x to bfloat16 first
+    # (ATen's pow_tensor_scalar_optimized_kernel multiplies Vectorized<BFloat16>, float16 goes through float)
+    a = ctx.arg(args["self"], torch.float32 if out.dtype == torch.float16 else out.dtype)
     e = args["exponent"]
     if isinstance(e, (int, float)):
         # the exponents torch computes without pow (ATen's pow_tensor_scalar_optimized_kernel), in its order:
@@ -235,7 +237,7 @@ def _pow(ctx, args, out):
             return K.unary("reciprocal", K.binary("mul", a, a))
     if not out.dtype.is_floating_point:
         raise NotSupported("integer pow")
-    return K.binary("pow", a, _opmath_arg(ctx, e, out.dtype), out.dtype)
+    return K.binary("pow", a, ctx.arg(e, a.dtype), a.dtype)
 
 
 def _compare(fn: str):
