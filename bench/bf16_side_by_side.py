@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD python bench/bf16_side_by_side.py llama [bf16|fp16]   # transformers Llama, 2 layers
     PYTHONPATH=$PWD python bench/bf16_side_by_side.py chain [bf16|fp16]   # relu(x.transpose(1, 2) + y) * 2
     PYTHONPATH=$PWD python bench/bf16_side_by_side.py norm [bf16|fp16]    # softmax / layer_norm / RMSNorm rows
+    PYTHONPATH=$PWD python bench/bf16_side_by_side.py decode [bf16|fp16]  # Llama decode step, StaticCache
 
 Each line: min and median of the per-call CPU time (``time.thread_time``) over rounds of calls, and what vtc ran
 through torch (the reasons of ``lowering.why_torch``, counted).  To compare two trees run it once per tree with
@@ -73,6 +74,38 @@ def llama(dt: torch.dtype) -> None:
     _side_by_side(f"llama {dt} 1x128", model, (ids,))
 
 
+def decode(dt: torch.dtype) -> None:
+    """One-token steps of a 2-layer Llama (hidden 256, GQA 8/2) with a StaticCache of 256 after a 16-token
+    prompt, eager and vtc alternately (each its own cache, the same position every step)."""
+    import copy
+
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512)
+    model = tf.LlamaForCausalLM(cfg).eval().to(dt)
+    base = tf.StaticCache(config=cfg, max_cache_len=256)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        first = model(torch.randint(1, 1000, (1, 16)), cache=base, cache_position=torch.arange(16))
+        tok, pos = first.logits[:, -1:].argmax(-1), torch.tensor([16])
+        c = vtc.compile(model, (tok,), {"cache": copy.deepcopy(base), "cache_position": pos})
+        caches = {"eager": copy.deepcopy(base), "vtc": copy.deepcopy(base)}
+        fns = {"eager": model, "vtc": c}
+        err = (model(tok, cache=caches["eager"], cache_position=pos).logits.float()
+               - c(tok, cache=caches["vtc"], cache_position=pos).logits.float()).abs().max().item()
+        per = {k: [] for k in fns}
+        for r in range(30):
+            for k, fn in fns.items():
+                t = time.thread_time()
+                fn(tok, cache=caches[k], cache_position=pos)
+                if r >= 5:
+                    per[k].append((time.thread_time() - t) * 1e3)
+    cells = "  ".join(f"{k} {min(v):.3f}/{statistics.median(v):.3f}" for k, v in per.items())
+    print(f"decode {dt}: ms min/median  {cells}  | vtc-eager max {err:.2e} | {_torch_ops(c)}", flush=True)
+
+
 class _Chain(torch.nn.Module):
     def forward(self, x, y):
         return torch.relu(x.transpose(1, 2) + y) * 2
@@ -106,4 +139,4 @@ def norm(dt: torch.dtype) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     which, dt = sys.argv[1], DT[sys.argv[2] if len(sys.argv) > 2 else "bf16"]
-    {"llama": llama, "chain": chain, "norm": norm}[which](dt)
+    {"llama": llama, "chain": chain, "norm": norm, "decode": decode}[which](dt)
