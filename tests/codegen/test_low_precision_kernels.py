@@ -53,7 +53,7 @@ def _outputs(fn, args):
 
 
 # (batch, rows, cols): sizes 1, 3, 17, 127
-SHAPES = [(2, 3, 17), (1, 127, 3), (3, 17, 1)]
+SHAPES = [(1, 127, 17), (3, 3, 1)]
 SIZES = (1, 3, 17, 127)  # reduced lengths: each test's function reduces rows of every one
 
 
