@@ -37,12 +37,13 @@ import torch
 
 from vtc.codegen import depthwise
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under
-from vtc.codegen.ops import C_TYPES
-from vtc.codegen.vecmath import PRELUDE as VECMATH_PRELUDE
+from vtc.codegen.ops import C_TYPES, LOW_PRECISION
+from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE, PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
 from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
+from vtc.codegen.low_tiles import staged_loads
 from vtc.codegen import stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
@@ -96,8 +97,25 @@ _INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
 
 
 def ctype(dtype: torch.dtype) -> str:
-    """The C type of a torch dtype."""
+    """The C type a kernel computes a torch dtype's values in (bfloat16 / float16: float)."""
     return C_TYPES[dtype]
+
+
+def storage_ctype(dtype: torch.dtype) -> str:
+    """The C type of a torch dtype's elements in memory (bfloat16 / float16: uint16_t)."""
+    return LOW_PRECISION.get(dtype) or C_TYPES[dtype]
+
+
+# bfloat16 / float16 (vtc.codegen.vecmath.LOW_PRECISION_PRELUDE): a load widens to float, a store rounds, and so
+# does every op whose result is of the dtype, but for those whose result is one of their operands (or exact)
+_LOW = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_EXACT_LOW = {"neg", "abs", "relu", "sign", "max", "min", "floor", "ceil", "round", "trunc"}
+
+
+def low_precision(k: Kernel) -> bool:
+    """True when kernel k reads or writes a bfloat16 / float16 buffer: the float32 fast paths (lanes, tiles,
+    streamed stores, depthwise planes) are not taken, the general loops convert at loads and stores."""
+    return any(b.dtype in _LOW for b in [*k.inputs, *_outputs(k)])
 
 
 def literal(value, dtype: torch.dtype) -> str:
@@ -106,7 +124,7 @@ def literal(value, dtype: torch.dtype) -> str:
         return "true" if value else "false"
     if dtype.is_floating_point:
         v = float(value)
-        suffix = "f" if dtype == torch.float32 else ""
+        suffix = "f" if dtype == torch.float32 or dtype in _LOW else ""
         if math.isnan(v):
             return f"(({ctype(dtype)})NAN)"
         if math.isinf(v):
@@ -174,10 +192,26 @@ class _Emitter:
         t = self.temps.get(id(s))
         if t is not None:
             return t
+        c = self.unrounded(s)
+        if s.dtype in _LOW and s.op in ("cast", "iota", "unary", "binary") and not (
+                s.op in ("unary", "binary") and s.args[0] in _EXACT_LOW):
+            return f"vtc_round_{_LOW[s.dtype]}({c})"  # eager rounds every op's result to its dtype
+        return c
+
+    def stored(self, s: Scalar, dtype: torch.dtype) -> str:
+        """s as the element of a buffer of `dtype` (bfloat16 / float16: rounded and narrowed once)."""
+        if dtype in _LOW:
+            return f"vtc_to_{_LOW[dtype]}({self.temps.get(id(s)) or self.unrounded(s)})"
+        return self.scalar(s)
+
+    def unrounded(self, s: Scalar) -> str:
+        """s in C, a bfloat16 / float16 op's result not yet rounded to its dtype (``scalar`` rounds it)."""
         op, a, dt = s.op, s.args, s.dtype
         if op == "const":
             return literal(a[0], dt)
         if op == "load":
+            if dt in _LOW:
+                return f"vtc_from_{_LOW[dt]}({self.ptr[a[0]]}[{self.linear(a[0], a[1])}])"
             return f"{self.ptr[a[0]]}[{self.linear(a[0], a[1])}]"
         if op == "iota":
             return f"(({ctype(dt)}){self.index(a[0])})"
@@ -368,7 +402,7 @@ def buffer_pointers(k: Kernel, em, ctype_of=None) -> list[str]:
     """The kernel body's first lines: one ``__restrict`` pointer per buffer, taken from ``bufs`` in
     ``buffer_order``, const where the kernel does not store into it; `ctype_of` (default ``ctype``) gives
     the C element type of a buffer's dtype."""
-    ctype_of = ctype_of or ctype
+    ctype_of = ctype_of or storage_ctype
     stored = {st.buffer.name for st in k.stores}
     lines = []
     for b in buffer_order(k):
@@ -408,17 +442,18 @@ def generate(k: Kernel) -> str:
         from vtc.codegen.flash import PRELUDE as FLASH_PRELUDE
         body += emit_attention(k, em)
         head += FLASH_PRELUDE
-    elif k.kind == "pointwise" and (dw := depthwise.source(k, em, _pointwise_kernel)):
+    elif k.kind == "pointwise" and not low_precision(k) and (dw := depthwise.source(k, em, _pointwise_kernel)):
         body += dw  # a depthwise convolution plane by plane (vtc.codegen.depthwise)
         head += depthwise.PRELUDE
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
     head += stream.PRELUDE if any("vtc_stream16(" in line for line in body) else ""  # large outputs
+    head += LOW_PRECISION_PRELUDE if low_precision(k) else ""
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 
 def _store(em: _Emitter, st, indent: str) -> str:
-    return f"{indent}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
+    return f"{indent}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.stored(st.value, st.buffer.dtype)};"
 
 
 TILE = 32  # edge of the square tiles of a pointwise kernel that reads across its inner dim
@@ -513,7 +548,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         return em.hoist([s.value for s in k.stores], "  ") + [_store(em, s, "  ") for s in k.stores]
     names = [f"i{d}" for d in range(len(shape))]
     par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
-    loads = transposed_loads(k, em.shapes)
+    loads = transposed_loads(k, em.shapes) if not low_precision(k) else []
     if loads:  # reads across rows through 16 x 16 register transposes (vtc.codegen.tiles)
         return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)
     if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):
@@ -523,13 +558,15 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines = [par, f"  for (int64_t t = 0; t < {outer} * {ta} * {tb}; ++t) {{",
                  f"    const int64_t o = t / ({ta} * {tb}), ta = (t / {tb}) % {ta}, tb = t % {tb};"]
         lines += _decompose(names[:-2], shape[:-2], "o", "    ")
+        em.forget()
+        if low_precision(k):  # 16-bit loads across rows: staged per tile (no 16-bit gather; vtc.codegen.low_tiles)
+            lines += staged_loads(k, em, names, (a, b), TILE, "    ")
         lines += [f"    for (int64_t {names[-2]} = ta * {TILE}; {names[-2]} < std::min<int64_t>(ta * {TILE} + {TILE}, {a}); "
                   f"++{names[-2]}) {{",
                   "      #pragma omp simd",
                   f"      for (int64_t {names[-1]} = tb * {TILE}; {names[-1]} < std::min<int64_t>(tb * {TILE} + {TILE}, {b}); "
                   f"++{names[-1]}) {{"]
         close, indent = ["      }", "    }", "  }"], "        "
-        em.forget()
     else:
         m = _merged_inner_dims(k, em)
         last = math.prod(shape[-m:])
@@ -540,7 +577,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines += em.hoist_index_loads(k, names[-1], "    ")
         em.forget()
         lines += em.hoist_invariant([s.value for s in k.stores], {names[-1]}, "    ")  # e.g. a per-channel scale
-        if stream.applies(k, em.shapes, k.stores, names[-1]):  # a large output: non-temporal stores
+        if not low_precision(k) and stream.applies(k, em.shapes, k.stores, names[-1]):  # a large output: non-temporal stores
             plain = lambda lo, hi, ind: _store_loop(em, k.stores, names[-1], lo, hi, ind)
             return stream.fenced(lines + stream.streamed_loop(em, k.stores, names[-1], "0", str(last), "    ", plain)
                                  + ["  }"])
@@ -695,7 +732,7 @@ def _row_order(k: Kernel, em: _Emitter) -> list[int]:
 
 
 def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
-    lanes = lane_row_kernel(k, em, PARALLEL_MIN_WORK, _decompose, _store)
+    lanes = lane_row_kernel(k, em, PARALLEL_MIN_WORK, _decompose, _store) if not low_precision(k) else None
     if lanes is not None:  # rows read with a stride, neighbouring rows adjacent: rows as vector lanes
         return lanes
     rows = math.prod(k.domain)
@@ -707,7 +744,8 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     lines += em.hoist_index_loads(k, "r", "    ")
     lines += gathered_row_prefetch(k, em, names, order, rows, "    ")  # rows picked by an index tensor
     rloop = f"for (int64_t r = 0; r < {k.r_extent}; ++r) {{"
-    stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
+    stored = stored_term(k) if not low_precision(k) else None  # softmax: exp(x - max) stored by the sum pass,
+    # scaled by the store pass
     if stored:
         stored_at = f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
     for phase in k.phases:
@@ -722,7 +760,7 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
             lines += _reduction_loop(red, em, rloop, k.r_extent,
                                      stored_at if stored and red is stored.reduction else None)
     per_r = [s for s in k.stores if s.per_r]
-    streamed = not stored and stream.applies(k, em.shapes, per_r, "r")  # a large output: non-temporal stores
+    streamed = not stored and not low_precision(k) and stream.applies(k, em.shapes, per_r, "r")  # a large output: non-temporal stores
     if per_r:
         em.forget()
         if stored:  # the term the sum pass stored, read back (in the loop below) instead of computed again

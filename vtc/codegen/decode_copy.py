@@ -227,11 +227,11 @@ def _update_row(low, w, shape):
 def block_lines(k, em, indent: str) -> list[str]:
     """C lines (inside the attention kernel's key-block loop, ``blk``, ``r0`` and ``r1`` in scope) that copy the
     block's cache rows of every `k.copy_through` from the input cache to the output cache."""
-    from vtc.codegen.cpp import ctype
+    from vtc.codegen.cpp import storage_ctype
 
     lines = []
     for c in sorted(k.copy_through, key=lambda c: c.operand != ORDER_FIRST):
-        t, d = ctype(c.out.dtype), c.out.shape[-1]
+        t, d = storage_ctype(c.out.dtype), c.out.shape[-1]  # elements copied as they are (bf16: uint16_t)
         lines += [
             f"for (int64_t r = r0; r < r1; ++r) {{  // copy-through: cache rows into %{c.out.name} "
             "(vtc.codegen.decode_copy)",

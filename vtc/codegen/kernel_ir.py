@@ -64,11 +64,13 @@ def clear_cache() -> None:
 
 
 def const(value: float | int | bool, dtype: torch.dtype) -> Scalar:
-    """A constant of `dtype`."""
+    """A constant of `dtype` (a bfloat16 / float16 one: the value rounded to the dtype, as a tensor of it holds)."""
     if dtype == torch.bool:
         value = bool(value)
     elif not dtype.is_floating_point:
         value = int(value)
+    elif dtype in (torch.bfloat16, torch.float16):
+        value = torch.tensor(float(value), dtype=torch.float32).to(dtype).item()
     else:
         value = float(value)
     return Scalar.make("const", (value,), dtype)

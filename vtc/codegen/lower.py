@@ -45,7 +45,7 @@ from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.gemm_inline import a_passes
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.push import READER, Pusher
-from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, NotSupported, lookup
+from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup
 from vtc.codegen.pool import POOL_OPS, pool_taps
 from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
@@ -121,6 +121,10 @@ class Lowering:
             bad = [v for v in [*n.inputs, *n.outputs] if v.dtype not in C_TYPES]
             if bad:
                 self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
+                return "library"
+            low = [v for v in [*n.inputs, *n.outputs] if v.dtype in LOW_PRECISION]
+            if low and n.op == CONV_OP:  # its taps would be summed in the dtype, eager's in float32
+                self._torch(n, f"depthwise convolution in {low[0].dtype}: the generated one is float32 only")
                 return "library"
             try:
                 self._probe(n, kind)
@@ -232,7 +236,8 @@ class Lowering:
                 if not n.inputs:
                     self.inline.add(o)  # it reads nothing: free to recompute
                 elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
-                      and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])):
+                      and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])
+                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n))):
                     self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
                     # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
 
@@ -274,7 +279,7 @@ class Lowering:
             node = self._only_pointwise_kernel_reading(o.name)
             if node is None or node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
                 continue
-            if self._reads_only_at_its_index(o.name, node):
+            if self._reads_only_at_its_index(o.name, node) and not self._reads_low_precision(node):
                 out[node.name] = g
         return out
 
@@ -313,6 +318,12 @@ class Lowering:
             except NotSupported:
                 continue
         return out
+
+    def _reads_low_precision(self, node: Node) -> bool:
+        """True when pointwise `node` (with the producers inlined into it) reads a bfloat16 / float16 value: a GEMM
+        epilogue is float32 code only (the general kernels convert at their loads, vtc.codegen.cpp)."""
+        probe = self._pointwise(node, out_vars(node.outputs[0].shape), {})
+        return _low_precision(node) or any(s.dtype in LOW_PRECISION for s in scalars_under([probe]))
 
     def _reads_only_at_its_index(self, name: str, node: Node) -> bool:
         """True when pointwise `node` reads value `name` only at node's own output index (no shifted
@@ -636,6 +647,13 @@ class _ProbeCtx(_Ctx):
 
     def _operand_index(self, x: Value) -> tuple[Expr, ...]:
         return ()
+
+
+def _low_precision(n: Node) -> bool:
+    """True when node n reads or makes a bfloat16 / float16 value: a GEMM kernel does not inline it (its pack loops
+    read float32, the bf16 GEMM physical or strided bf16 operands only).  An attention kernel does: it reads such
+    operands (a bf16 mask, K cast to float32) through the general emitter, which converts."""
+    return any(v.dtype in LOW_PRECISION for v in [*n.inputs, *n.outputs])
 
 
 def _ident(name: str) -> str:

@@ -20,10 +20,28 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Scalar
 
+# The C type a kernel computes a dtype's values in.  bfloat16 and float16 values are computed in float and
+# rounded to their dtype after every op that produces one, as eager's kernels do (vtc.codegen.cpp: loads and
+# stores convert, ``LOW_PRECISION`` holds their C storage type; docs/low_precision.md).
 C_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.bfloat16: "float", torch.float16: "float",
 }
+LOW_PRECISION = {torch.bfloat16: "uint16_t", torch.float16: "uint16_t"}  # dtype -> the C type of its elements
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype torch's kernels accumulate / compute a dtype's reductions and norms in (its opmath type)."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def _opmath_arg(ctx, x, dtype: torch.dtype):
+    """Operand x of an arithmetic op computing in `dtype`: a Python number next to bfloat16 / float16 values is a
+    float32 constant, not rounded to the dtype (eager's kernels compute ``x * 0.1`` as ``float(x) * 0.1f``)."""
+    if dtype in LOW_PRECISION and isinstance(x, (int, float)) and not isinstance(x, bool):
+        return K.const(x, torch.float32)
+    return ctx.arg(x, dtype)
 
 
 class NotSupported(Exception):
@@ -91,7 +109,7 @@ _UNARY = {
 
 def _unary(fn: str):
     def lower(ctx, args, out):
-        if out.dtype not in (torch.float32, torch.float64) and fn not in ("neg", "abs", "relu", "sign"):
+        if not out.dtype.is_floating_point and fn not in ("neg", "abs", "relu", "sign"):
             raise NotSupported(f"{fn} on {out.dtype}")
         extra = {k: v for k, v in args.items() if k not in ("self", "decimals")}
         if extra:  # an overload with arguments this definition does not read: torch computes it
@@ -99,10 +117,11 @@ def _unary(fn: str):
         x = ctx.arg(args["self"], out.dtype)
         decimals = args.get("decimals", 0)
         if fn == "round" and decimals:  # torch: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d
-            scale = K.const(float(10 ** abs(decimals)), out.dtype)
+            dt = compute_dtype(out.dtype)  # bfloat16 / float16: in float32, rounded once
+            x, scale = K.cast(x, dt), K.const(float(10 ** abs(decimals)), dt)
             if decimals > 0:
-                return K.binary("div", K.unary("round", K.binary("mul", x, scale), out.dtype), scale, out.dtype)
-            return K.binary("mul", K.unary("round", K.binary("div", x, scale), out.dtype), scale, out.dtype)
+                return K.cast(K.binary("div", K.unary("round", K.binary("mul", x, scale), dt), scale, dt), out.dtype)
+            return K.cast(K.binary("mul", K.unary("round", K.binary("div", x, scale), dt), scale, dt), out.dtype)
         return K.unary(fn, x, out.dtype)
     return lower
 
@@ -126,8 +145,8 @@ def _not(ctx, args, out):
 @pointwise("leaky_relu")
 def _leaky_relu(ctx, args, out):
     x = ctx.arg(args["self"], out.dtype)
-    slope = K.const(args.get("negative_slope", 0.01), out.dtype)
-    return K.where(K.binary("gt", x, K.const(0, out.dtype), torch.bool), x, K.binary("mul", x, slope))
+    slope = _opmath_arg(ctx, args.get("negative_slope", 0.01), out.dtype)
+    return K.where(K.binary("gt", x, K.const(0, out.dtype), torch.bool), x, K.binary("mul", x, slope, out.dtype))
 
 
 @pointwise("clamp", "hardtanh")
@@ -146,10 +165,10 @@ def _clamp(ctx, args, out):
 # pointwise: binary arithmetic and comparisons
 def _binary(fn: str, alpha: bool = False):
     def lower(ctx, args, out):
-        a = ctx.arg(args["self"], out.dtype)
-        b = ctx.arg(args["other"], out.dtype)
+        a = _opmath_arg(ctx, args["self"], out.dtype)
+        b = _opmath_arg(ctx, args["other"], out.dtype)
         if alpha and args.get("alpha", 1) != 1:
-            b = K.binary("mul", b, K.const(args["alpha"], out.dtype))
+            b = K.binary("mul", b, _opmath_arg(ctx, args["alpha"], out.dtype), out.dtype)
         return K.binary(fn, a, b, out.dtype)
     return lower
 
@@ -185,7 +204,7 @@ del POINTWISE["rsub"]
 def _div(ctx, args, out):
     mode = args.get("rounding_mode")
     _integer_divisor(args, out)
-    a, b = ctx.arg(args["self"], out.dtype), ctx.arg(args["other"], out.dtype)
+    a, b = _opmath_arg(ctx, args["self"], out.dtype), _opmath_arg(ctx, args["other"], out.dtype)
     if mode is None:
         if not out.dtype.is_floating_point:
             raise NotSupported("true division into an integer dtype")
@@ -195,7 +214,9 @@ def _div(ctx, args, out):
 
 @pointwise("pow")
 def _pow(ctx, args, out):
-    a = ctx.arg(args["self"], out.dtype)
+    # as eager: float16's x ** 3 and x ** -2 in float32, rounded once; bfloat16's round x * x to bfloat16 first
+    # (ATen's pow_tensor_scalar_optimized_kernel multiplies Vectorized<BFloat16>, float16 goes through float)
+    a = ctx.arg(args["self"], torch.float32 if out.dtype == torch.float16 else out.dtype)
     e = args["exponent"]
     if isinstance(e, (int, float)):
         # the exponents torch computes without pow (ATen's pow_tensor_scalar_optimized_kernel), in its order:
@@ -216,7 +237,7 @@ def _pow(ctx, args, out):
             return K.unary("reciprocal", K.binary("mul", a, a))
     if not out.dtype.is_floating_point:
         raise NotSupported("integer pow")
-    return K.binary("pow", a, ctx.arg(e, out.dtype), out.dtype)
+    return K.binary("pow", a, ctx.arg(e, a.dtype), a.dtype)
 
 
 def _compare(fn: str):
@@ -348,7 +369,7 @@ def _var(ctx, args, outs):
     n = math.prod(x.shape[d] for d in dims) if dims else 1
     correction = args.get("correction")  # var.correction; var.dim / var.default say unbiased= instead
     correction = (1 if args.get("unbiased", True) else 0) if correction is None else correction
-    dt = out.dtype
+    dt = compute_dtype(out.dtype)  # bfloat16 / float16 in float32, rounded once at the store (as eager)
 
     def mean(c):
         return K.binary("div", K.acc("s", dt), K.const(n, dt))
@@ -366,9 +387,9 @@ def _var(ctx, args, outs):
 @row("_softmax", "softmax", "_log_softmax", "log_softmax")
 def _softmax(ctx, args, outs):
     x, out = args["self"], outs[0]
-    if out.dtype not in (torch.float32, torch.float64):
+    if not out.dtype.is_floating_point:
         raise NotSupported(f"softmax in {out.dtype}")
-    dt = out.dtype
+    dt = compute_dtype(out.dtype)  # bfloat16 / float16 in float32, rounded once at the store (as eager)
     log = "log" in ctx.node.target._opname
     dims = _dims(args["dim"], len(x.shape))
 
@@ -388,9 +409,9 @@ def _softmax(ctx, args, outs):
 @row("native_layer_norm")
 def _layer_norm(ctx, args, outs):
     x = args["input"]
-    dt = outs[0].dtype
-    if dt not in (torch.float32, torch.float64):
-        raise NotSupported(f"layer_norm in {dt}")
+    if not outs[0].dtype.is_floating_point:
+        raise NotSupported(f"layer_norm in {outs[0].dtype}")
+    dt = compute_dtype(outs[0].dtype)  # bfloat16 / float16 in float32, rounded once at the stores (as eager)
     k = len(args["normalized_shape"])
     rank = len(x.shape)
     dims = tuple(range(rank - k, rank))

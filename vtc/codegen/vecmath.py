@@ -201,3 +201,48 @@ template <class T> static inline T vtc_gelu_tanh(T x) {
 """ % dict(erf_c=f"{ERF_CLAMP}f", erf_p=_horner(ERF_P, "t"), erf_q=_horner(ERF_Q, "t"),
            tanh_c=f"{TANH_CLAMP}f", tanh_p=_horner(TANH_P, "t"), tanh_q=_horner(TANH_Q, "t"),
            two_pow_mod_2pi=", ".join(f"{v!r}" for v in _TWO_POW_MOD_2PI))
+
+
+# bfloat16 / float16 values in memory (uint16_t) <-> float, the type kernels compute them in (docs/low_precision.md).
+# A load widens; a store, and every op whose result is of the dtype, rounds to nearest even (``vtc_round_*``), as
+# torch's conversions do (c10::BFloat16 / c10::Half): NaN stays a NaN (bf16: 0x7fc0, torch's), overflow gives inf.
+# All branch-free integer / float arithmetic, so a loop of them vectorises.  float16 is torch's portable bit
+# conversion (c10/util/Half.h, fp16_ieee_from_fp32_value / fp16_ieee_to_fp32_value), not the compiler's _Float16:
+# gcc 12 converts _Float16 with scalar F16C instructions only ("unsupported data-type"), which keeps the whole
+# loop from vectorising, where the bit conversion vectorises (docs/low_precision.md).
+LOW_PRECISION_PRELUDE = r"""
+#ifndef VTC_LOW_PRECISION_PRELUDE
+#define VTC_LOW_PRECISION_PRELUDE
+#include <cstring>
+static inline float vtc_bits_f32(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+static inline uint32_t vtc_f32_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
+static inline float vtc_from_bf16(uint16_t h) { return vtc_bits_f32((uint32_t)h << 16); }
+static inline uint16_t vtc_to_bf16(float x) {
+  const uint32_t u = vtc_f32_bits(x);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return x != x ? (uint16_t)0x7fc0 : (uint16_t)r;
+}
+static inline float vtc_round_bf16(float x) {
+  const uint32_t u = vtc_f32_bits(x);
+  const float r = vtc_bits_f32((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  return x != x ? x : r;
+}
+static inline float vtc_from_f16(uint16_t h) {
+  const uint32_t w = (uint32_t)h << 16, sign = w & 0x80000000u, two_w = w + w;
+  const float normalized = vtc_bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = vtc_bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
+  return vtc_bits_f32(sign | (two_w < (1u << 27) ? vtc_f32_bits(denormalized) : vtc_f32_bits(normalized)));
+}
+static inline uint16_t vtc_to_f16(float f) {
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = vtc_f32_bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  bias = bias < 0x71000000u ? 0x71000000u : bias;
+  base = vtc_bits_f32((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = vtc_f32_bits(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
+  return (uint16_t)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+static inline float vtc_round_f16(float x) { return vtc_from_f16(vtc_to_f16(x)); }
+#endif
+"""
