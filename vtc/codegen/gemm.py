@@ -409,6 +409,9 @@ RUNTIME = r"""
 // blocking: an A block (MC x KC) and a B block (KC x NC) together fit in a 2 MB L2, a B micro-panel
 // (KC x NR) in L1 while the A micro-panels stream past it
 #define VTC_KC 256
+#ifndef VTC_DOT_PF
+#define VTC_DOT_PF 0
+#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -804,6 +807,8 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a + r * kc + p);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
+      if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
+        _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
       const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
@@ -1185,7 +1190,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
-    head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
+    head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
@@ -1362,6 +1367,7 @@ def _direct_b(em, g: GemmOperands) -> tuple[str, str] | None:
     return f"{em.ptr[buf]} + {off} + n0 + k0 * {sk}", str(sk)
 
 
+DOT_PF = 128  # floats ahead along each weight row the dot path prefetches at 2+ rows of A (0: none)
 WIDE_ROWS = True  # M <= WIDE_ROWS_M rows against a row-major B read in place: vtc_ukr_rows (512-byte runs of B's rows)
 WIDE_ROWS_M = 2
 WIDE_PD = 16  # rows of B ahead whose runs are prefetched (T0)
