@@ -954,7 +954,8 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
     - "packed_dot": M <= SKINNY_M, N and K as in vtc.codegen.gemm_dot, B with unit stride along k through any
       mapping: B^T and A packed as rows, then the dot products;
-    - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
+    - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place (at M <= 2
+      ``vtc_ukr_rows``, 128 columns of each row per k step: ``_wide_rows``);
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
