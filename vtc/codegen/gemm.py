@@ -132,6 +132,9 @@ class GemmChoice:
 VTC_GFLOPS = 280.0
 TORCH_GFLOPS = 290.0
 SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  # (GB/s of B, GFLOPS), M <= 16
+# M <= WIDE_ROWS_M against a row-major B: vtc_ukr_rows (1 and 2 x 4096 @ 4096 x 4096 in 2.6-2.8 ms, 1 thread, Zen 5:
+# ~24 GB/s of B where the 32-column panels read ~11)
+SKINNY["wide_rows"] = (24.0, 232.0)
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
@@ -171,7 +174,8 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     flops = 2.0 * batch * m * n * k
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
-        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
+        rows = "wide_rows" if WIDE_ROWS and m <= WIDE_ROWS_M else "rows"
+        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else rows], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * torch_speed * 1e3) + flops / (trate * torch_speed * 1e3)
     elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
