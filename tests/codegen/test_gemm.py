@@ -355,6 +355,17 @@ def test_auto_generates_contiguous_gemms_where_torch_is_measured_slower(slow_lib
     assert len(_gemm_kernels(c)) == 2
 
 
+def test_auto_generates_one_or_two_rows_against_a_runtime_b_where_torch_is_measured_slower(slow_library):
+    """M <= 2 against a row-major runtime B runs vtc_ukr_rows (~24 GB/s of B, SKINNY["wide_rows"]): where torch's
+    GEMM is measured slow, gemm="auto" generates it (Zen 5, 1 thread: 2 x 4096 @ 4096 x 4096 2.8 ms vs MKL's
+    5.8); 4 rows stay on torch's side under these figures.  Fails before the rate: the 12 GB/s of the panels."""
+    g = gen(26)
+    inputs = (rand((2, 1024), g), rand((1024, 1024), g), rand((4, 1024), g))
+    c = _check(lambda x, b, y: (x @ b, y @ b), inputs)
+    r = report(c)["gemm"]
+    assert [x["choice"] for x in r] == ["vtc", "torch"], r
+
+
 @pytest.mark.parametrize("m", [2, 3, 17, 127, 300])  # two rows at least: both pieces of the cat
 def test_epilogue_row_terms_through_a_piece_choice(m):
     """A per-row factor of the epilogue read through a cat (a piece choice on the row index alone) is a row

@@ -132,6 +132,9 @@ class GemmChoice:
 VTC_GFLOPS = 280.0
 TORCH_GFLOPS = 290.0
 SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  # (GB/s of B, GFLOPS), M <= 16
+# M <= WIDE_ROWS_M against a row-major B: vtc_ukr_rows (1 and 2 x 4096 @ 4096 x 4096 in 2.6-2.8 ms, 1 thread, Zen 5:
+# ~24 GB/s of B where the 32-column panels read ~11)
+SKINNY["wide_rows"] = (24.0, 232.0)
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
@@ -171,7 +174,8 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     flops = 2.0 * batch * m * n * k
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
-        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else "rows"], SKINNY["torch"]
+        rows = "wide_rows" if WIDE_ROWS and m <= WIDE_ROWS_M else "rows"
+        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else rows], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * torch_speed * 1e3) + flops / (trate * torch_speed * 1e3)
     elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
@@ -409,6 +413,9 @@ RUNTIME = r"""
 // blocking: an A block (MC x KC) and a B block (KC x NC) together fit in a 2 MB L2, a B micro-panel
 // (KC x NR) in L1 while the A micro-panels stream past it
 #define VTC_KC 256
+#ifndef VTC_DOT_PF
+#define VTC_DOT_PF 0
+#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -519,6 +526,109 @@ __attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64
 }
 
 #if defined(__AVX512F__)
+// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * ldb + j] for r < R, j < cols <= 16 * V: R (1 or 2) skinny
+// rows against a row-major B read in place, V vectors of each B row per k step (a 512-byte run of the row, not
+// vtc_ukr's 128 bytes: far fewer jumps of a row stride, and R * V independent accumulators); masked past cols
+template <int R, int V, int PD>
+__attribute__((noinline)) static void vtc_ukr_rows(int64_t kc, const float* __restrict a, const float* __restrict b,
+                                                   int64_t ldb, float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  __mmask16 mk[V];
+  #pragma GCC unroll 16
+  for (int v = 0; v < V; ++v)
+    mk[v] = (__mmask16)(cols - 16 * v >= 16 ? 0xFFFFu : cols - 16 * v <= 0 ? 0u : (1u << (cols - 16 * v)) - 1u);
+  __m512 acc[R][V];
+  #pragma GCC unroll 16
+  for (int v = 0; v < V; ++v)
+    #pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) acc[r][v] = _mm512_setzero_ps();
+  if (cols == 16 * V) {
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* __restrict bp = b + p * ldb;
+      if constexpr (PD > 0) {
+        if (p + PD < kc)
+          #pragma GCC unroll 16
+          for (int v = 0; v < V; ++v) _mm_prefetch((const char*)(bp + PD * ldb + 16 * v), _MM_HINT_T0);
+      }
+      __m512 av[R];
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
+      #pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) {
+        const __m512 bv = _mm512_loadu_ps(bp + 16 * v);
+        #pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(av[r], bv, acc[r][v]);
+      }
+    }
+  } else {
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* __restrict bp = b + p * ldb;
+      __m512 av[R];
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
+      #pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) {
+        const __m512 bv = _mm512_maskz_loadu_ps(mk[v], bp + 16 * v);
+        #pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(av[r], bv, acc[r][v]);
+      }
+    }
+  }
+  #pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 16
+    for (int v = 0; v < V; ++v) {
+      float* cr = c + r * ldc + 16 * v;
+      if (add) acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_maskz_loadu_ps(mk[v], cr));
+      _mm512_mask_storeu_ps(cr, mk[v], acc[r][v]);
+    }
+}
+
+// vtc_ukr with A read in place: a[r * LDA + p] (row-major rows of A, LDA floats apart: a compile-time constant, so
+// one pointer and constant displacements) instead of a packed panel; for a small N, where each A element serves
+// few tiles and packing A cost as much as the tiles' FMAs saved
+template <int R, int64_t LDA>
+static inline void vtc_ukr_a(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
+                             float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
+  const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
+  __m512 c0[R], c1[R];
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char*)(c + r * ldc + 16), _MM_HINT_T0);
+    c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
+  }
+  #pragma GCC unroll 2
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * LDA + p]);
+      c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
+    }
+  }
+  #pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    float* cr = c + r * ldc;
+    if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(k0, cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(k1, cr + 16)); }
+    _mm512_mask_storeu_ps(cr, k0, c0[r]);
+    _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
+  }
+}
+
+// vtc_ukr_a for `rows` <= VTC_MR rows as a sum of 12, 8, 4, 2 and 1-row kernels
+template <int64_t LDA>
+__attribute__((noinline)) static void vtc_ukr_a_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
+                                                     int64_t ldb, float* c, int64_t ldc, bool add) {
+  if (rows == VTC_MR) { vtc_ukr_a<VTC_MR, LDA>(kc, a, b, ldb, c, ldc, add, cols); return; }
+  int r0 = 0;
+  if (rows - r0 >= 8) { vtc_ukr_a<8, LDA>(kc, a, b, ldb, c, ldc, add, cols); r0 += 8; }
+  if (rows - r0 >= 4) { vtc_ukr_a<4, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 4; }
+  if (rows - r0 >= 2) { vtc_ukr_a<2, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 2; }
+  if (rows - r0 >= 1) vtc_ukr_a<1, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols);
+}
+
 // transposes the 16 x 16 block r[i][j] -> r[j][i] in registers
 static inline void vtc_transpose16_regs(__m512* r) {
   __m512 t[16];
@@ -701,6 +811,8 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a + r * kc + p);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
+      if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
+        _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
       const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
@@ -846,7 +958,8 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
     - "packed_dot": M <= SKINNY_M, N and K as in vtc.codegen.gemm_dot, B with unit stride along k through any
       mapping: B^T and A packed as rows, then the dot products;
-    - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place;
+    - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place (at M <= 2
+      ``vtc_ukr_rows``, 128 columns of each row per k step: ``_wide_rows``);
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
@@ -1039,6 +1152,7 @@ def generate(k: Kernel) -> str:
         lines += [f"{ind}#if defined(__AVX512F__)",
                   f"{ind}const float* __restrict bsrc = {src};",
                   f"{ind}const int64_t ldb = {ldb}, bstep = 1;  // B read in place: its rows are the panel rows",
+                  *_wide_rows(em, g, ind, block),
                   f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
                   f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
                   f"{ind}#else"]
@@ -1053,15 +1167,26 @@ def generate(k: Kernel) -> str:
     if direct:
         lines.append(f"{ind}#endif")
     lines += [ind + x for x in block]
-    lines += _pack_a(em, g, ind + "  ")
+    a_in_place = _a_in_place(em, g) if direct is None else None
+    if a_in_place is None:
+        lines += _pack_a(em, g, ind + "  ")
+    else:  # A read in place on AVX-512 (vtc_ukr_a): packed elsewhere only
+        lines += ["#if !defined(__AVX512F__)", *_pack_a(em, g, ind + "  "), "#endif"]
+    tile = [f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
+            f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);"]
+    if a_in_place is not None:
+        asrc, lda = a_in_place
+        tile = ["#if defined(__AVX512F__)",
+                f"{ind}      vtc_ukr_a_edge<{lda}>((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, {asrc} + ir * {lda},",
+                f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
+                "#else", *tile, "#endif"]
     lines += [
         f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
         f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
-        *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ", spec is not None)),
-        f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
-        f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
+        *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ", spec is not None, a_in_place is not None)),
+        *tile,
         f"{ind}    }}",
         f"{ind}}}",
         "      }",
@@ -1070,7 +1195,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }"]
-    head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
+    head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
@@ -1152,17 +1277,44 @@ def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
     return (src, 2, sn) if sk == 1 else None
 
 
-def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str, packed: bool = False) -> list[str]:
+A_IN_PLACE_N = 192  # from M > SKINNY_M, N up to this (static) and a row-major A: the tiles read A in place
+
+
+def _a_in_place(em, g: GemmOperands) -> tuple[str, int] | None:
+    """(pointer to A's block at (m0, k0), its row stride) where the panels' tiles read A in place (vtc_ukr_a)
+    instead of a packed panel: N static and at most A_IN_PLACE_N (each A element serves at most six tiles: a
+    2048 x 2048 @ 2048 x 64 product spent ~24% of the kernel in vtc_pack_a_rows, ~0.87x ONNX Runtime's
+    MatMul, which reads A in place), M > SKINNY_M, A one plain strided load with unit stride along k; else None."""
+    if (not isinstance(g.n, int) or g.n > A_IN_PLACE_N or not isinstance(g.m, int) or g.m <= SKINNY_M
+            or g.dtype != torch.float32 or gemm_pack.pack_a(em, g, "", False) is not None):
+        return None
+    st = _strided(g.a, g, em)
+    if st is None or not st[3].is_const or st[2].get("r", 0) != 1:
+        return None
+    buf, off, co, _ = st
+    sm = co.get(g.vars[1], 0)
+    if sm <= 0:
+        return None
+    return f"({em.ptr[buf]} + {off} + m0 * {sm} + k0)", sm
+
+
+def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str, packed: bool = False,
+                  a_in_place: bool = False) -> list[str]:
     """In the jr loop of the block's first row strip: pack B's panel jr (_pack_b's lines over NR columns at
     n0 + jr), then run its full tile with the next panel's source prefetched into L2 (vtc_ukr's PF), so the
     next pack reads from L2 while this tile's FMAs run instead of waiting on memory.  `packed`: where the
-    kernel got B's panels packed once (``bpk``), no pack, and the next packed panel is prefetched (PF 1)."""
+    kernel got B's panels packed once (``bpk``), no pack, and the next packed panel is prefetched (PF 1).
+    `a_in_place` (``_a_in_place``): the pack only; the tiles read A in place."""
     _, mode, pld = lazy
     pack = [f"{ind}  float* __restrict const bpj = bp + jr * kb;",
             f"{ind}  const int64_t n0j = n0 + jr;",
             f"{ind}  {{ const int64_t n0 = n0j, nb = cols; float* __restrict bp = bpj;",
             *_pack_b(em, g, ind + "    "),
             f"{ind}  }}"]
+    if a_in_place:  # A not packed on AVX-512 (vtc_ukr_a): B's panel packed here, the tile run by the caller
+        return [f"{ind}if (mi == mlo && ir == 0{' && !bpk' if packed else ''}) {{  // first strip: pack panel jr",
+                *pack,
+                f"{ind}}}"]
     if packed:
         pack = [f"{ind}  if (bpk && mb >= VTC_MR && jr + VTC_NR < nb) {{  // packed once: the next panel into L2",
                 f"{ind}    vtc_ukr<VTC_MR, 1>(kb, ap, bsrc + jr * kb, VTC_NR, ct + jr, LDC, k0 > 0, VTC_NR,",
@@ -1218,6 +1370,33 @@ def _direct_b(em, g: GemmOperands) -> tuple[str, str] | None:
     buf, off, co, _ = st
     sk = co.get("r", 0)
     return f"{em.ptr[buf]} + {off} + n0 + k0 * {sk}", str(sk)
+
+
+DOT_PF = 128  # floats ahead along each weight row the dot path prefetches at 2+ rows of A (0: none)
+WIDE_ROWS = True  # M <= WIDE_ROWS_M rows against a row-major B read in place: vtc_ukr_rows (512-byte runs of B's rows)
+WIDE_ROWS_M = 2
+WIDE_PD = 16  # rows of B ahead whose runs are prefetched (T0)
+WIDE_V = 8  # vectors of B's row per k step (128 columns: the skinny nc, 4 * NR)
+
+
+def _wide_rows(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
+    """Where B is read in place (``_direct_b``, AVX-512) and M <= WIDE_ROWS_M is a constant: per M block, A packed
+    as usual and vtc_ukr_rows over the block's columns WIDE_V * 16 at a time, ending the KC slice; else nothing.
+    vtc_ukr's 32-column panels walk B's rows 128 bytes at a time, a jump of B's row stride per k step: with one
+    or two rows of A there is too little arithmetic per jump (a 1 x 4096 @ 4096 x 4096 product ran at ~11 GB/s
+    of B)."""
+    if not WIDE_ROWS or not isinstance(g.m, int) or g.m > WIDE_ROWS_M:
+        return []
+    v = WIDE_V
+    return [f"{ind}{{",
+            *[ind + x for x in block],
+            *_pack_a(em, g, ind + "  "),
+            f"{ind}  for (int64_t jr = 0; jr < nb; jr += {16 * v})",
+            f"{ind}    vtc_ukr_rows<{g.m}, {v}, {WIDE_PD}>(kb, ap, bsrc + jr, ldb, ct + jr, LDC, k0 > 0, "
+            f"std::min<int64_t>({16 * v}, nb - jr));",
+            f"{ind}}}",
+            f"{ind}}}",
+            f"{ind}continue;"]
 
 
 def _loop_var(name: str, start: str, ind: str) -> list[str]:

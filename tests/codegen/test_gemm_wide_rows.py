@@ -1,0 +1,91 @@
+"""One or two rows of A against a row-major B read in place (vtc.codegen.gemm ``_wide_rows``, ``vtc_ukr_rows``).
+
+At M <= WIDE_ROWS_M the kernel walks B's rows 128 columns at a time (eight vectors of each row per k step,
+masked past N) instead of vtc_ukr's 32-column panels.  Compared with torch at odd sizes: N across 16 / 32 /
+128-column edges (1, 3, 17, 127, 128, 129, 300), K across the skinny KC slice (2051: two slices, the second
+adding to what the first stored), a B that is a column slice (row stride != N), a batched product (decode's
+probabilities @ V) and 1-4 threads on the same kernel.
+"""
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import pytest
+import torch
+
+from vtc.codegen import gemm
+from vtc.codegen.conv_t import has_avx512
+from vtc.codegen.cpp import buffer_order
+from vtc.runtime import cbuild
+
+from .util import assert_matches_eager, compile_cpu, gen, kernels, rand
+
+GEMM_TOL = dict(rtol=1e-4, atol=1e-3)  # float32 sums over K up to 2051 of products of magnitude <= 4
+
+avx512 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not has_avx512(),
+                            reason="the path is AVX-512 only")
+
+
+def _gemm_sources(compiled) -> list[str]:
+    return [gemm.generate(k) for k in kernels(compiled) if k.kind == "gemm"]
+
+
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("k,n", [(1, 1), (3, 17), (300, 128), (127, 129), (2051, 300)])
+def test_rows_against_a_row_major_b(m, k, n):
+    g = gen(31)
+    a, b = rand((m, k), g), rand((k, n), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    assert_matches_eager(c, lambda a, b: a @ b, (a, b), **GEMM_TOL)
+
+
+@avx512
+@pytest.mark.parametrize("m,wide", [(1, True), (2, True), (3, False), (17, False)])
+def test_the_path_is_taken_for_one_or_two_rows_only(m, wide):
+    """Fails before the path: no vtc_ukr_rows call in any kernel."""
+    g = gen(32)
+    a, b = rand((m, 300), g), rand((300, 129), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    assert_matches_eager(c, lambda a, b: a @ b, (a, b), **GEMM_TOL)
+    (src,) = _gemm_sources(c)
+    assert ("vtc_ukr_rows<" in src.split('extern "C"')[1]) == wide
+
+
+def test_b_a_column_slice_and_a_batch():
+    """B = w[:, 5:134] (its rows 300 floats apart, not N = 129) and decode's probabilities @ V per head."""
+    g = gen(33)
+    x, w = rand((2, 257), g), rand((257, 300), g)
+    p, v = rand((16, 1, 77), g), rand((16, 77, 64), g)
+    fn = lambda x, w, p, v: (x @ w[:, 5:134], torch.bmm(p, v))
+    c = compile_cpu(fn, (x, w, p, v), gemm="vtc")
+    assert_matches_eager(c, fn, (x, w, p, v), **GEMM_TOL)
+    if platform.machine() in ("x86_64", "AMD64") and has_avx512():
+        assert all("vtc_ukr_rows<" in s.split('extern "C"')[1] for s in _gemm_sources(c))
+
+
+def test_rows_off_is_the_panel_path(monkeypatch):
+    monkeypatch.setattr(gemm, "WIDE_ROWS", False)
+    g = gen(34)
+    a, b = rand((1, 300), g), rand((300, 129), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    assert_matches_eager(c, lambda a, b: a @ b, (a, b), **GEMM_TOL)
+    assert not any("vtc_ukr_rows<" in s.split('extern "C"')[1] for s in _gemm_sources(c))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 1100), (2, 2051, 257)])
+def test_every_thread_count_covers_the_output_once(m, k, n):
+    """Above the parallel threshold (N split across threads: 128-column blocks), 1-4 threads on one kernel."""
+    g = gen(35)
+    a, b = rand((m, k), g), rand((k, n), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    (k_,) = [k_ for k_ in kernels(c) if k_.kind == "gemm"]
+    fn_c = getattr(cbuild.build(gemm.generate(k_), name="gemm_wide_rows"), k_.name)
+    fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
+    env = dict(zip([v.name for v in c.graph.inputs], (a, b)))
+    want = a @ b
+    for nthreads in (1, 2, 3, 4):
+        out = torch.empty(k_.stores[0].buffer.shape)
+        tensors = [env[x.name].contiguous() if x.name in env else out for x in buffer_order(k_)]
+        fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), nthreads)
+        torch.testing.assert_close(out, want, **GEMM_TOL)
