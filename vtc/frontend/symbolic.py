@@ -125,6 +125,15 @@ class SymbolicGraph:
                 raise NotInstantiable(f"the shape guards could not be checked: {type(e).__name__}: {e}") from None
         return env
 
+    def _sym_args(self) -> dict[fx.Node, bool]:
+        """Per fx node, whether its arguments hold a SymInt/SymFloat/SymBool literal (worked out once)."""
+        if getattr(self, "_has_sym", None) is None:
+            leaf = lambda a: isinstance(a, fx.Node)  # noqa: E731
+            self._has_sym = {n: any(isinstance(x, _SYM) for x in pytree.tree_leaves((n.args, dict(n.kwargs)),
+                                                                                   is_leaf=leaf))
+                             for n in self.gm.graph.nodes}
+        return self._has_sym
+
     def instantiate(self, env: dict[sympy.Symbol, int]) -> Graph:
         """The concrete Graph for symbol values `env` (NotInstantiable when a runtime assert fails)."""
         subs = {s: sympy.Integer(v) for s, v in env.items()}
@@ -150,7 +159,8 @@ class SymbolicGraph:
                 return type(val)(concrete(v) for v in val)
             return value(val)
 
-        out = fx.Graph()
+        sym_args = self._sym_args()
+        out = fx.Graph(owning_module=self.gm)  # get_attr reads the symbolic module's attributes
         mapped: dict[fx.Node, Any] = {}
         for n in self.gm.graph.nodes:
             val = n.meta.get("val")
@@ -165,13 +175,14 @@ class SymbolicGraph:
                 out.output(fx.node.map_arg(n.args[0], lambda a: mapped[a]))
                 continue
             new = out.node_copy(n, lambda a: mapped[a])
-            new.args = pytree.tree_map(value, new.args, is_leaf=lambda a: isinstance(a, fx.Node))
-            new.kwargs = pytree.tree_map(value, dict(new.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
+            if sym_args[n]:
+                new.args = pytree.tree_map(value, new.args, is_leaf=lambda a: isinstance(a, fx.Node))
+                new.kwargs = pytree.tree_map(value, dict(new.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
             if "val" in n.meta:
                 new.meta["val"] = concrete(val)
             mapped[n] = new
-        gm = fx.GraphModule(self.gm, out)
-        graph = graph_from_fx(gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec)
+        # the fx graph as it is: a GraphModule of it would generate and compile Python code nobody runs
+        graph = graph_from_fx(out, self.consts, in_spec=self.in_spec, out_spec=self.out_spec)
         graph.meta["sizes"] = {str(s): v for s, v in env.items()}
         return graph
 
