@@ -118,8 +118,9 @@ def _arg_key(a):
         return (type(a).__name__, *map(_arg_key, a))
     if isinstance(a, dict):
         return ("{", *((k, _arg_key(v)) for k, v in a.items()))
-    if a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device, torch.memory_format,
-                                   torch.layout)):
+    if isinstance(a, float):
+        return ("float", repr(a))  # -0.0 is not 0.0 (a pad value), nan is nan
+    if a is None or isinstance(a, (bool, int, str, torch.dtype, torch.device, torch.memory_format, torch.layout)):
         return (type(a).__name__, a)
     raise _NoKey  # anything else (a tensor): not compared, the node is composed again
 
