@@ -189,3 +189,28 @@ def test_a_transformers_decode_loop_with_a_dynamic_cache_stays_right_and_builds_
         want_cache, got_cache = want.past_key_values, got.past_key_values
         tok = want.logits[:, -1:].argmax(-1)
     assert step._dynamic.sources_reused > 0 and not step._dynamic.why_not
+
+
+def test_a_new_length_leaves_little_cyclic_garbage():
+    """Each new length used to leave thousands of objects in reference cycles (a copy of the fx graph per
+    instantiation, a recursive closure per index substitution), which only the garbage collector frees: a full
+    collection of a process holding torch and transformers takes ~0.3 s, and came every ~8 decode steps."""
+    import gc
+
+    g = torch.Generator().manual_seed(4)
+    w1, w2 = torch.randn(32, 48, generator=g) / 6, torch.randn(48, 32, generator=g) / 7
+    fn = lambda tok, past: _decode(tok, past, w1, w2)  # noqa: E731
+    compiled = vtc.compile(fn, _inputs(9, 0))
+    for p in (10, 11, 12):
+        compiled(*_inputs(p, p))
+    x = _inputs(13, 13)
+    gc.collect()
+    gc.disable()
+    try:
+        got = compiled(*x)
+        garbage = gc.collect()
+    finally:
+        gc.enable()
+    for a, b in zip(got, fn(*x)):
+        torch.testing.assert_close(a, b, **TOL)
+    assert garbage < 500, f"{garbage} objects in reference cycles after one new length (before: ~1900)"
