@@ -120,6 +120,26 @@ def test_a_kernel_whose_ir_changed_is_generated_again(monkeypatch):
     assert count.generated == 1 and src != "SOURCE" and f"void {k.name}(" in src
 
 
+def test_a_changed_code_generator_switch_generates_every_kernel_again(monkeypatch):
+    """The same IR may generate other code under another module switch (gemm.PACKED_B changes a GEMM's calling
+    convention): the previous sources are reused only under the switches they were made with."""
+    import vtc.codegen.gemm
+
+    g = torch.Generator().manual_seed(5)
+    w1, w2 = torch.randn(32, 48, generator=g) / 6, torch.randn(48, 32, generator=g) / 7
+    fn = lambda tok, past: _decode(tok, past, w1, w2)  # noqa: E731
+    compiled = vtc.compile(fn, _inputs(9, 0))
+    for p in (10, 11, 12):
+        compiled(*_inputs(p, p))
+    count = _Counter(monkeypatch)
+    monkeypatch.setattr(vtc.codegen.gemm, "PACKED_B", not vtc.codegen.gemm.PACKED_B)
+    x = _inputs(13, 13)
+    for a, b in zip(compiled(*x), fn(*x)):
+        torch.testing.assert_close(a, b, **TOL)
+    spec = compiled._specs[next(reversed(compiled._specs))]
+    assert count.generated >= sum(s.kind == "kernel" for s in spec.executor.steps)
+
+
 def test_the_plan_memo_gives_the_plan_composed_afresh():
     """plan_keeping(memo=...) over a symbolic graph's instantiations equals plan_keeping without it: the same
     mappings (hash-consed, so equal structures are equal) and realizations; the nodes whose shapes changed

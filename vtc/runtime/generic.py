@@ -272,6 +272,26 @@ def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tu
     return name, symbols, hashlib.sha256((head + "\0" + func).encode()).hexdigest()
 
 
+_SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
+
+
+def codegen_switches() -> tuple:
+    """The module-level switches of the code generators (upper-case bool/int/float/str constants of every
+    ``vtc.codegen`` module, e.g. ``gemm.PACKED_B``, and the context variables ``MERGE_INNER_DIMS`` and
+    ``STREAM_STORES``): a source is taken from the previous specialization only while they are the same, since
+    the same kernel IR may generate other code (another calling convention) under another switch."""
+    import sys
+    from contextvars import ContextVar
+
+    out = []
+    for name, mod in sorted(sys.modules.items()):
+        if name.startswith("vtc.codegen.") and mod is not None:
+            for k, v in vars(mod).items():
+                if k.isupper() and (isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar)):
+                    out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
+    return tuple(out)
+
+
 @dataclass
 class GenericKernels:
     """Builds one specialization's kernels, size-generic where a template fits.
@@ -362,11 +382,15 @@ class GenericKernels:
         from vtc.codegen.cpp import buffer_order
         from vtc.runtime.executor import CompiledKernel, build_kernels
 
+        switches = codegen_switches()
+        if self.previous.get(_SWITCHES) != switches:  # a code generator's switch changed: generate everything
+            self.previous.clear()
         made = {id(s): self._source(s.kernel) for s in ksteps}
         sources = {i: src for i, (src, _) in made.items()}
         free_key = {i: key for i, (_, key) in made.items() if key is not None}  # _SIZE_FREE's, without parsing
         self.previous.clear()
         self.previous.update((s.kernel.name, (s.kernel, *made[id(s)])) for s in ksteps)
+        self.previous[_SWITCHES] = switches
         size_free = {i for i, k in free_key.items() if k in _SIZE_FREE}  # the same at every size: no template
         parsed = {id(s): parse(sources[id(s)], s.kernel.name) if id(s) in free_key and id(s) not in size_free
                   else None for s in ksteps}
