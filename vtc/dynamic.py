@@ -47,6 +47,9 @@ class DynamicSizes:
         self.symbols = tuple(str(s) for s in sgraph.symbols)
         self.degrees = tuple(sgraph.degree[s] for s in sgraph.symbols)
         self.first_plan: Plan | None = None
+        self._memo: dict = {}  # plan_keeping's mappings of the nodes whose sizes do not vary (vtc.plan.virtualize)
+        self._sources: dict = {}  # the last specialization's kernel sources by IR (GenericKernels.previous)
+        self.sources_reused = 0  # kernels of all specializations whose source was taken from the previous one
         self.why_not: deque[str] = deque(maxlen=MAX_MISSES)  # the latest inputs that did not fit, and why
         self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
         self.misses: deque[str] = deque(maxlen=MAX_MISSES)  # the latest kernels that found no template: why
@@ -63,7 +66,7 @@ class DynamicSizes:
     def _replay(self, graph: Graph) -> Plan:
         first = self.first_plan
         plan = plan_none(graph) if first.mode == "none" else plan_keeping(graph, first.mode, dict(first.kept),
-                                                                           dict(first.pushed))
+                                                                           dict(first.pushed), memo=self._memo)
         plan.decisions, plan.objective = first.decisions, first.objective
         plan.notes = [*first.notes, "plan decisions reused from the first size of this symbolic graph"]
         return plan
@@ -91,7 +94,7 @@ class DynamicSizes:
         env = self.sg.bind(leaves)
         sizes = tuple(env[s] for s in self.sg.symbols)
         graph = self.sg.instantiate(env)
-        builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid)
+        builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid, previous=self._sources)
         flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
         plain_stores = STREAM_STORES.set(False)  # likewise (see vtc.codegen.stream)
         try:
@@ -101,6 +104,7 @@ class DynamicSizes:
             MERGE_INNER_DIMS.reset(flat_rows)
         for k, v in builder.stats.items():
             self.kernels[k] += v
+        self.sources_reused += builder.reused
         self.misses.extend(builder.misses)
         return spec
 

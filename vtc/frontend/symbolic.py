@@ -11,10 +11,10 @@ once it has seen a second shape):
   ints), checked against the shapes of the other dims, torch's value ranges of
   the symbols and the graph's runtime asserts; ``NotInstantiable`` (with the
   reason) when the inputs do not fit;
-- ``instantiate(env)``: a concrete vtc ``Graph`` for those values: the fx graph
-  copied with every SymInt argument and size computation evaluated and every
-  ``meta["val"]`` a meta tensor of the concrete shape, then the usual
-  ``graph_from_fx``.  Node and value names are the fx names, the same for
+- ``instantiate(env)``: a concrete vtc ``Graph`` for those values: ``graph_from_fx``
+  reads the fx graph with every SymInt argument and size computation evaluated and
+  every ``meta["val"]`` a meta tensor of the concrete shape (``_AtSizes``; the fx
+  graph is not copied).  Node and value names are the fx names, the same for
   every instantiation, so the kernels of two instantiations have the same names.
 
 Everything downstream (planner, lowering, code generation) sees only concrete
@@ -32,8 +32,8 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from vtc.frontend import decomp
-from vtc.frontend.torch_export import (CaptureError, _as_module, capture_copy, distinct_inputs, graph_from_fx,
-                                      program_constants, quiet_fake_tensor_log)
+from vtc.frontend.torch_export import (NOT_A_SIZE, CaptureError, _as_module, capture_copy, distinct_inputs,
+                                      graph_from_fx, program_constants, quiet_fake_tensor_log)
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -126,54 +126,61 @@ class SymbolicGraph:
         return env
 
     def instantiate(self, env: dict[sympy.Symbol, int]) -> Graph:
-        """The concrete Graph for symbol values `env` (NotInstantiable when a runtime assert fails)."""
-        subs = {s: sympy.Integer(v) for s, v in env.items()}
-        cache: dict[Any, Any] = {}
+        """The concrete Graph for symbol values `env` (NotInstantiable when a runtime assert fails).
 
-        def value(x: Any) -> Any:
-            if not isinstance(x, _SYM):
-                return x
-            e = x.node.expr
-            hit = cache.get(e)
-            if hit is None:
-                r = e.xreplace(subs)
-                if getattr(r, "free_symbols", None):
-                    raise NotInstantiable(f"size expression {e} has unbound symbols {sorted(map(str, r.free_symbols))}")
-                hit = cache[e] = (bool(r) if isinstance(x, torch.SymBool) else
-                                  float(r) if isinstance(x, torch.SymFloat) else int(r))
-            return hit
-
-        def concrete(val: Any) -> Any:
-            if isinstance(val, torch.Tensor):
-                return torch.empty([value(d) for d in val.shape], dtype=val.dtype, device="meta")
-            if isinstance(val, (list, tuple)):
-                return type(val)(concrete(v) for v in val)
-            return value(val)
-
-        out = fx.Graph()
-        mapped: dict[fx.Node, Any] = {}
-        for n in self.gm.graph.nodes:
-            val = n.meta.get("val")
-            if n.op == "call_function" and (isinstance(val, _SYM) or _is_size_op(n)):
-                mapped[n] = value(val)  # a size computation: its value, not a node
-                if getattr(n.target, "_opname", "") == "_assert_scalar":
-                    cond = n.args[0]
-                    if not (mapped[cond] if isinstance(cond, fx.Node) else value(cond)):
-                        raise NotInstantiable(f"runtime assert {n.args[1:]} fails for sizes {env}")
-                continue
-            if n.op == "output":
-                out.output(fx.node.map_arg(n.args[0], lambda a: mapped[a]))
-                continue
-            new = out.node_copy(n, lambda a: mapped[a])
-            new.args = pytree.tree_map(value, new.args, is_leaf=lambda a: isinstance(a, fx.Node))
-            new.kwargs = pytree.tree_map(value, dict(new.kwargs), is_leaf=lambda a: isinstance(a, fx.Node))
-            if "val" in n.meta:
-                new.meta["val"] = concrete(val)
-            mapped[n] = new
-        gm = fx.GraphModule(self.gm, out)
-        graph = graph_from_fx(gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec)
+        The symbolic fx graph is read as it is (``graph_from_fx(concrete=...)``): no copy of it, whose nodes
+        would be garbage in reference cycles after every new size."""
+        graph = graph_from_fx(self.gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec,
+                              concrete=_AtSizes(env))
         graph.meta["sizes"] = {str(s): v for s, v in env.items()}
         return graph
+
+
+class _AtSizes:
+    """A symbolic fx graph's sizes and values at symbol values `env` (``graph_from_fx``'s `concrete`)."""
+
+    def __init__(self, env: dict[sympy.Symbol, int]) -> None:
+        self.env = env
+        self.subs = {s: sympy.Integer(v) for s, v in env.items()}
+        self.cache: dict[Any, Any] = {}
+        self.sizes: dict[fx.Node, Any] = {}
+
+    def arg(self, x: Any) -> Any:
+        """The value of a SymInt/SymFloat/SymBool at these sizes; anything else unchanged."""
+        if not isinstance(x, _SYM):
+            return x
+        e = x.node.expr
+        hit = self.cache.get(e)
+        if hit is None:
+            r = e.xreplace(self.subs)
+            if getattr(r, "free_symbols", None):
+                raise NotInstantiable(f"size expression {e} has unbound symbols {sorted(map(str, r.free_symbols))}")
+            hit = self.cache[e] = (bool(r) if isinstance(x, torch.SymBool) else
+                                   float(r) if isinstance(x, torch.SymFloat) else int(r))
+        return hit
+
+    def size(self, n: fx.Node) -> Any:
+        """The value of a node that computes (or asserts) a size, NOT_A_SIZE for any other node."""
+        val = n.meta.get("val")
+        if not (n.op == "call_function" and (isinstance(val, _SYM) or _is_size_op(n))):
+            return NOT_A_SIZE
+        v = self.sizes[n] = self.arg(val)
+        if getattr(n.target, "_opname", "") == "_assert_scalar":
+            cond = n.args[0]
+            if not (self.sizes.get(cond, True) if isinstance(cond, fx.Node) else self.arg(cond)):
+                raise NotInstantiable(f"runtime assert {n.args[1:]} fails for sizes {self.env}")
+        return v
+
+    def val(self, n: fx.Node) -> Any:
+        """n's ``meta["val"]`` at these sizes: a tensor's as a meta tensor of the concrete shape."""
+        return self._concrete(n.meta.get("val"))
+
+    def _concrete(self, val: Any) -> Any:
+        if isinstance(val, torch.Tensor):
+            return torch.empty([self.arg(d) for d in val.shape], dtype=val.dtype, device="meta")
+        if isinstance(val, (list, tuple)):
+            return type(val)(self._concrete(v) for v in val)
+        return self.arg(val)
 
 
 def _bound(x: Any, unbounded: float) -> float:

@@ -315,6 +315,7 @@ def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> t
 # ----------------------------------------------------------------------------- fx -> Graph
 
 # ops with no result that only check things: dropped
+NOT_A_SIZE = object()  # graph_from_fx's `concrete.size(node)` for a node that is not a size computation
 _DROPPED = ("_assert", "sym_constrain_range", "_check", "_functional_sym_constrain_range")
 
 
@@ -323,12 +324,19 @@ def graph_from_fx(
     consts: dict[str, torch.Tensor] | None = None,
     in_spec: Any = None,
     out_spec: Any = None,
+    concrete: Any = None,
 ) -> Graph:
-    """An ATen fx graph -> Graph; placeholders named in ``consts`` become const Values."""
+    """An ATen fx graph -> Graph; placeholders named in ``consts`` become const Values.
+
+    `concrete` (``vtc.frontend.symbolic``: a graph with symbolic sizes read at given sizes, without copying it)
+    has ``size(node)`` (the value of a node that computes a size, or ``NOT_A_SIZE``), ``val(node)`` (a node's
+    ``meta["val"]`` at those sizes) and ``arg(x)`` (a SymInt/SymFloat/SymBool argument's value)."""
     fx_graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
     module = gm if isinstance(gm, fx.GraphModule) else fx_graph.owning_module
     consts = consts or {}
-    taken = {n.name for n in fx_graph.nodes}
+    sizes = {n: v for n in fx_graph.nodes if (v := concrete.size(n)) is not NOT_A_SIZE} if concrete else {}
+    val_of = concrete.val if concrete else (lambda n: n.meta.get("val"))
+    taken = {n.name for n in fx_graph.nodes if n not in sizes}
     env: dict[fx.Node, Any] = {}
     inputs: list[Value] = []
     const_vals: list[Value] = []
@@ -359,12 +367,17 @@ def graph_from_fx(
             name = _fresh("_tensor_constant", taken)
             return const(name, a.detach())
         if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if concrete:
+                return concrete.arg(a)
             raise CaptureError(f"symbolic value {a} in the arguments; vtc supports static shapes only")
         return a
 
     for n in fx_graph.nodes:
+        if n in sizes:
+            env[n] = sizes[n]  # a size computation at the given sizes: its value, not a node
+            continue
         if n.op == "placeholder":
-            val = n.meta.get("val")
+            val = val_of(n)
             if n.name in consts:
                 env[n] = const(n.name, consts[n.name])
             elif isinstance(val, torch.Tensor):
@@ -392,9 +405,10 @@ def graph_from_fx(
             if _is_check(n.target):
                 continue
             args, kwargs = _plain(n.args, lookup), _plain(dict(n.kwargs), lookup)
-            outputs = _outputs(n, taken)
+            val = val_of(n)
+            outputs = _outputs(n, taken, val)
             nodes.append(Node(n.name, n.target, args, kwargs, outputs, classify(n.target, args, kwargs)))
-            env[n] = outputs[0] if isinstance(n.meta.get("val"), torch.Tensor) else outputs
+            env[n] = outputs[0] if isinstance(val, torch.Tensor) else outputs
         elif n.op == "output":
             for i, leaf in enumerate(pytree.tree_leaves(n.args[0], is_leaf=lambda x: x is None)):
                 v = env[leaf] if isinstance(leaf, fx.Node) else leaf
@@ -442,9 +456,8 @@ def _static_shape(name: str, t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _outputs(n: fx.Node, taken: set[str]) -> tuple[Value, ...]:
-    """The Values an fx call produces: one per tensor of ``meta["val"]``."""
-    val = n.meta.get("val")
+def _outputs(n: fx.Node, taken: set[str], val: Any) -> tuple[Value, ...]:
+    """The Values an fx call produces: one per tensor of its ``meta["val"]``, `val`."""
     if isinstance(val, torch.Tensor):
         return (Value(n.name, _static_shape(n.name, val), val.dtype),)
     if not isinstance(val, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in val):

@@ -509,7 +509,9 @@ def subs(e: Expr, env: TMapping[str, ExprLike]) -> Expr:
             memo[x] = r
         return r
 
-    return go(e)
+    r = go(e)
+    del go  # go holds itself through its cell: a cycle that only the garbage collector would free
+    return r
 
 
 def replace_loads(e: Expr, fn: Callable[[str, tuple[Expr, ...]], Expr | None]) -> Expr:
@@ -528,7 +530,9 @@ def replace_loads(e: Expr, fn: Callable[[str, tuple[Expr, ...]], Expr | None]) -
             memo[x] = r
         return r
 
-    return go(e)
+    r = go(e)
+    del go  # the cycle through its cell, as in subs
+    return r
 
 
 def walk(e: Expr) -> Iterable[Expr]:
@@ -621,7 +625,9 @@ def evaluate(e: Expr, env: TMapping[str, torch.Tensor | int],
         memo[id(x)] = r
         return r
 
-    return go(e)
+    r = go(e)
+    del go  # the cycle through its cell, as in subs
+    return r
 
 
 def to_str(e: Expr) -> str:

@@ -79,7 +79,7 @@ class Node:
     def inputs(self) -> list[Value]:
         """Tensor operands in argument order, each once."""
         seen: dict[int, Value] = {}
-        for leaf in pytree.tree_leaves((self.args, self.kwargs)):
+        for leaf in _leaves((self.args, self.kwargs)):
             if isinstance(leaf, Value) and id(leaf) not in seen:
                 seen[id(leaf)] = leaf
         return list(seen.values())
@@ -93,6 +93,22 @@ class Node:
         if isinstance(out, torch.Tensor):
             return (out,)
         return tuple(out)
+
+
+def _leaves(tree: Any):
+    """``pytree.tree_leaves(tree)`` in order, walking plain tuples, lists and dicts itself (Node.inputs is called
+    thousands of times per lowering); any other pytree node goes to pytree."""
+    t = type(tree)
+    if t is tuple or t is list:
+        for x in tree:
+            yield from _leaves(x)
+    elif t is dict:
+        for x in tree.values():
+            yield from _leaves(x)
+    elif t in pytree.SUPPORTED_NODES or pytree.is_namedtuple_class(t):
+        yield from pytree.tree_leaves(tree)
+    else:
+        yield tree
 
 
 def op_name(target: Any) -> str:

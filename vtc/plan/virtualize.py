@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from vtc.index.mapping import Mapping, Strided, compose, contiguous_strides
 from vtc.ir.graph import Graph, Node, Value
 from vtc.virtual import movement
@@ -74,7 +76,8 @@ def plan_all(graph: Graph) -> Plan:
     return plan_keeping(graph, "all", {})
 
 
-def plan_keeping(graph: Graph, mode: str, keep: dict[str, str], push: dict[str, str] | None = None) -> Plan:
+def plan_keeping(graph: Graph, mode: str, keep: dict[str, str], push: dict[str, str] | None = None,
+                 memo: dict | None = None) -> Plan:
     """Every movement op virtual (composed over its virtual inputs) except those named in `keep` or `push`.
 
     `keep` maps a movement node's name to why it stays physical; such a node
@@ -82,21 +85,48 @@ def plan_keeping(graph: Graph, mode: str, keep: dict[str, str], push: dict[str, 
     a movement node to why it is removed on the write side: its output is a
     physical buffer that its inputs are stored into (``vtc.codegen.push``;
     generated kernels only), its index tensors must be physical.
+
+    `memo` (a dict the caller keeps between calls on graphs of the same nodes, e.g. one symbolic graph at
+    several sizes) reuses a node's composed mappings when its op, arguments, input and output shapes are
+    the same as last time and the mappings it composes with are the very same objects (so are the results:
+    pull and compose are functions of these), and a mapping's strided form.
     """
     plan = Plan(mode)
+    strided = None if memo is None else (memo.get("strided", {}), {})  # (last call's, this call's)
     for n in graph.nodes:
         if n.kind == "movement" and push and n.name in push:
             plan.pushed[n.name] = push[n.name]
             _note_push_needs(plan, n)
             continue
         if n.kind == "movement":
-            reason = keep.get(n.name) or _virtualize(plan, n)
+            reason = keep.get(n.name) or _virtualize(plan, n, memo)
             if reason:
                 plan.kept[n.name] = reason
-        _note_needs(plan, n, data_only=n.kind == "movement" and n.name not in plan.kept)
+        _note_needs(plan, n, data_only=n.kind == "movement" and n.name not in plan.kept, strided=strided)
     for v in graph.outputs:
-        _realize(plan, v.name)
+        _realize(plan, v.name, strided=strided)
+    if memo is not None:
+        memo["strided"] = strided[1]
     return plan
+
+
+def _arg_key(a):
+    """A hashable form of a node argument, a Value as its name, shape and dtype."""
+    if isinstance(a, Value):
+        return ("%", a.name, tuple(a.shape), a.dtype)
+    if isinstance(a, (list, tuple)):
+        return (type(a).__name__, *map(_arg_key, a))
+    if isinstance(a, dict):
+        return ("{", *((k, _arg_key(v)) for k, v in a.items()))
+    if isinstance(a, float):
+        return ("float", repr(a))  # -0.0 is not 0.0 (a pad value), nan is nan
+    if a is None or isinstance(a, (bool, int, str, torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return (type(a).__name__, a)
+    raise _NoKey  # anything else (a tensor): not compared, the node is composed again
+
+
+class _NoKey(Exception):
+    pass
 
 
 def pull_of(node: Node) -> tuple[Mapping, ...] | str:
@@ -109,18 +139,38 @@ def pull_of(node: Node) -> tuple[Mapping, ...] | str:
         return f"pull mapping failed: {type(e).__name__}: {e}"
 
 
-def _virtualize(plan: Plan, node: Node) -> str | None:
-    """Composes node's pull with its inputs' mappings; returns why it cannot, or None."""
+def _virtualize(plan: Plan, node: Node, memo: dict | None = None) -> str | None:
+    """Composes node's pull with its inputs' mappings; returns why it cannot, or None (`memo`: plan_keeping)."""
+    key = None
+    if memo is not None:
+        try:
+            key = (node.target, _arg_key(node.args), _arg_key(node.kwargs),
+                   tuple(tuple(o.shape) for o in node.outputs))
+        except _NoKey:
+            key = None
+        hit = memo.get(("node", node.name)) if key is not None else None
+        if hit is not None and hit[0] == key and all(plan.mappings.get(s) is m for s, m in hit[1]):
+            if isinstance(hit[2], str):
+                return hit[2]
+            plan.mappings.update(hit[2])
+            return None
     maps = pull_of(node)
     if isinstance(maps, str):
+        if key is not None:
+            memo[("node", node.name)] = (key, (), maps)
         return maps
+    used, made = [], []
     for out, m in zip(node.outputs, maps):
         inner = {s: plan.mappings[s] for s in m.sources if s in plan.mappings}
+        used += [(s, plan.mappings.get(s)) for s in m.sources]
         plan.mappings[out.name] = compose(m, inner) if inner else m
+        made.append((out.name, plan.mappings[out.name]))
+    if key is not None:
+        memo[("node", node.name)] = (key, tuple(used), dict(made))
     return None
 
 
-def _note_needs(plan: Plan, node: Node, data_only: bool) -> None:
+def _note_needs(plan: Plan, node: Node, data_only: bool, strided: tuple | None = None) -> None:
     """Records which virtual inputs of node must be realised before it runs."""
     if data_only:  # a virtual movement op reads its data inputs through mappings; index tensors must be physical
         m_sources = set()
@@ -131,7 +181,7 @@ def _note_needs(plan: Plan, node: Node, data_only: bool) -> None:
         names = [v.name for v in node.inputs]
     need = [name for name in names if plan.is_virtual(name)]
     for name in need:
-        _realize(plan, name, dense=not data_only and needs_dense(node))
+        _realize(plan, name, dense=not data_only and needs_dense(node), strided=strided)
     if need:
         plan.needs[node.name] = need
 
@@ -151,13 +201,21 @@ def _index_of(plan: Plan, node: Node, v: Value) -> bool:
     return any(v.name in plan.mappings[o.name].index_tensors for o in node.outputs)
 
 
-def _realize(plan: Plan, name: str, dense: bool = False) -> None:
+def _realize(plan: Plan, name: str, dense: bool = False, strided: tuple | None = None) -> None:
     """Records how virtual `name` is made physical; `dense`: a reader needs it row-major (else a gather)."""
     if name not in plan.mappings:
         return
     r = plan.realized.get(name)
     m = plan.mappings[name] if r is None else r.mapping
-    st = m.strided() if r is None else r.strided
+    if r is not None:
+        st = r.strided
+    elif strided is None:
+        st = m.strided()
+    else:  # per mapping object (held there, so that its id is not reused): its strided form, last call's or now
+        before, now = strided
+        hit = now.get(id(m)) or before.get(id(m))
+        st = hit[1] if hit is not None and hit[0] is m else m.strided()
+        now[id(m)] = (m, st)
     if dense and st is not None and not is_dense(st, m.shape):
         st = None
     if r is None or st is not r.strided:

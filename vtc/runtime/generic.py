@@ -258,8 +258,9 @@ def _mismatch(t: Template, p: Parsed, sizes: Sequence[int]) -> str:
 
 _TEMPLATES: dict[tuple, list[Template]] = {}  # (kernel name, symbols, head + skeleton digest) -> templates
 # (kernel name, symbols, digest of the whole source) of kernels whose source was the same at every probe size:
-# nothing in them depends on the sizes, so the concrete kernel serves every size and needs no probing again
-_SIZE_FREE: set[tuple] = set()
+# nothing in them depends on the sizes, so the concrete kernel serves every size and needs no probing again;
+# the value is its loaded function once built (None before): a later size with that text calls it, no build
+_SIZE_FREE: dict[tuple, object] = {}
 _LOCK = threading.Lock()
 
 
@@ -267,8 +268,28 @@ def _key(name: str, symbols: tuple[str, ...], p: Parsed) -> tuple:
     return name, symbols, hashlib.sha256((p.head + "\0" + p.skeleton).encode()).hexdigest()
 
 
-def _text_key(name: str, symbols: tuple[str, ...], p: Parsed) -> tuple:
-    return name, symbols, hashlib.sha256((p.head + "\0" + p.func).encode()).hexdigest()
+def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tuple:
+    return name, symbols, hashlib.sha256((head + "\0" + func).encode()).hexdigest()
+
+
+_SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
+
+
+def codegen_switches() -> tuple:
+    """The module-level switches of the code generators (upper-case bool/int/float/str constants of every
+    ``vtc.codegen`` module, e.g. ``gemm.PACKED_B``, and the context variables ``MERGE_INNER_DIMS`` and
+    ``STREAM_STORES``): a source is taken from the previous specialization only while they are the same, since
+    the same kernel IR may generate other code (another calling convention) under another switch."""
+    import sys
+    from contextvars import ContextVar
+
+    out = []
+    for name, mod in sorted(sys.modules.items()):
+        if name.startswith("vtc.codegen.") and mod is not None:
+            for k, v in vars(mod).items():
+                if k.isupper() and (isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar)):
+                    out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
+    return tuple(out)
 
 
 @dataclass
@@ -288,6 +309,25 @@ class GenericKernels:
     valid: Callable[[tuple[int, ...]], bool]
     stats: dict = field(default_factory=lambda: {"generic": 0, "constant": 0, "fitted": 0})
     misses: list = field(default_factory=list)  # why a kernel had no matching template (then fitted or built)
+    # kernel name -> (kernel IR, its source, _SIZE_FREE key) of the previous specialization (the caller keeps it;
+    # updated by build): a kernel whose IR equals the previous one's has its source (the MLP, norms, projections
+    # of a decode step at a new cache length), so it is not generated again
+    previous: dict = field(default_factory=dict)
+    reused: int = 0  # kernels whose source came from `previous`
+
+    def _source(self, kernel) -> tuple[str, tuple | None]:
+        """(C++ source, _SIZE_FREE key or None when its function is not found) of kernel IR `kernel`."""
+        from vtc.codegen.cpp import generate
+
+        prev = self.previous.get(kernel.name)
+        # IR equality is structural (dataclasses; scalars and index expressions are hash-consed, so identity
+        # is their equality); a field compared by identity (a closure) only makes two equal kernels unequal
+        if prev is not None and type(prev[0]) is type(kernel) and prev[0] == kernel:
+            self.reused += 1
+            return prev[1], prev[2]
+        src = generate(kernel)
+        at = src.find(_opening(kernel.name))
+        return src, (_digest_key(kernel.name, self.symbols, src[:at], src[at:]) if at >= 0 else None)
 
     def _probes(self, step: int, current: dict[str, str]):
         """(per-symbol steps, the kernel sources at sizes + steps * offset for every grid offset), or None.
@@ -339,15 +379,23 @@ class GenericKernels:
 
     def build(self, ksteps: list, executor) -> list:
         """The compiled kernels of `ksteps` (``vtc.runtime.executor.CompiledKernel``), templates first."""
-        from vtc.codegen.cpp import buffer_order, generate
+        from vtc.codegen.cpp import buffer_order
         from vtc.runtime.executor import CompiledKernel, build_kernels
 
-        sources = {id(s): generate(s.kernel) for s in ksteps}
-        parsed = {id(s): parse(sources[id(s)], s.kernel.name) for s in ksteps}
+        switches = codegen_switches()
+        if self.previous.get(_SWITCHES) != switches:  # a code generator's switch changed: generate everything
+            self.previous.clear()
+        made = {id(s): self._source(s.kernel) for s in ksteps}
+        sources = {i: src for i, (src, _) in made.items()}
+        free_key = {i: key for i, (_, key) in made.items() if key is not None}  # _SIZE_FREE's, without parsing
+        self.previous.clear()
+        self.previous.update((s.kernel.name, (s.kernel, *made[id(s)])) for s in ksteps)
+        self.previous[_SWITCHES] = switches
+        size_free = {i for i, k in free_key.items() if k in _SIZE_FREE}  # the same at every size: no template
+        parsed = {id(s): parse(sources[id(s)], s.kernel.name) if id(s) in free_key and id(s) not in size_free
+                  else None for s in ksteps}
         chosen: dict[int, Template] = {}
         missing = []
-        size_free = {id(s) for s in ksteps  # the same at every size: built as it is, no template, no probes
-                     if parsed[id(s)] is not None and _text_key(s.kernel.name, self.symbols, parsed[id(s)]) in _SIZE_FREE}
         for s in ksteps:
             p = parsed[id(s)]
             if p is None or id(s) in size_free:
@@ -374,7 +422,7 @@ class GenericKernels:
                 here = parsed[id(s)]
                 if all(g is not None and g.head == here.head and g.func == here.func for g in got.values()):
                     with _LOCK:  # the same text at every probe size: no template, and no probing next time
-                        _SIZE_FREE.add(_text_key(name, self.symbols, here))
+                        _SIZE_FREE.setdefault(free_key[id(s)], None)
                     size_free.add(id(s))
                     missing.remove(s)
                     continue
@@ -394,7 +442,15 @@ class GenericKernels:
         constant = [s for s in ksteps if id(s) not in chosen]
         self.misses += [f"{s.kernel.name} at {self.sizes}: not generic (built with its sizes)" for s in constant
                         if id(s) not in size_free]
-        built = dict(zip(map(id, constant), build_kernels(constant)))
+        # a size-free kernel built before (its whole text the same): its function, without generating it again
+        loaded = {id(s): fn for s in constant if id(s) in size_free and (fn := _SIZE_FREE.get(free_key[id(s)]))}
+        fresh = [s for s in constant if id(s) not in loaded]
+        built = dict(zip(map(id, fresh), build_kernels(fresh)))
+        built.update((i, CompiledKernel(s, loaded[i])) for s in constant if (i := id(s)) in loaded)
+        with _LOCK:
+            for s in fresh:
+                if id(s) in size_free:
+                    _SIZE_FREE[free_key[id(s)]] = built[id(s)].fn
         self.stats["generic"] += len(chosen)
         self.stats["constant"] += len(constant)
         return [CompiledKernel(s, chosen[id(s)].fn, sizes=self.sizes) if id(s) in chosen else built[id(s)]
