@@ -6,6 +6,8 @@ optimised: the cat / scatter is "pushed", the GEMM kernel stores into it (``repo
 """
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,6 +141,31 @@ def test_gemms_accumulate_into_a_returned_cat(dim, m):
     assert [ldc for _, ldc in layouts] == ([5, 5] if dim == 0 else [12, 12])
     assert [off.value for off, _ in layouts] == ([0, m * 5] if dim == 0 else [0, 5])
     assert executor(compiled).peak_bytes == compiled.graph.outputs[0].nbytes  # nothing but the cat is allocated
+
+
+def test_the_writes_into_cats_are_followed_once_per_lowering(monkeypatch):
+    """Which GEMM results a pushed cat takes is found by one walk over the writes per lowering, not one per
+    GEMM (a decode loop lowers again at every new length): 4 GEMMs into one cat, 4 writes, 4 ``forward``
+    calls per lowering (16 before), and each GEMM still stores into the cat."""
+    from vtc.codegen import gemm_push
+
+    calls, real = [], gemm_push.forward
+
+    def counted(low, value):  # the calls made to price the GEMMs' pushed bytes (the stores call it too)
+        if sys._getframe(1).f_code.co_name in ("pushed_bytes", "_pushed_bytes_by_root"):
+            calls.append((id(low), value))
+        return real(low, value)
+
+    monkeypatch.setattr(gemm_push, "forward", counted)
+    g = gen(5)
+    a, *ws = rand((9, 33), g), *(rand((33, 5), g) for _ in range(4))
+    compiled = check(lambda a, w1, w2, w3, w4: torch.cat([a @ w for w in (w1, w2, w3, w4)], dim=1),
+                     (a, *ws), gemm="vtc", **TOL)
+    assert stores_into(compiled) == [["cat"]] * 4
+    per_lowering = {}
+    for low, value in calls:
+        per_lowering.setdefault(low, []).append(value)
+    assert per_lowering and all(len(v) == 4 for v in per_lowering.values()), per_lowering
 
 
 def test_gemms_into_slice_scatters():
