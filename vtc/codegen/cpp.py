@@ -413,7 +413,7 @@ def generate(k: Kernel) -> str:
         head += depthwise.PRELUDE
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
-    head += stream.PRELUDE if any("vtc_stream16(" in line for line in body) else ""  # large outputs
+    head += stream.PRELUDE if any("vtc_stream16(" in line or "vtc_stream_row(" in line for line in body) else ""  # large outputs
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 

@@ -93,6 +93,25 @@ static inline void vtc_stream16(float* __restrict dst, const float* __restrict s
   for (int l = 0; l < 16; ++l) dst[l] = src[l];
 #endif
 }
+// dst[0:n] = src[0:n], the whole 64-byte lines of dst with non-temporal stores, the others plain (src any
+// alignment): the rows of a transposed tile's staged output (vtc/codegen/tiles.py)
+static inline void vtc_stream_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+  int64_t i = 0;
+  const int64_t h = std::min<int64_t>(n, (int64_t)((64 - ((uintptr_t)dst & 63)) & 63) / 4);
+  for (; i < h; ++i) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) {
+#if defined(__AVX512F__)
+    _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif defined(__AVX__)
+    _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i)); _mm256_stream_ps(dst + i + 8, _mm256_loadu_ps(src + i + 8));
+#elif defined(__SSE2__)
+    for (int l = 0; l < 16; l += 4) _mm_stream_ps(dst + i + l, _mm_loadu_ps(src + i + l));
+#else
+    for (int l = 0; l < 16; ++l) dst[i + l] = src[i + l];
+#endif
+  }
+  for (; i < n; ++i) dst[i] = src[i];
+}
 static inline void vtc_stream_fence() {
 #if defined(__SSE2__)
   _mm_sfence();

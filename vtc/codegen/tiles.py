@@ -41,6 +41,7 @@ from vtc.index.mapping import linear_offset
 
 TILE = 16  # rows of a tile, and the edge of a register-transposed block: one cache line of floats
 COLUMNS = 256  # columns of a tile with one transposed operand (1 KB runs of each row)
+BLOCKED = True  # each 16 x 16 block transposed and consumed at once (False: the whole tile first; for A/B)
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
@@ -174,20 +175,52 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
 
     streamed = stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)  # a large output: non-temporal
 
+    def origin(c: int, coeffs: dict[str, int]) -> str:  # the offset of the block at rows ta0, columns q
+        return " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'q' if n == inner else n}" for n, v in coeffs.items()])
+
     lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
-    for j, (s, c, coeffs, stride) in enumerate(loads):
-        origin = " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'q' if n == inner else n}"
-                                        for n, v in coeffs.items()])
-        lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
-                  f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
-                  f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
-        em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
-    lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
-    lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
-              else body("tb0", "tbf", "        "))
-    em.forget()
-    lines += body("tbf", "tb1", "        ")
+    if BLOCKED:
+        # block by block: each operand's 16 x 16 block transposed into a 1 KB buffer (kept in L1, read right
+        # back: the stores forward to the loads) and the block's 16 rows of 16 columns computed from it
+        # streamed: the blocks' results are staged in L1 (16 x cols floats per store) and each row of the tile
+        # then written with whole-line streaming stores (a block's 16 columns are one line at most: streaming
+        # them block by block was 2x slower, docs/chains.md)
+        staged = [f"ob{j}" for j in range(len(k.stores))] if streamed else []
+        lines += [f"      alignas(64) float {ob}[{TILE * cols}];" for ob in staged]
+        lines.append(f"      for (int64_t q = tb0; q < tbf; q += {TILE}) {{")
+        for j, (s, c, coeffs, stride) in enumerate(loads):
+            lines += [f"        alignas(64) float tr{j}[{TILE * TILE}];",
+                      f"        vtc_tile_transpose16(tr{j}, {TILE}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
+            em.temps[id(s)] = f"tr{j}[({row} - ta0) * {TILE} + ({inner} - q)]"
+        lines.append(f"        for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
+        if streamed:
+            i3 = "            "
+            lines += [f"          #pragma omp simd", f"          for (int64_t {inner} = q; {inner} < q + {TILE}; ++{inner}) {{"]
+            lines += em.hoist([st.value for st in k.stores], i3)
+            lines += [f"{i3}{ob}[({row} - ta0) * {cols} + ({inner} - tb0)] = {em.scalar(st.value)};"
+                      for ob, st in zip(staged, k.stores)]
+            lines.append("          }")
+        else:
+            lines += body("q", f"q + {TILE}", "          ")
+        lines += ["        }", "      }"]
+        em.forget()
+        lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
+        for ob, st in zip(staged, k.stores):  # the address of column 0 of the row: the offset is base + inner
+            lines.append(f"        {{ const int64_t {inner} = 0; vtc_stream_row({em.ptr[st.buffer.name]} + "
+                         f"{em.linear(st.buffer.name, st.index)} + tb0, {ob} + ({row} - ta0) * {cols}, tbf - tb0); }}")
+        lines += body("tbf", "tb1", "        ")
+    else:
+        for j, (s, c, coeffs, stride) in enumerate(loads):
+            lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
+                      f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
+                      f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
+            em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
+        lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
+        lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
+                  else body("tb0", "tbf", "        "))
+        em.forget()
+        lines += body("tbf", "tb1", "        ")
     lines += ["      }", "    } else {",
               f"      for (int64_t {row} = ta0; {row} < std::min<int64_t>(ta0 + {TILE}, {a}); ++{row}) {{"]
     em.forget()
