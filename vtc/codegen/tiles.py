@@ -175,52 +175,26 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
 
     streamed = stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)  # a large output: non-temporal
 
-    def origin(c: int, coeffs: dict[str, int]) -> str:  # the offset of the block at rows ta0, columns q
-        return " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'q' if n == inner else n}" for n, v in coeffs.items()])
+    def origin(c: int, coeffs: dict[str, int], r0: str = "ta0", c0: str = "q") -> str:
+        """The offset of the block whose first row is r0 and first column c0 (C expressions)."""
+        return " + ".join([str(c)] + [f"{v}*{r0 if n == row else c0 if n == inner else n}" for n, v in coeffs.items()])
 
+    if BLOCKED:
+        lines += _blocked(k, em, loads, a, b, cols, row, inner, streamed, origin, body)
+        em.forget()
+        return stream.fenced(lines) if streamed else lines
     lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
-    if BLOCKED:
-        # block by block: each operand's 16 x 16 block transposed into a 1 KB buffer (kept in L1, read right
-        # back: the stores forward to the loads) and the block's 16 rows of 16 columns computed from it
-        # streamed: the blocks' results are staged in L1 (16 x cols floats per store) and each row of the tile
-        # then written with whole-line streaming stores (a block's 16 columns are one line at most: streaming
-        # them block by block was 2x slower, docs/chains.md)
-        staged = [f"ob{j}" for j in range(len(k.stores))] if streamed else []
-        lines += [f"      alignas(64) float {ob}[{TILE * cols}];" for ob in staged]
-        lines.append(f"      for (int64_t q = tb0; q < tbf; q += {TILE}) {{")
-        for j, (s, c, coeffs, stride) in enumerate(loads):
-            lines += [f"        alignas(64) float tr{j}[{TILE * TILE}];",
-                      f"        vtc_tile_transpose16(tr{j}, {TILE}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
-            em.temps[id(s)] = f"tr{j}[({row} - ta0) * {TILE} + ({inner} - q)]"
-        lines.append(f"        for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
-        if streamed:
-            i3 = "            "
-            lines += [f"          #pragma omp simd", f"          for (int64_t {inner} = q; {inner} < q + {TILE}; ++{inner}) {{"]
-            lines += em.hoist([st.value for st in k.stores], i3)
-            lines += [f"{i3}{ob}[({row} - ta0) * {cols} + ({inner} - tb0)] = {em.scalar(st.value)};"
-                      for ob, st in zip(staged, k.stores)]
-            lines.append("          }")
-        else:
-            lines += body("q", f"q + {TILE}", "          ")
-        lines += ["        }", "      }"]
-        em.forget()
-        lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
-        for ob, st in zip(staged, k.stores):  # the address of column 0 of the row: the offset is base + inner
-            lines.append(f"        {{ const int64_t {inner} = 0; vtc_stream_row({em.ptr[st.buffer.name]} + "
-                         f"{em.linear(st.buffer.name, st.index)} + tb0, {ob} + ({row} - ta0) * {cols}, tbf - tb0); }}")
-        lines += body("tbf", "tb1", "        ")
-    else:
-        for j, (s, c, coeffs, stride) in enumerate(loads):
-            lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
-                      f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
-                      f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
-            em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
-        lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
-        lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
-                  else body("tb0", "tbf", "        "))
-        em.forget()
-        lines += body("tbf", "tb1", "        ")
+    for j, (s, c, coeffs, stride) in enumerate(loads):
+        lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
+                  f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
+                  f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
+        em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
+    lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
+    lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
+              else body("tb0", "tbf", "        "))
+    em.forget()
+    lines += body("tbf", "tb1", "        ")
     lines += ["      }", "    } else {",
               f"      for (int64_t {row} = ta0; {row} < std::min<int64_t>(ta0 + {TILE}, {a}); ++{row}) {{"]
     em.forget()
@@ -228,3 +202,50 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
     lines += ["      }", "    }", "  }"]
     em.forget()
     return stream.fenced(lines) if streamed else lines
+
+
+def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, streamed: bool, origin, body) -> list[str]:
+    """The body of a tile block by block (``BLOCKED``): per block of 16 columns, each transposed operand's
+    16 x 16 block goes through registers into a 1 KB buffer (kept in L1, read right back) and the block's rows
+    are computed from it.  The last tile's rows (fewer than 16 when 16 does not divide the rows) and a tile's
+    last columns (fewer than 16) read a block shifted back to end at the domain's edge (rows a - 16..a, columns
+    tb1 - 16..tb1: inside the domain, which is at least 16 x 16), so every element reads a transposed buffer.
+    Streamed (a large output): the full blocks' results are staged in L1 (16 x cols floats per store) and each
+    row of the tile is written with whole-line streaming stores (``vtc_stream_row``; streaming each block's
+    16 columns as they come was 2x slower, docs/chains.md); the last columns are stored plainly."""
+    T = TILE
+    lines = [f"    const int64_t ra = std::min<int64_t>(ta0, {a} - {T}), re = std::min<int64_t>(ta0 + {T}, {a});"]
+    staged = [f"ob{j}" for j in range(len(k.stores))] if streamed else []
+    lines += [f"    alignas(64) float {ob}[{T * cols}];" for ob in staged]
+
+    def block(c0: str, lo: str, hi: str, staged_here: bool) -> list[str]:
+        out = []
+        for j, (s, c, coeffs, stride) in enumerate(loads):
+            out += [f"      alignas(64) float tr{j}[{T * T}];",
+                    f"      vtc_tile_transpose16(tr{j}, {T}, {em.ptr[s.args[0]]} + ({origin(c, coeffs, 'ra', c0)}), {stride});"]
+            em.temps[id(s)] = f"tr{j}[({row} - ra) * {T} + ({inner} - {c0})]"
+        out.append(f"      for (int64_t {row} = ta0; {row} < re; ++{row}) {{")
+        if staged_here:
+            i3 = "          "
+            out += ["        #pragma omp simd", f"        for (int64_t {inner} = {lo}; {inner} < {hi}; ++{inner}) {{"]
+            out += em.hoist([st.value for st in k.stores], i3)
+            out += [f"{i3}{ob}[({row} - ta0) * {cols} + ({inner} - tb0)] = {em.scalar(st.value)};"
+                    for ob, st in zip(staged, k.stores)]
+            out.append("        }")
+        else:
+            out += body(lo, hi, "        ")
+        em.forget()
+        return out + ["      }"]
+
+    lines.append(f"    for (int64_t q = tb0; q < tbf; q += {T}) {{")
+    lines += block("q", "q", f"q + {T}", streamed)
+    lines += ["    }", "    if (tbf < tb1) {", f"      const int64_t qa = tb1 - {T};"]
+    lines += block("qa", "tbf", "tb1", False)
+    lines.append("    }")
+    if staged:
+        lines.append(f"    for (int64_t {row} = ta0; {row} < re; ++{row}) {{")
+        for ob, st in zip(staged, k.stores):  # the address of column 0 of the row: the offset is base + inner
+            lines.append(f"      {{ const int64_t {inner} = 0; vtc_stream_row({em.ptr[st.buffer.name]} + "
+                         f"{em.linear(st.buffer.name, st.index)} + tb0, {ob} + ({row} - ta0) * {cols}, tbf - tb0); }}")
+        lines.append("    }")
+    return lines + ["  }"]
