@@ -17,8 +17,11 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   (``_row_order``); a reduction read with a stride whose neighbouring rows are adjacent in memory
   (softmax over a permuted dim) takes blocks of rows as vector lanes (``vtc.codegen.lanes``);
 - a pointwise kernel reading an operand across its rows (a transpose) walks
-  tiles of 16 rows x 256 columns and transposes that operand in 16 x 16
-  register blocks (``vtc.codegen.tiles``);
+  tiles of 16 rows x 256 columns, block by block: each 16 x 16 block of that
+  operand is transposed in registers and consumed at once (``vtc.codegen.tiles``);
+- a pointwise kernel reading a dim through a roll (``(i + s) mod n``) runs that
+  dim as two ranges split at the wrap point, in one parallel region, so the
+  later dims merge into long inner loops (``_wrap_split_kernel``);
 - index-tensor loads that do not change along the inner loop (a gather's row
   index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 

@@ -42,7 +42,8 @@ the plain form at run time.  Each thread ends with a store fence
 ends.
 
 Where: pointwise kernels (the plain and the merged inner loop, ``cpp._pointwise_kernel``; the
-transposed tiles' rows, ``vtc.codegen.tiles``) and the store pass of row kernels (``cpp._row_kernel``,
+transposed tiles, ``vtc.codegen.tiles``, whose output is staged per tile and written row by row by
+``vtc_stream_row``: whole lines streamed, the partial lines at a row's ends plain) and the store pass of row kernels (``cpp._row_kernel``,
 not softmax's, whose store pass reads back the exp it stored in the output).  Not the lane kernels of
 ``vtc.codegen.lanes`` (a permute in front of a softmax): streaming their 8 output rows per block was
 slower (permute -> softmax 1 MB 0.24 -> 0.31 ms, 8 MB 3.6 -> 4.2 ms, 1 thread, CPU time, one process,

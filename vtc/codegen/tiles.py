@@ -4,21 +4,24 @@ A pointwise kernel that reads an operand across its rows (a transpose or a
 permute in front of it: stride 1 along the row dim ``i{n-2}`` and a large
 stride along the contiguous dim ``i{n-1}``) would load one float from a new
 cache line per element, scalar.  Instead the kernel walks tiles of 16 rows x
-``tile_columns`` columns of its last two dims; for each tile of full rows it
-transposes the operand's 16 x 16 blocks in vector registers
-(``vtc_tile_transpose16``: 16 row loads of 16 contiguous floats, four
-butterfly stages of shuffles) into a small buffer of 16 x columns floats, and
-the vectorised inner loop reads that buffer contiguously.  The columns left
-over after the last full block of a tile, and tiles with fewer than 16 rows,
-run the plain loops with the original loads.
+``tile_columns`` columns of its last two dims, and each tile block by block
+(``BLOCKED``, ``_blocked``): each transposed operand's 16 x 16 block is
+transposed in vector registers (``vtc_tile_transpose16``: 16 row loads of 16
+contiguous floats, four butterfly stages of shuffles) into a 1 KB buffer, and
+the block's 16 rows of 16 columns are computed from it right away (the buffer
+stays in L1; the stores forward to the loads).  The last rows of the domain
+(fewer than 16) and a tile's last columns read a block shifted back to end at
+the domain's edge, so every element reads a transposed buffer.
 
-The tile is wide (256 columns, 1 KB of each row, for one transposed operand)
-rather than square: the other operands and the output are then read and
-written in runs of 1 KB per row instead of one cache line per row, which the
-hardware prefetcher streams (transpose -> add at 1448 x 1448 floats, the kernel
-alone, 1 thread, several runs under load 2-7: 16 x 16 tiles 3.2-7.8 ms, 16 x 256
-tiles 1.8-2.5 ms; eager 2.6-3.5 ms).  Several
-transposed operands share the columns, so that their buffers stay within L1.
+The tile is wide (256 columns, for one transposed operand) rather than square:
+the other operands and the output are read and written in runs of 1 KB per
+row.  Earlier the whole tile's blocks were transposed into a 16 x 256 buffer
+first and the tile computed after (``BLOCKED = False`` keeps that form for
+A/B): 256 transposed lines read back to back and then the 16 output rows; block
+by block is 1.2x faster at 512 x 512 and up to 1.6x at 1448 x 1448 (1 thread,
+docs/chains.md, "Transposed tiles block by block").  A streamed output (``vtc.codegen.stream``)
+is staged per tile in L1 and written row by row with ``vtc_stream_row``:
+streaming each block's 16 columns as it was computed was 2x slower.
 
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
