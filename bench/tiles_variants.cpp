@@ -118,14 +118,14 @@ static void k_blk(const float* __restrict x, const float* __restrict y, float* _
 }
 
 // same traversal as blk16x256 but x read in place (no transpose): out = x + y (checked against nothing)
-template <int COLS>
+template <int COLS, int TR = 16>
 static void k_blkorder(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
-  const int64_t ta = (n + 15) / 16, tb = (n + COLS - 1) / COLS;
+  const int64_t ta = (n + TR - 1) / TR, tb = (n + COLS - 1) / COLS;
   #pragma omp parallel for num_threads(nt)
   for (int64_t t = 0; t < ta * tb; ++t) {
-    const int64_t ta0 = t / tb * 16, tb0 = t % tb * COLS;
+    const int64_t ta0 = t / tb * TR, tb0 = t % tb * COLS;
     const int64_t tb1 = std::min<int64_t>(tb0 + COLS, n), tbf = tb0 + (tb1 - tb0) / 16 * 16;
-    const int64_t re = std::min<int64_t>(ta0 + 16, n);
+    const int64_t re = std::min<int64_t>(ta0 + TR, n);
     for (int64_t q = tb0; q < tbf; q += 16)
       for (int64_t i0 = ta0; i0 < re; ++i0) {
         #pragma omp simd
@@ -162,6 +162,34 @@ static void k_tilepf(const float* __restrict x, const float* __restrict y, float
     }
   }
 }
+
+// block by block in two passes of 8 rows: pass 0 transposes each block into the tile buffer and computes its rows
+// 0-7, pass 1 computes rows 8-15 from the buffer (8 rows of y and the output walked at a time)
+template <int COLS, int H>
+static void k_blkhalf(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = (n + 15) / 16, tb = (n + COLS - 1) / COLS;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t ta0 = t / tb * 16, tb0 = t % tb * COLS;
+    const int64_t tb1 = std::min<int64_t>(tb0 + COLS, n), tbf = tb0 + (tb1 - tb0) / 16 * 16;
+    if (ta0 + 16 <= n) {
+      alignas(64) float tr0[16 * COLS];
+      for (int h = 0; h < 16 / H; ++h)
+        for (int64_t q = tb0; q < tbf; q += 16) {
+          if (h == 0) vtc_tile_transpose16(tr0 + (q - tb0) * 16, 16, x + (ta0 + n * q), n);
+          for (int64_t i0 = ta0 + h * H; i0 < ta0 + h * H + H; ++i0) {
+            #pragma omp simd
+            for (int64_t i1 = q; i1 < q + 16; ++i1) o[n * i0 + i1] = tr0[(q - tb0) * 16 + (i0 - ta0) * 16 + (i1 - q)] + y[n * i0 + i1];
+          }
+        }
+      for (int64_t i = ta0; i < ta0 + 16; ++i)
+        for (int64_t j = tbf; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    } else {
+      for (int64_t i = ta0; i < std::min<int64_t>(ta0 + 16, n); ++i)
+        for (int64_t j = tb0; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    }
+  }
+}
 int main(int argc, char** argv) {
   int64_t n = atoll(argv[1]); int nt = atoi(argv[2]); int reps = atoi(argv[3]);
   std::vector<float, HA<float>> x(n * n), y(n * n), o(n * n), ref(n * n);
@@ -174,7 +202,7 @@ int main(int argc, char** argv) {
     {"fused16x256", k_fused<16, 256>}, {"fused32x128", k_fused<32, 128>}, {"fused64x64", k_fused<64, 64>},
     {"fused16x16", k_fused<16, 16>}, {"fused64x256", k_fused<64, 256>},
     {"blk16x256", k_blk<16, 256>}, {"blk16x16", k_blk<16, 16>}, {"blk16x1024", k_blk<16, 1024>}, {"blk16x64", k_blk<16, 64>}, {"f16x64", k_fused<16, 64>},
-    {"blkorder256", k_blkorder<256>}, {"blkorder1024", k_blkorder<1024>},
+    {"blkhalf256", k_blkhalf<256, 8>}, {"blkq256", k_blkhalf<256, 4>}, {"blkhalf1024", k_blkhalf<1024, 8>}, {"blkorder256", k_blkorder<256>}, {"blkorder256r8", k_blkorder<256, 8>}, {"blkorder256r4", k_blkorder<256, 4>}, {"blkorder256r2", k_blkorder<256, 2>}, {"blkorder1024", k_blkorder<1024>},
     {"tilepf256", k_tilepf<256, 0>}, {"tilepf256L2", k_tilepf<256, 1>}, {"tilepf512", k_tilepf<512, 0>},
     {"f16x256d1", k_fused<16, 256, 1>}, {"f16x256d2", k_fused<16, 256, 2>}, {"f16x256d4", k_fused<16, 256, 4>},
     {"f16x1024d2", k_fused<16, 1024, 2>}, {"f16x1024d4", k_fused<16, 1024, 4>}, {"f32x256d2", k_fused<32, 256, 2>},
