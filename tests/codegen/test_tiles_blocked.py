@@ -25,9 +25,10 @@ STAGED = "vtc_stream_row(b"  # a call (the prelude defines it in every streamed 
 
 
 def _always(monkeypatch):
-    """Every qualifying store streams, whatever its size (as tests/codegen/test_stream.py)."""
+    """Every qualifying store streams, whatever its size (as tests/codegen/test_stream.py), the block form's too."""
     monkeypatch.setattr(stream, "STREAM_MIN_BYTES", 0)
     monkeypatch.setattr(stream, "CACHE_BYTES", 0)
+    monkeypatch.setattr(tiles, "STREAM", True)
 
 
 SHAPES = [(1, 17), (3, 127), (17, 3), (16, 16), (17, 127), (127, 17), (127, 127), (33, 300), (40, 513)]
@@ -120,16 +121,19 @@ def test_tile_form_kept_for_ab(monkeypatch):
     assert "vtc_tile_transpose16(tr0 + (q - tb0), 256, " in src and BLOCKED not in src
 
 
-def test_8mb_chain_streams_staged_and_stays_virtual(monkeypatch):
-    """micro_transpose_add_8mb (1448 x 1448: rows not aligned to a line, a partial last tile) at a 32 MB cache
-    streams through the staging buffers; nothing materialised."""
+def test_8mb_chain_plain_stores_and_stays_virtual(monkeypatch):
+    """micro_transpose_add_8mb (1448 x 1448: rows not aligned to a line, a partial last tile) at a 32 MB cache: the
+    block form stores plainly (``tiles.STREAM`` off; the old tile form streamed there), nothing materialised;
+    with STREAM it streams through the staging buffers."""
     monkeypatch.setattr(stream, "CACHE_BYTES", 32 << 20)
     fn, _ = micro._CHAINS["transpose_add"]
     model, inputs = fn(8 * micro.MB // 4)
     compiled = check(model, inputs, **POINTWISE_TOL)
     assert_no_movement(compiled)
     src = generate(kernels(compiled)[0])
-    assert BLOCKED in src and STAGED in src
+    assert BLOCKED in src and STAGED not in src and "vtc_stream_fence();" not in src
+    monkeypatch.setattr(tiles, "STREAM", True)
+    assert STAGED in generate(kernels(check(model, inputs, **POINTWISE_TOL))[0])
 
 
 def test_stream_row_on_every_offset_and_length(tmp_path):

@@ -17,7 +17,8 @@ of every buffer it reads, plus the bytes it stores) is larger than the
 machine's last-level cache (``cache_bytes``: read from sysfs, 32 MB here; an
 L3 of this size holds a 2-thread 8 MB chain's inputs and output), and its
 output is at least ``STREAM_MIN_BYTES``.  The transposed tiles
-(``vtc.codegen.tiles``) stream from half the cache (``TILED_CACHE_SHARE``):
+(``vtc.codegen.tiles``) do not stream in their block form (``tiles.STREAM``, measured slower); the
+old whole-tile form streams from half the cache (``TILED_CACHE_SHARE``):
 their transposed reads span many pages and keep more lines in flight.
 Measured with 2 threads, wall time, one process, individual calls (p10 / p50
 of 300 per variant, load ~3; docs/chains.md, the 2-thread follow-up): a contiguous
@@ -42,8 +43,8 @@ the plain form at run time.  Each thread ends with a store fence
 ends.
 
 Where: pointwise kernels (the plain and the merged inner loop, ``cpp._pointwise_kernel``; the
-transposed tiles, ``vtc.codegen.tiles``, whose output is staged per tile and written row by row by
-``vtc_stream_row``: whole lines streamed, the partial lines at a row's ends plain) and the store pass of row kernels (``cpp._row_kernel``,
+transposed tiles, ``vtc.codegen.tiles``, with ``tiles.STREAM`` only: their output staged per tile and
+written row by row by ``vtc_stream_row``, whole lines streamed, the partial lines at a row's ends plain) and the store pass of row kernels (``cpp._row_kernel``,
 not softmax's, whose store pass reads back the exp it stored in the output).  Not the lane kernels of
 ``vtc.codegen.lanes`` (a permute in front of a softmax): streaming their 8 output rows per block was
 slower (permute -> softmax 1 MB 0.24 -> 0.31 ms, 8 MB 3.6 -> 4.2 ms, 1 thread, CPU time, one process,

@@ -19,9 +19,10 @@ row.  Earlier the whole tile's blocks were transposed into a 16 x 256 buffer
 first and the tile computed after (``BLOCKED = False`` keeps that form for
 A/B): 256 transposed lines read back to back and then the 16 output rows; block
 by block is 1.2x faster at 512 x 512 and up to 1.6x at 1448 x 1448 (1 thread,
-docs/chains.md, "Transposed tiles block by block").  A streamed output (``vtc.codegen.stream``)
-is staged per tile in L1 and written row by row with ``vtc_stream_row``:
-streaming each block's 16 columns as it was computed was 2x slower.
+docs/chains.md, "Transposed tiles block by block").  The block form writes plain stores: with
+``STREAM`` a streamed output (``vtc.codegen.stream``) is staged per tile in L1 and written row by
+row with ``vtc_stream_row``, which measured slower than plain stores at 8 and 64 MB (streaming each
+block's 16 columns as it was computed was 2x slower still).
 
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
@@ -45,6 +46,10 @@ from vtc.index.mapping import linear_offset
 TILE = 16  # rows of a tile, and the edge of a register-transposed block: one cache line of floats
 COLUMNS = 256  # columns of a tile with one transposed operand (1 KB runs of each row)
 BLOCKED = True  # each 16 x 16 block transposed and consumed at once (False: the whole tile first; for A/B)
+# the block form streams a large output (staged per tile, vtc_stream_row) only with STREAM: never streaming was
+# faster at 8 and 64 MB with 2 threads on a quiet machine (transpose -> add 8 MB 0.215 vs 0.276 ms, 64 MB 5.92 vs
+# 6.66 ms; docs/chains.md) and at 64 MB with 1 thread
+STREAM = False
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
@@ -176,7 +181,8 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
         out += [store(em, s, indent + "  ") for s in k.stores]
         return out + [f"{indent}}}"]
 
-    streamed = stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)  # a large output: non-temporal
+    # a large output: non-temporal stores (the block form only with STREAM: plain stores were faster, see STREAM)
+    streamed = (STREAM or not BLOCKED) and stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)
 
     def origin(c: int, coeffs: dict[str, int], r0: str = "ta0", c0: str = "q") -> str:
         """The offset of the block whose first row is r0 and first column c0 (C expressions)."""
