@@ -17,8 +17,11 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
   (``_row_order``); a reduction read with a stride whose neighbouring rows are adjacent in memory
   (softmax over a permuted dim) takes blocks of rows as vector lanes (``vtc.codegen.lanes``);
 - a pointwise kernel reading an operand across its rows (a transpose) walks
-  tiles of 16 rows x 256 columns and transposes that operand in 16 x 16
-  register blocks (``vtc.codegen.tiles``);
+  tiles of 16 rows x 256 columns, block by block: each 16 x 16 block of that
+  operand is transposed in registers and consumed at once (``vtc.codegen.tiles``);
+- a pointwise kernel reading a dim through a roll (``(i + s) mod n``) runs that
+  dim as two ranges split at the wrap point, in one parallel region, so the
+  later dims merge into long inner loops (``_wrap_split_kernel``);
 - index-tensor loads that do not change along the inner loop (a gather's row
   index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 
@@ -447,7 +450,7 @@ def generate(k: Kernel) -> str:
         head += depthwise.PRELUDE
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
-    head += stream.PRELUDE if any("vtc_stream16(" in line for line in body) else ""  # large outputs
+    head += stream.PRELUDE if any("vtc_stream16(" in line or "vtc_stream_row(" in line for line in body) else ""  # large outputs
     head += LOW_PRECISION_PRELUDE if low_precision(k) else ""
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
@@ -541,7 +544,107 @@ def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
     return m
 
 
-def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
+WRAP_SPLIT = True  # split a pointwise kernel's dim at a roll's wrap point (False: one loop nest; for A/B)
+
+
+def _wraps(k: Kernel) -> dict[int, int]:
+    """{d: s} for the dims d that some load of pointwise kernel k reads as ``(i_d + s) mod domain[d]`` (a roll),
+    one shift per dim (a dim read with two shifts is left out)."""
+    from vtc.codegen.lower import scalars_of
+
+    found: dict[int, set[int]] = {}
+    seen: set[Expr] = set()
+
+    def visit(e: Expr) -> None:
+        if e in seen:
+            return
+        seen.add(e)
+        if e.op == "mod":
+            c, terms = _terms(e.args[0])
+            if len(terms) == 1:
+                ((atom, coeff),) = terms.items()
+                if atom.op == "var" and coeff == 1 and atom.args[0][1:].isdigit():
+                    d = int(atom.args[0][1:])
+                    if d < len(k.domain) and k.domain[d] == e.args[1] and c % e.args[1]:
+                        found.setdefault(d, set()).add(c % e.args[1])
+        if e.op == "sum":
+            for atom, _ in e.args[1]:
+                visit(atom)
+        else:
+            for a in e.args:
+                if isinstance(a, Expr):
+                    visit(a)
+                elif isinstance(a, tuple):
+                    for x in a:
+                        if isinstance(x, Expr):
+                            visit(x)
+
+    for sc in scalars_of(k):
+        for a in sc.args:
+            if isinstance(a, Expr):
+                visit(a)
+            elif isinstance(a, tuple):
+                for x in a:
+                    if isinstance(x, Expr):
+                        visit(x)
+    for st in k.stores:
+        for e in st.index:
+            visit(e)
+    return {d: next(iter(v)) for d, v in found.items() if len(v) == 1}
+
+
+def _wrap_pieces(k: Kernel, d: int, s: int) -> list[Kernel]:
+    """k over dim d split at the wrap of ``(i_d + s) mod n``: i_d in [0, n - s) (read as i_d + s) and in
+    [n - s, n) (read as i_d + s - n), each a kernel over its part of the dim whose variable i_d counts from 0."""
+    import dataclasses
+
+    from vtc.codegen.attention import _subst
+    from vtc.index.expr import subs, var
+
+    n, name, out = k.domain[d], f"i{d}", []
+    for lo, size in ((0, n - s), (n - s, s)):
+        env = {name: var(name, size) + lo}
+        memo: dict = {}
+        stores = [dataclasses.replace(st, index=tuple(subs(e, env) for e in st.index), value=_subst(st.value, env, memo),
+                                      when=None if st.when is None else subs(st.when, env)) for st in k.stores]
+        out.append(dataclasses.replace(k, domain=k.domain[:d] + (size,) + k.domain[d + 1:], stores=stores))
+    return out
+
+
+def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
+    """A pointwise kernel whose innermost rolled dim d (``_wraps``) splits at the wrap point into two loop
+    nests in one parallel region, where that lets the inner loop run over whole rows of the later dims (roll
+    -> add over [H, W, C] rolled along W: runs of (W - s) * C floats instead of C, ``_merged_inner_dims``) or
+    read contiguously (a roll along the last dim).  None where it does not apply."""
+    if not WRAP_SPLIT or not MERGE_INNER_DIMS.get() or k.kind != "pointwise" or len(k.domain) < 1:
+        return None
+    wraps = _wraps(k)
+    if not wraps:
+        return None
+    d = max(wraps)
+    pieces = _wrap_pieces(k, d, wraps[d])
+    if d != len(k.domain) - 1 and _merged_inner_dims(pieces[0], em) <= len(k.domain) - 1 - d:
+        return None  # the later dims would not merge across d: nothing gained
+    if any(transposed_loads(p, em.shapes) or (len(p.domain) >= 2 and min(p.domain[-2:]) > TILE
+                                              and _strided_inner_read(p, em)) for p in pieces):
+        return None
+    n = math.prod(k.domain)
+    body, fenced = [], False
+    for j, p in enumerate(pieces):
+        lines = _pointwise_kernel(p, em, split=False)
+        if lines and "#pragma omp parallel for" in lines[0]:
+            lines = [lines[0].replace("parallel for", "for").split(" num_threads")[0], *lines[1:]]
+        else:  # stream.fenced: omp parallel { omp for loop; fence }
+            assert "#pragma omp parallel num_threads" in lines[0] and lines[-2].strip() == "vtc_stream_fence();", lines
+            lines, fenced = lines[2:-2], True
+        if j == 0:
+            lines[0] += " nowait"  # the second piece's rows are other elements: no wait between the two
+        body += lines
+    return ([f"  #pragma omp parallel num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})", "  {", *body]
+            + (["  vtc_stream_fence();"] if fenced else []) + ["  }"])
+
+
+def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
     shape = k.domain
     n = math.prod(shape)
     if not shape:
@@ -549,6 +652,8 @@ def _pointwise_kernel(k: Kernel, em: _Emitter) -> list[str]:
     names = [f"i{d}" for d in range(len(shape))]
     par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
     loads = transposed_loads(k, em.shapes) if not low_precision(k) else []
+    if split and not loads and (pieces := _wrap_split_kernel(k, em)):  # a roll: two loop nests, longer rows
+        return pieces
     if loads:  # reads across rows through 16 x 16 register transposes (vtc.codegen.tiles)
         return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)
     if len(shape) >= 2 and min(shape[-2:]) > TILE and _strided_inner_read(k, em):

@@ -17,7 +17,8 @@ of every buffer it reads, plus the bytes it stores) is larger than the
 machine's last-level cache (``cache_bytes``: read from sysfs, 32 MB here; an
 L3 of this size holds a 2-thread 8 MB chain's inputs and output), and its
 output is at least ``STREAM_MIN_BYTES``.  The transposed tiles
-(``vtc.codegen.tiles``) stream from half the cache (``TILED_CACHE_SHARE``):
+(``vtc.codegen.tiles``) do not stream in their block form (``tiles.STREAM``, measured slower); the
+old whole-tile form streams from half the cache (``TILED_CACHE_SHARE``):
 their transposed reads span many pages and keep more lines in flight.
 Measured with 2 threads, wall time, one process, individual calls (p10 / p50
 of 300 per variant, load ~3; docs/chains.md, the 2-thread follow-up): a contiguous
@@ -42,7 +43,8 @@ the plain form at run time.  Each thread ends with a store fence
 ends.
 
 Where: pointwise kernels (the plain and the merged inner loop, ``cpp._pointwise_kernel``; the
-transposed tiles' rows, ``vtc.codegen.tiles``) and the store pass of row kernels (``cpp._row_kernel``,
+transposed tiles, ``vtc.codegen.tiles``, with ``tiles.STREAM`` only: their output staged per tile and
+written row by row by ``vtc_stream_row``, whole lines streamed, the partial lines at a row's ends plain) and the store pass of row kernels (``cpp._row_kernel``,
 not softmax's, whose store pass reads back the exp it stored in the output).  Not the lane kernels of
 ``vtc.codegen.lanes`` (a permute in front of a softmax): streaming their 8 output rows per block was
 slower (permute -> softmax 1 MB 0.24 -> 0.31 ms, 8 MB 3.6 -> 4.2 ms, 1 thread, CPU time, one process,
@@ -92,6 +94,25 @@ static inline void vtc_stream16(float* __restrict dst, const float* __restrict s
 #else
   for (int l = 0; l < 16; ++l) dst[l] = src[l];
 #endif
+}
+// dst[0:n] = src[0:n], the whole 64-byte lines of dst with non-temporal stores, the others plain (src any
+// alignment): the rows of a transposed tile's staged output (vtc/codegen/tiles.py)
+static inline void vtc_stream_row(float* __restrict dst, const float* __restrict src, int64_t n) {
+  int64_t i = 0;
+  const int64_t h = std::min<int64_t>(n, (int64_t)((64 - ((uintptr_t)dst & 63)) & 63) / 4);
+  for (; i < h; ++i) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) {
+#if defined(__AVX512F__)
+    _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#elif defined(__AVX__)
+    _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i)); _mm256_stream_ps(dst + i + 8, _mm256_loadu_ps(src + i + 8));
+#elif defined(__SSE2__)
+    for (int l = 0; l < 16; l += 4) _mm_stream_ps(dst + i + l, _mm_loadu_ps(src + i + l));
+#else
+    for (int l = 0; l < 16; ++l) dst[i + l] = src[i + l];
+#endif
+  }
+  for (; i < n; ++i) dst[i] = src[i];
 }
 static inline void vtc_stream_fence() {
 #if defined(__SSE2__)

@@ -4,21 +4,25 @@ A pointwise kernel that reads an operand across its rows (a transpose or a
 permute in front of it: stride 1 along the row dim ``i{n-2}`` and a large
 stride along the contiguous dim ``i{n-1}``) would load one float from a new
 cache line per element, scalar.  Instead the kernel walks tiles of 16 rows x
-``tile_columns`` columns of its last two dims; for each tile of full rows it
-transposes the operand's 16 x 16 blocks in vector registers
-(``vtc_tile_transpose16``: 16 row loads of 16 contiguous floats, four
-butterfly stages of shuffles) into a small buffer of 16 x columns floats, and
-the vectorised inner loop reads that buffer contiguously.  The columns left
-over after the last full block of a tile, and tiles with fewer than 16 rows,
-run the plain loops with the original loads.
+``tile_columns`` columns of its last two dims, and each tile block by block
+(``BLOCKED``, ``_blocked``): each transposed operand's 16 x 16 block is
+transposed in vector registers (``vtc_tile_transpose16``: 16 row loads of 16
+contiguous floats, four butterfly stages of shuffles) into a 1 KB buffer, and
+the block's 16 rows of 16 columns are computed from it right away (the buffer
+stays in L1; the stores forward to the loads).  The last rows of the domain
+(fewer than 16) and a tile's last columns read a block shifted back to end at
+the domain's edge, so every element reads a transposed buffer.
 
-The tile is wide (256 columns, 1 KB of each row, for one transposed operand)
-rather than square: the other operands and the output are then read and
-written in runs of 1 KB per row instead of one cache line per row, which the
-hardware prefetcher streams (transpose -> add at 1448 x 1448 floats, the kernel
-alone, 1 thread, several runs under load 2-7: 16 x 16 tiles 3.2-7.8 ms, 16 x 256
-tiles 1.8-2.5 ms; eager 2.6-3.5 ms).  Several
-transposed operands share the columns, so that their buffers stay within L1.
+The tile is wide (256 columns, for one transposed operand) rather than square:
+the other operands and the output are read and written in runs of 1 KB per
+row.  Earlier the whole tile's blocks were transposed into a 16 x 256 buffer
+first and the tile computed after (``BLOCKED = False`` keeps that form for
+A/B): 256 transposed lines read back to back and then the 16 output rows; block
+by block is 1.2x faster at 512 x 512 and up to 1.6x at 1448 x 1448 (1 thread,
+docs/chains.md, "Transposed tiles block by block").  The block form writes plain stores: with
+``STREAM`` a streamed output (``vtc.codegen.stream``) is staged per tile in L1 and written row by
+row with ``vtc_stream_row``, which measured slower than plain stores at 8 and 64 MB (streaming each
+block's 16 columns as it was computed was 2x slower still).
 
 Only loads that every element of the tile makes are moved this way: a load
 under a piece choice (a cat, a pad) may be out of range for the elements that
@@ -41,6 +45,11 @@ from vtc.index.mapping import linear_offset
 
 TILE = 16  # rows of a tile, and the edge of a register-transposed block: one cache line of floats
 COLUMNS = 256  # columns of a tile with one transposed operand (1 KB runs of each row)
+BLOCKED = True  # each 16 x 16 block transposed and consumed at once (False: the whole tile first; for A/B)
+# the block form streams a large output (staged per tile, vtc_stream_row) only with STREAM: never streaming was
+# faster at 8 and 64 MB with 2 threads on a quiet machine (transpose -> add 8 MB 0.215 vs 0.276 ms, 64 MB 5.92 vs
+# 6.66 ms; docs/chains.md) and at 64 MB with 1 thread
+STREAM = False
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
@@ -172,16 +181,23 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
         out += [store(em, s, indent + "  ") for s in k.stores]
         return out + [f"{indent}}}"]
 
-    streamed = stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)  # a large output: non-temporal
+    # a large output: non-temporal stores (the block form only with STREAM: plain stores were faster, see STREAM)
+    streamed = (STREAM or not BLOCKED) and stream.applies(k, em.shapes, k.stores, inner, stream.TILED_CACHE_SHARE)
 
+    def origin(c: int, coeffs: dict[str, int], r0: str = "ta0", c0: str = "q") -> str:
+        """The offset of the block whose first row is r0 and first column c0 (C expressions)."""
+        return " + ".join([str(c)] + [f"{v}*{r0 if n == row else c0 if n == inner else n}" for n, v in coeffs.items()])
+
+    if BLOCKED:
+        lines += _blocked(k, em, loads, a, b, cols, row, inner, streamed, origin, body)
+        em.forget()
+        return stream.fenced(lines) if streamed else lines
     lines.append(f"    if (ta0 + {TILE} <= {a}) {{")
     em.forget()
     for j, (s, c, coeffs, stride) in enumerate(loads):
-        origin = " + ".join([str(c)] + [f"{v}*{'ta0' if n == row else 'q' if n == inner else n}"
-                                        for n, v in coeffs.items()])
         lines += [f"      alignas(64) float tr{j}[{TILE * cols}];",
                   f"      for (int64_t q = tb0; q < tbf; q += {TILE})",
-                  f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin}), {stride});"]
+                  f"        vtc_tile_transpose16(tr{j} + (q - tb0), {cols}, {em.ptr[s.args[0]]} + ({origin(c, coeffs)}), {stride});"]
         em.temps[id(s)] = f"tr{j}[({row} - ta0) * {cols} + ({inner} - tb0)]"
     lines.append(f"      for (int64_t {row} = ta0; {row} < ta0 + {TILE}; ++{row}) {{")
     lines += (stream.streamed_loop(em, k.stores, inner, "tb0", "tbf", "        ", body) if streamed
@@ -195,3 +211,50 @@ def tiled_transpose_kernel(k: Kernel, em, loads, par: str, decompose, store) -> 
     lines += ["      }", "    }", "  }"]
     em.forget()
     return stream.fenced(lines) if streamed else lines
+
+
+def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, streamed: bool, origin, body) -> list[str]:
+    """The body of a tile block by block (``BLOCKED``): per block of 16 columns, each transposed operand's
+    16 x 16 block goes through registers into a 1 KB buffer (kept in L1, read right back) and the block's rows
+    are computed from it.  The last tile's rows (fewer than 16 when 16 does not divide the rows) and a tile's
+    last columns (fewer than 16) read a block shifted back to end at the domain's edge (rows a - 16..a, columns
+    tb1 - 16..tb1: inside the domain, which is at least 16 x 16), so every element reads a transposed buffer.
+    Streamed (a large output): the full blocks' results are staged in L1 (16 x cols floats per store) and each
+    row of the tile is written with whole-line streaming stores (``vtc_stream_row``; streaming each block's
+    16 columns as they come was 2x slower, docs/chains.md); the last columns are stored plainly."""
+    T = TILE
+    lines = [f"    const int64_t ra = std::min<int64_t>(ta0, {a} - {T}), re = std::min<int64_t>(ta0 + {T}, {a});"]
+    staged = [f"ob{j}" for j in range(len(k.stores))] if streamed else []
+    lines += [f"    alignas(64) float {ob}[{T * cols}];" for ob in staged]
+
+    def block(c0: str, lo: str, hi: str, staged_here: bool) -> list[str]:
+        out = []
+        for j, (s, c, coeffs, stride) in enumerate(loads):
+            out += [f"      alignas(64) float tr{j}[{T * T}];",
+                    f"      vtc_tile_transpose16(tr{j}, {T}, {em.ptr[s.args[0]]} + ({origin(c, coeffs, 'ra', c0)}), {stride});"]
+            em.temps[id(s)] = f"tr{j}[({row} - ra) * {T} + ({inner} - {c0})]"
+        out.append(f"      for (int64_t {row} = ta0; {row} < re; ++{row}) {{")
+        if staged_here:
+            i3 = "          "
+            out += ["        #pragma omp simd", f"        for (int64_t {inner} = {lo}; {inner} < {hi}; ++{inner}) {{"]
+            out += em.hoist([st.value for st in k.stores], i3)
+            out += [f"{i3}{ob}[({row} - ta0) * {cols} + ({inner} - tb0)] = {em.scalar(st.value)};"
+                    for ob, st in zip(staged, k.stores)]
+            out.append("        }")
+        else:
+            out += body(lo, hi, "        ")
+        em.forget()
+        return out + ["      }"]
+
+    lines.append(f"    for (int64_t q = tb0; q < tbf; q += {T}) {{")
+    lines += block("q", "q", f"q + {T}", streamed)
+    lines += ["    }", "    if (tbf < tb1) {", f"      const int64_t qa = tb1 - {T};"]
+    lines += block("qa", "tbf", "tb1", False)
+    lines.append("    }")
+    if staged:
+        lines.append(f"    for (int64_t {row} = ta0; {row} < re; ++{row}) {{")
+        for ob, st in zip(staged, k.stores):  # the address of column 0 of the row: the offset is base + inner
+            lines.append(f"      {{ const int64_t {inner} = 0; vtc_stream_row({em.ptr[st.buffer.name]} + "
+                         f"{em.linear(st.buffer.name, st.index)} + tb0, {ob} + ({row} - ta0) * {cols}, tbf - tb0); }}")
+        lines.append("    }")
+    return lines + ["  }"]

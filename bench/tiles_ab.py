@@ -1,0 +1,65 @@
+"""A/B of the transposed tiles' two forms in one process: ``vtc.codegen.tiles.BLOCKED`` (each 16 x 16 block
+transposed and consumed at once) against the whole tile transposed first, with eager and Inductor alongside; ``-plain``: the same with no streaming stores.
+Systems ``nest`` / ``split``: a roll's kernel as one loop nest / split at the wrap (``vtc.codegen.cpp.WRAP_SPLIT``).
+
+    PYTHONPATH=$PWD python -m bench.tiles_ab micro_transpose_add_1mb,micro_transpose_add_8mb [--threads 1 --clock cpu]
+
+Rounds interleave every system (``bench.gemm_side_by_side.time_side_by_side``); median / min ms per system.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+from bench import workloads as W
+from bench.gemm_side_by_side import CLOCKS, time_side_by_side
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workloads")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--systems", default="eager,inductor,tile,blocked,tile-plain,blocked-plain")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    import vtc
+    from vtc.codegen import cpp, stream, tiles
+
+    default_share = stream.TILED_CACHE_SHARE
+
+    systems = args.systems.split(",")
+    for name in args.workloads.split(","):
+        model, inputs = W.get(name).build(False)
+        fns = {}
+        with torch.no_grad():
+            ref = model(*inputs)
+            if "eager" in systems:
+                fns["eager"] = lambda: model(*inputs)
+            if "inductor" in systems:
+                torch._dynamo.reset()
+                ci = torch.compile(model)
+                ci(*inputs)
+                fns["inductor"] = lambda: ci(*inputs)
+            for label, blocked, share, split in (("tile", False, None, True), ("blocked", True, None, True),
+                                                 ("tile-plain", False, 1e9, True), ("blocked-plain", True, 1e9, True),
+                                                 ("nest", True, None, False), ("split", True, None, True)):
+                if label in systems:  # -plain: no streaming stores; nest / split: cpp.WRAP_SPLIT off / on
+                    tiles.BLOCKED, cpp.WRAP_SPLIT = blocked, split
+                    stream.TILED_CACHE_SHARE = share or default_share
+                    cv = vtc.compile(model, inputs, plan="all")
+                    torch.testing.assert_close(cv(*inputs), ref, rtol=1e-4, atol=1e-4)
+                    fns[label] = cv
+            tiles.BLOCKED, stream.TILED_CACHE_SHARE, cpp.WRAP_SPLIT = True, default_share, True
+            res = time_side_by_side({k: (v if k in ("eager", "inductor") else (lambda v=v: v(*inputs)))
+                                     for k, v in fns.items()}, args.rounds, CLOCKS[args.clock])
+        print(name, f"threads={args.threads} clock={args.clock}",
+              " ".join(f"{k} {r['median_ms']:.4f}/{r['min_ms']:.4f}" for k, r in res.items()),
+              "| load %.2f" % os.getloadavg()[0], flush=True)
+
+
+if __name__ == "__main__":
+    main()
