@@ -219,17 +219,22 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): a constant GEMM weight (W^T of a Linear, or a
-row-major weight) is packed once into the generated kernel's 32-column
-panels and re-packed when it changes, instead of on every call (the prefill
-units moved from 0.96-0.98x to 1.02-1.04x of OpenVINO); the flash kernel
-stages a bias or mask read along the key into key x query tiles (Swin's
-relative-position bias, transformers' [b, 1, q, k] masks; swin_t_model
-0.80x -> 0.96x); runs of consecutive generated kernels are one C call
-while the buffer pool is on (shufflenet_v2_model: 60 C calls per call ->
-1), and the per-call arena takes values up to 2 MB.  Where vtc loses or
-ties: swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of
-64 vector lanes; the prefill units stay GEMM-bound (1.02-1.04x).
+last run (the same AMD EPYC): a pointwise kernel reading across rows
+transposes and consumes one 16 x 16 block at a time, and a roll splits its
+loop at the wrap point (micro_transpose_add_64mb 6.58 -> 5.87 ms); one- and
+two-row GEMMs against a row-major B read 128 columns per k step, tiles read
+a row-major A in place where N <= 192, and the skinny x @ W^T prefetches
+its weight rows; bf16 / fp16 values get generated pointwise and row kernels
+(the units here are float32); a new KV-cache length costs ~65 ms instead of
+~180 (not in this table: docs/robustness.md).  The unit and model cells
+moved within this machine's run-to-run spread (gemma2_local_decode_b16's
+vtc 4.6 -> 5.8 ms here measured 4.1-4.5 ms in both trees in an alternating
+A/B right after, bench/units_side_by_side.py, 2 threads; ONNX Runtime's
+shufflenet_unit_b1 0.17 -> 0.12 ms), so the units' geomean fell from 1.61x
+to 1.52x without a change in vtc's kernels there.  Where vtc loses or ties:
+swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of 64
+vector lanes and epilogues over mapped A operands (0.93x); the prefill
+units stay GEMM-bound (1.02-1.04x).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
