@@ -551,45 +551,21 @@ def _wraps(k: Kernel) -> dict[int, int]:
     """{d: s} for the dims d that some load of pointwise kernel k reads as ``(i_d + s) mod domain[d]`` (a roll),
     one shift per dim (a dim read with two shifts is left out)."""
     from vtc.codegen.lower import scalars_of
+    from vtc.index.expr import walk
 
-    found: dict[int, set[int]] = {}
-    seen: set[Expr] = set()
-
-    def visit(e: Expr) -> None:
-        if e in seen:
-            return
-        seen.add(e)
-        if e.op == "mod":
-            c, terms = _terms(e.args[0])
-            if len(terms) == 1:
-                ((atom, coeff),) = terms.items()
-                if atom.op == "var" and coeff == 1 and atom.args[0][1:].isdigit():
-                    d = int(atom.args[0][1:])
-                    if d < len(k.domain) and k.domain[d] == e.args[1] and c % e.args[1]:
-                        found.setdefault(d, set()).add(c % e.args[1])
-        if e.op == "sum":
-            for atom, _ in e.args[1]:
-                visit(atom)
-        else:
-            for a in e.args:
-                if isinstance(a, Expr):
-                    visit(a)
-                elif isinstance(a, tuple):
-                    for x in a:
-                        if isinstance(x, Expr):
-                            visit(x)
-
+    roots = [e for st in k.stores for e in st.index]
     for sc in scalars_of(k):
         for a in sc.args:
-            if isinstance(a, Expr):
-                visit(a)
-            elif isinstance(a, tuple):
-                for x in a:
-                    if isinstance(x, Expr):
-                        visit(x)
-    for st in k.stores:
-        for e in st.index:
-            visit(e)
+            roots += [a] if isinstance(a, Expr) else [x for x in a if isinstance(x, Expr)] if isinstance(a, tuple) else []
+    found: dict[int, set[int]] = {}
+    for e in {x for r in roots for x in walk(r) if x.op == "mod"}:
+        c, terms = _terms(e.args[0])
+        if len(terms) == 1:
+            ((atom, coeff),) = terms.items()
+            if atom.op == "var" and coeff == 1 and atom.args[0][1:].isdigit():
+                d = int(atom.args[0][1:])
+                if d < len(k.domain) and k.domain[d] == e.args[1] and c % e.args[1]:
+                    found.setdefault(d, set()).add(c % e.args[1])
     return {d: next(iter(v)) for d, v in found.items() if len(v) == 1}
 
 

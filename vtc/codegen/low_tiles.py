@@ -13,9 +13,8 @@ may be out of range) and whose offset is affine in the two tile indices.
 """
 from __future__ import annotations
 
-import torch
-
 from vtc.codegen.kernel_ir import Kernel, scalars_under
+from vtc.codegen.ops import LOW_PRECISION
 from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
 
@@ -30,7 +29,7 @@ def staged_loads(k: Kernel, em, names: list[str], sizes: tuple[int, int], tile: 
     lines: list[str] = []
     roots = [st.value for st in k.stores]
     for s in scalars_under(roots, stop=lambda x: x.op == "pick"):
-        if s.op != "load" or s.dtype not in (torch.bfloat16, torch.float16) or id(s) in em.temps:
+        if s.op != "load" or s.dtype not in LOW_PRECISION or id(s) in em.temps:
             continue
         form = affine(linear_offset(s.args[1], em.shapes[s.args[0]]))
         if form is None or abs(form[1].get(inner, 0)) < 16 or form[1].get(outer, 0) == 0:
