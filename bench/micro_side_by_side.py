@@ -53,6 +53,20 @@ def per_call_times(fns: dict, rounds: int, block: int = 10) -> dict[str, dict]:
             for n, s in samples.items()}
 
 
+def baselines(model, inputs: tuple, systems: list[str]) -> dict:
+    """{"eager" / "inductor": a call of `model` on `inputs`} for those of the two named in `systems` (Dynamo reset
+    first, so that an earlier workload's graphs do not count; call under ``torch.no_grad``)."""
+    fns = {}
+    if "eager" in systems:
+        fns["eager"] = lambda: model(*inputs)
+    if "inductor" in systems:
+        torch._dynamo.reset()
+        ci = torch.compile(model)
+        ci(*inputs)
+        fns["inductor"] = lambda: ci(*inputs)
+    return fns
+
+
 def side_by_side(name: str, systems: list[str], rounds: int = 15, clock=CLOCKS["wall"],
                  per_call: bool = False) -> dict[str, dict]:
     """{system: {"min_ms", "median_ms", "calls_per_round"}} on workload `name`, interleaved (``per_call``:
@@ -60,16 +74,9 @@ def side_by_side(name: str, systems: list[str], rounds: int = 15, clock=CLOCKS["
     import vtc
 
     model, inputs = W.get(name).build(False)
-    fns = {}
     with torch.no_grad():
         ref = model(*inputs)
-        if "eager" in systems:
-            fns["eager"] = lambda: model(*inputs)
-        if "inductor" in systems:
-            torch._dynamo.reset()
-            ci = torch.compile(model)
-            ci(*inputs)
-            fns["inductor"] = lambda: ci(*inputs)
+        fns = baselines(model, inputs, systems)
         if "vtc" in systems:
             cv = vtc.compile(model, inputs, plan="all")
             torch.testing.assert_close(cv(*inputs), ref, rtol=1e-4, atol=1e-4)

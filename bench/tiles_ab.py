@@ -15,6 +15,7 @@ import torch
 
 from bench import workloads as W
 from bench.gemm_side_by_side import CLOCKS, time_side_by_side
+from bench.micro_side_by_side import baselines
 
 
 def main() -> None:
@@ -34,16 +35,9 @@ def main() -> None:
     systems = args.systems.split(",")
     for name in args.workloads.split(","):
         model, inputs = W.get(name).build(False)
-        fns = {}
         with torch.no_grad():
             ref = model(*inputs)
-            if "eager" in systems:
-                fns["eager"] = lambda: model(*inputs)
-            if "inductor" in systems:
-                torch._dynamo.reset()
-                ci = torch.compile(model)
-                ci(*inputs)
-                fns["inductor"] = lambda: ci(*inputs)
+            fns = baselines(model, inputs, systems)
             for label, blocked, share, split in (("tile", False, None, True), ("blocked", True, None, True),
                                                  ("tile-plain", False, 1e9, True), ("blocked-plain", True, 1e9, True),
                                                  ("nest", True, None, False), ("split", True, None, True)):
