@@ -278,6 +278,7 @@ class _Lowering:
         self._const_of: dict[int, Value] = {}  # id(tensor) -> its const Value
         self._hint: dict[int, str] = {}  # id(tensor) -> the ONNX name it was stored under
         self._alive: list[torch.Tensor] = []  # keeps every tensor seen alive, so ids stay unique
+        self._weight_t_of: dict[int, torch.Tensor] = {}  # id(constant MatMul B) -> W = B^T
         self.node: onnx.NodeProto | None = None
         self._base = ""
         self._n_in_node = 0
@@ -299,6 +300,14 @@ class _Lowering:
             if name in scope:
                 return scope[name]
         raise self.error(f"input {name!r} is not defined by any graph input, initializer or earlier node")
+
+    def weight_t(self, b: torch.Tensor) -> torch.Tensor:
+        """W = B^T, contiguous, of a constant MatMul / Gemm B: one W per B tensor (onnx_ops._constant_b)."""
+        w = self._weight_t_of.get(id(b))
+        if w is None:
+            w = self._weight_t_of[id(b)] = b.t().contiguous()
+            self._alive.append(b)  # b's id stays unique while the import lives
+        return w
 
     def const_value(self, t: torch.Tensor) -> Value:
         """The const Value holding tensor t (one per tensor)."""

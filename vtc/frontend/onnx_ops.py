@@ -177,12 +177,7 @@ def _constant_b(cx, b):
     ONNX exporters store a Linear's weight transposed (MatMul with a [K, N] initializer) or as Gemm
     transB=1; both become the Linear's ``t(W)``.  One W per B tensor (a B shared by several MatMuls keeps
     one transposed copy)."""
-    cache = cx.__dict__.setdefault("_weight_t_of", {})
-    w = cache.get(id(b))
-    if w is None:
-        w = cache[id(b)] = b.t().contiguous()
-        cx.__dict__.setdefault("_weight_t_keep", []).append(b)  # b's id stays unique while the cache lives
-    return _weight_t(cx, w)
+    return _weight_t(cx, cx.weight_t(b))
 
 
 def _view(cx, x, shape):
