@@ -146,3 +146,15 @@ def test_no_rows():
     x = torch.zeros(3, 0)
     compiled = compile_cpu(lambda x: x.argmax(0), (x,))
     assert compiled(x).shape == (0,) and compiled(x).dtype == torch.int64
+
+
+@pytest.mark.parametrize("shape", [(127, 8), (33, 16), (17, 21)])
+def test_strided_rows_run_as_vector_lanes(shape):
+    """permute -> argmax over the strided dim: blocks of rows as vector lanes (vtc.codegen.lanes), both passes;
+    8 rows: 2 steps of r per vector (lanes.r_unroll), 21: a block of 16 and one of 5."""
+    g = gen(case_seed(("lanes", shape)))
+    x = _ties(shape, g)
+    x[shape[0] // 2, 1], x[3, shape[1] - 1], x[shape[0] - 1, shape[1] - 1] = NAN, NAN, NAN
+    c = _check(lambda x: (x.permute(1, 0).argmax(-1), x.t().argmin(-1, keepdim=True)), (x,), no_movement=True)
+    for k in kernels(c):
+        assert "accv_i[" in generate(k), generate(k)
