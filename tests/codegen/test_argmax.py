@@ -158,3 +158,20 @@ def test_strided_rows_run_as_vector_lanes(shape):
     c = _check(lambda x: (x.permute(1, 0).argmax(-1), x.t().argmin(-1, keepdim=True)), (x,), no_movement=True)
     for k in kernels(c):
         assert "accv_i[" in generate(k), generate(k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_max_min_over_a_dim_give_values_and_first_indices(dtype):
+    """torch.max(x, dim) / torch.min(x, dim): the same two passes, storing the value too (NaN where a row has one)."""
+    g = gen(case_seed(("maxdim", str(dtype))))
+    x = _ties((6, 17, 5), g, dtype)
+    if dtype.is_floating_point:
+        x[2, 3, 1], x[4, 16, 4] = NAN, NAN
+    f = lambda x: (*torch.max(x, -1), *torch.min(x, 1, keepdim=True), torch.max(x.permute(2, 0, 1), 0).indices)  # noqa: E731
+    compiled = compile_cpu(f, (x,))
+    assert_all_generated(compiled)
+    for k, (got, want) in enumerate(zip(compiled(x), f(x))):
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        assert torch.equal(got.isnan() if dtype.is_floating_point else got, want.isnan() if dtype.is_floating_point
+                           else want), k
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)

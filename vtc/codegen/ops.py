@@ -366,19 +366,20 @@ for _kind in ("sum", "mean", "amax", "amin", "prod", "any", "all"):
     ROW[_kind] = _reduce(_kind)
 
 
-@row("argmax", "argmin")
+@row("argmax", "argmin", "max.dim", "min.dim")
 def _arg_extreme(ctx, args, outs):
     """argmax / argmin as two passes over the row: the extreme value m (a float max / min is NaN when an element
     is, as amax's), then the smallest r whose element equals m, or is NaN (m is then NaN too).  That is torch's
     answer: the first index of the max / min, NaN counting as both the largest and the smallest value; with
-    dim=None the index into the flattened input, which is r over all dims."""
-    x = args["self"]
-    if x.dtype == torch.bool:
-        raise NotSupported(f"{ctx.node.target._opname} of bool (torch raises)")
+    dim=None the index into the flattened input, which is r over all dims.  ``max.dim`` / ``min.dim`` (values
+    and indices) are the same passes, storing m too."""
+    x, op = args["self"], ctx.node.target._opname
+    if x.dtype == torch.bool and op in ("argmax", "argmin"):
+        raise NotSupported(f"{op} of bool (torch raises)")
     dims = _dims(args.get("dim"), len(x.shape))
     n = math.prod(x.shape[d] for d in dims) if dims else 1
     if n == 0:
-        raise NotSupported(f"{ctx.node.target._opname} over an empty dim (torch raises)")
+        raise NotSupported(f"{op} over an empty dim (torch raises)")
     dt = compute_dtype(x.dtype)  # bfloat16 / float16 widened to float: exact, so the same order as eager's
     at = K.iota(reduced_index(n), torch.int64)
     nowhere = K.const(n, torch.int64)
@@ -393,9 +394,10 @@ def _arg_extreme(ctx, args, outs):
             hit = K.binary("or", hit, K.binary("ne", v, v, torch.bool), torch.bool)
         return K.where(hit, at, nowhere)
 
-    extreme = "max" if ctx.node.target._opname == "argmax" else "min"
-    return RowSpec(dims, [[("m", extreme, value, dt)], [("i", "min", first, torch.int64)]],
-                   [(0, lambda c: K.acc("i", torch.int64), False)])
+    extreme = "max" if op in ("argmax", "max") else "min"
+    index = lambda c: K.acc("i", torch.int64)  # noqa: E731
+    stores = [(0, index, False)] if op in ("argmax", "argmin") else [(0, lambda c: K.acc("m", dt), False), (1, index, False)]
+    return RowSpec(dims, [[("m", extreme, value, dt)], [("i", "min", first, torch.int64)]], stores)
 
 
 @row("var")
