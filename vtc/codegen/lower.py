@@ -47,7 +47,7 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scal
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
 from vtc.codegen.pool import POOL_OPS, pool_taps
-from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
+from vtc.index.expr import Expr, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization, chain_of
