@@ -175,3 +175,21 @@ def test_max_min_over_a_dim_give_values_and_first_indices(dtype):
         assert torch.equal(got.isnan() if dtype.is_floating_point else got, want.isnan() if dtype.is_floating_point
                            else want), k
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_new_sizes_with_dynamic_shapes():
+    """dynamic=True: size-generic kernels (vtc.runtime.generic) give torch's indices at other row lengths and counts."""
+    import vtc
+
+    def make(b, s):
+        g = gen(b * 100 + s)
+        x = _ties((b, s, 24), g)
+        x[0, 0, 3] = NAN
+        return x, torch.randn(24, generator=g)
+
+    f = lambda x, y: ((x * 2 + y).argmax(-1), x.permute(0, 2, 1).argmin(-1), *torch.max(x, 1))  # noqa: E731
+    compiled = vtc.compile(f, make(2, 40), backend="cpu", plan="all", dynamic=True)
+    for b, s in [(2, 40), (3, 57), (5, 17)]:
+        xs = make(b, s)
+        for k, (got, want) in enumerate(zip(compiled(*xs), f(*xs))):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=f"output {k} at {(b, s)}")
