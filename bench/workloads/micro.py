@@ -4,7 +4,7 @@ Each size names the bytes of the tensor that the chain moves (float32).
 Chains: transpose -> add, permute -> softmax, cat -> relu, rotate_half
 (slice + neg + cat) -> mul (the RoPE expression), roll -> add (Swin's shifted
 window), index_select -> sum, window partition (view + permute + reshape) ->
-layer_norm; and pure gelu / softmax (and, when named, layer_norm / RMSNorm)
+layer_norm; and pure gelu / softmax (and, when named, layer_norm / RMSNorm / argmax)
 over rows of 4096 with no movement (the floor: what a compute op costs
 alone).  A plain ``vtc bench`` runs every chain at 64 MB and three of them at
 1 MB (the others at 1 MB, and the norms, run with ``--workloads all``; the 8 MB
@@ -110,6 +110,14 @@ def _rms_norm(n: int):
     return Fn(f, "rms_norm", weight=1 + 0.1 * randn(4096, seed=3)), (randn(n // 4096, 4096),)
 
 
+def _argmax(n: int):
+    return Fn(lambda m, x: x.argmax(-1), "argmax"), (randn(n // 4096, 4096),)
+
+
+def _permute_argmax(n: int):
+    return Fn(lambda m, x: x.permute(1, 0).argmax(-1), "permute_argmax"), (randn(4096, n // 4096),)
+
+
 _CHAINS = {
     "transpose_add": (_transpose_add, "transpose -> add"),
     "permute_softmax": (_permute_softmax, "permute -> softmax"),
@@ -122,8 +130,10 @@ _CHAINS = {
     "softmax": (_softmax, "softmax over rows of 4096 (no movement)"),
     "layer_norm": (_layer_norm, "layer_norm over rows of 4096 (no movement)"),
     "rms_norm": (_rms_norm, "RMSNorm (Llama's) over rows of 4096 (no movement)"),
+    "argmax": (_argmax, "argmax over rows of 4096 (no movement)"),
+    "permute_argmax": (_permute_argmax, "permute -> argmax over a strided dim of 4096"),
 }
-_ASKED = {"layer_norm", "rms_norm"}  # run only when named (or with --workloads all)
+_ASKED = {"layer_norm", "rms_norm", "argmax", "permute_argmax"}  # run only when named (or with --workloads all)
 _QUICK = {"transpose_add", "rope_mul", "window_partition_ln"}  # 1 MB ones in a plain run
 _QUICKER = {"transpose_add", "rope_mul"}  # 1 MB ones in --quick
 

@@ -41,7 +41,8 @@ docs/chains.md).
 Used when every load that depends on both ``r`` and the lane dim steps 1
 along the lane dim and more than 1 along ``r``, the loads are affine (no
 gathered rows, no piece choices) and every reduction is a float sum, max or
-min; anything else returns None and the plain row kernel is emitted.
+min, or an int64 max or min (argmax's index pass: permute -> argmax, docs/reductions.md); anything else
+returns None and the plain row kernel is emitted.
 """
 from __future__ import annotations
 
@@ -63,13 +64,31 @@ _COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} <
 _INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
 
 
+def _laned(red) -> bool:
+    """Whether reduction `red` runs in lanes: a float32 sum, max or min, or an int64 max or min (argmax's index
+    pass, ``vtc.codegen.ops._arg_extreme``: the smallest r holding the row's max)."""
+    return red.combine in _COMBINE and (red.dtype == torch.float32 or (red.dtype == torch.int64 and red.combine != "sum"))
+
+
+def _init(red) -> str:
+    """The C initial value of a lane's accumulator of reduction `red`."""
+    if red.dtype.is_floating_point:
+        return _INIT[red.combine]
+    return f"std::numeric_limits<int64_t>::{'lowest' if red.combine == 'max' else 'max'}()"
+
+
+def _nan_flag(red) -> bool:
+    """Whether reduction `red` keeps a NaN flag per lane (a float max / min: NaN if any element is)."""
+    return red.combine != "sum" and red.dtype.is_floating_point
+
+
 def lane_dim(k: Kernel, shapes: dict[str, tuple[int, ...]]) -> int | None:
     """The kept dim to vectorise across, or None when k is not a strided row kernel of the supported kind."""
     from vtc.codegen.lower import scalars_of
 
     if k.kind != "row" or k.r_extent < 2 or not k.domain or not k.phases:
         return None
-    if any(red.combine not in _COMBINE or red.dtype != torch.float32 for phase in k.phases for red in phase):
+    if not all(_laned(red) for phase in k.phases for red in phase):
         return None
     forms = []
     for s in scalars_of(k):
@@ -135,8 +154,8 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         for red in phase:
             t = ctype(red.dtype)
             lines.append(f"    {t} accv_{red.name}[{width * unroll}];")
-            lines.append(f"    for (int l = 0; l < {width * unroll}; ++l) accv_{red.name}[l] = ({t}){_INIT[red.combine]};")
-            if red.combine != "sum":
+            lines.append(f"    for (int l = 0; l < {width * unroll}; ++l) accv_{red.name}[l] = ({t}){_init(red)};")
+            if _nan_flag(red):
                 lines.append(f"    int nanv_{red.name}[{width * unroll}] = {{0}};")
         tail = "0"  # the first r of the plain loop (in C: r_extent stays a polynomial literal, vtc.runtime.generic)
         if unroll > 1:  # `unroll` steps of r per vector: lane j is row l0 + j % width at r = rr + j / width
@@ -166,9 +185,9 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
             for q in range(1, unroll):  # the lanes of the other steps of r into lanes 0 .. width - 1
                 a, b = f"accv_{red.name}[l]", f"accv_{red.name}[l + {q * width}]"
                 lines.append(f"    for (int l = 0; l < {width}; ++l) {a} = {_COMBINE[red.combine].format(a=a, v=b)};")
-                if red.combine != "sum":
+                if _nan_flag(red):
                     lines.append(f"    for (int l = 0; l < {width}; ++l) nanv_{red.name}[l] |= nanv_{red.name}[l + {q * width}];")
-            if red.combine != "sum":
+            if _nan_flag(red):
                 lines.append(f"    for (int l = 0; l < {width}; ++l) if (nanv_{red.name}[l]) "
                              f"accv_{red.name}[l] = ({ctype(red.dtype)})NAN;")
         done += phase
@@ -263,6 +282,8 @@ def _accumulate(phase, em, lane: str, stored, stored_at: str | None) -> list[str
                       f"          {a} = {_COMBINE['sum'].format(a=a, v='term_')}; }}"]
         elif red.combine == "sum":
             lines.append(f"        {a} = {_COMBINE['sum'].format(a=a, v=v)};")
+        elif not _nan_flag(red):
+            lines.append(f"        {{ const {ctype(red.dtype)} v_ = {v}; {a} = {_COMBINE[red.combine].format(a=a, v='v_')}; }}")
         else:
             lines += [f"        {{ const {ctype(red.dtype)} v_ = {v}; {a} = {_COMBINE[red.combine].format(a=a, v='v_')};",
                       f"          nanv_{red.name}[{lane}] |= (v_ != v_); }}"]

@@ -45,9 +45,9 @@ from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
 from vtc.codegen.gemm_inline import a_passes
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.push import READER, Pusher
-from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup
+from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
 from vtc.codegen.pool import POOL_OPS, pool_taps
-from vtc.index.expr import Expr, const, replace_loads, subs, var, walk
+from vtc.index.expr import Expr, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization, chain_of
@@ -489,7 +489,7 @@ class Lowering:
         r_extent = 1
         for d in dims:
             r_extent *= x.shape[d]
-        r = var("r", r_extent) if r_extent > 1 else const(0)
+        r = reduced_index(r_extent)
         rparts = delinearize(r, [x.shape[d] for d in dims])
         full = [None] * len(x.shape)
         for d, e in zip(keep, dvars):

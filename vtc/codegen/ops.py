@@ -19,6 +19,7 @@ import torch
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Scalar
+from vtc.index import expr as E
 
 # The C type a kernel computes a dtype's values in.  bfloat16 and float16 values are computed in float and
 # rounded to their dtype after every op that produces one, as eager's kernels do (vtc.codegen.cpp: loads and
@@ -326,6 +327,11 @@ def _dims(dims, rank: int) -> tuple[int, ...]:
     return tuple(sorted(d % rank for d in dims))
 
 
+def reduced_index(extent: int) -> E.Expr:
+    """The flat index ``r`` of a row kernel's reduced elements (row-major over its reduced dims), in [0, extent)."""
+    return E.var("r", extent) if extent > 1 else E.const(0)
+
+
 _COMBINE = {"sum": "sum", "mean": "sum", "amax": "max", "amin": "min", "prod": "prod", "any": "any", "all": "all"}
 
 
@@ -358,6 +364,40 @@ def _reduce(kind: str):
 
 for _kind in ("sum", "mean", "amax", "amin", "prod", "any", "all"):
     ROW[_kind] = _reduce(_kind)
+
+
+@row("argmax", "argmin", "max.dim", "min.dim")
+def _arg_extreme(ctx, args, outs):
+    """argmax / argmin as two passes over the row: the extreme value m (a float max / min is NaN when an element
+    is, as amax's), then the smallest r whose element equals m, or is NaN (m is then NaN too).  That is torch's
+    answer: the first index of the max / min, NaN counting as both the largest and the smallest value; with
+    dim=None the index into the flattened input, which is r over all dims.  ``max.dim`` / ``min.dim`` (values
+    and indices) are the same passes, storing m too."""
+    x, op = args["self"], ctx.node.target._opname
+    if x.dtype == torch.bool and op in ("argmax", "argmin"):
+        raise NotSupported(f"{op} of bool (torch raises)")
+    dims = _dims(args.get("dim"), len(x.shape))
+    n = math.prod(x.shape[d] for d in dims) if dims else 1
+    if n == 0:
+        raise NotSupported(f"{op} over an empty dim (torch raises)")
+    dt = compute_dtype(x.dtype)  # bfloat16 / float16 widened to float: exact, so the same order as eager's
+    at = K.iota(reduced_index(n), torch.int64)
+    nowhere = K.const(n, torch.int64)
+
+    def value(c):
+        return c.arg(x, dt)
+
+    def first(c):
+        v = value(c)
+        hit = K.binary("eq", v, K.acc("m", dt), torch.bool)
+        if dt.is_floating_point:
+            hit = K.binary("or", hit, K.binary("ne", v, v, torch.bool), torch.bool)
+        return K.where(hit, at, nowhere)
+
+    extreme = "max" if op in ("argmax", "max") else "min"
+    index = lambda c: K.acc("i", torch.int64)  # noqa: E731
+    stores = [(0, index, False)] if op in ("argmax", "argmin") else [(0, lambda c: K.acc("m", dt), False), (1, index, False)]
+    return RowSpec(dims, [[("m", extreme, value, dt)], [("i", "min", first, torch.int64)]], stores)
 
 
 @row("var")
