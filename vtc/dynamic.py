@@ -23,6 +23,7 @@ capture, with the reason in ``DynamicSizes.why_not``.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +38,24 @@ from vtc.plan.virtualize import Plan, plan_keeping, plan_none
 from vtc.runtime.generic import GenericKernels
 
 MAX_MISSES = 256  # reasons kept (the latest): a decode loop brings a new size every step
+
+
+@dataclass
+class LoweringSummary:
+    """What a size's specialization keeps of its lowering once its kernels are built and its report made: the
+    answers of ``codegen.lower.Lowering`` that are read later (the call plan reads ``gemm_choices``; the
+    ``why_*`` dicts say why an op runs through torch).  The whole lowering (~1,000 objects of per-node working
+    state for the 4-layer Llama) would live as long as the specialization, and every object a new length keeps
+    is one more towards the next full garbage collection of the process."""
+
+    why_torch: dict = field(default_factory=dict)
+    defects: dict = field(default_factory=dict)
+    gemm_choices: dict = field(default_factory=dict)
+    why_not_attention: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, low) -> "LoweringSummary":
+        return cls(**{f: dict(getattr(low, f, None) or {}) for f in cls.__dataclass_fields__})
 
 
 class DynamicSizes:
@@ -102,6 +121,7 @@ class DynamicSizes:
         finally:
             STREAM_STORES.reset(plain_stores)
             MERGE_INNER_DIMS.reset(flat_rows)
+        spec.executor.lowering = LoweringSummary.of(spec.executor.lowering)
         for k, v in builder.stats.items():
             self.kernels[k] += v
         self.sources_reused += builder.reused
