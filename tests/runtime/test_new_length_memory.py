@@ -84,3 +84,32 @@ def test_an_evicted_specialization_is_freed_and_keeps_no_lowering(monkeypatch):
     assert len(compiled._specs) == 3
     gc.collect()
     assert gone() is None, "an evicted specialization is still alive after a collection"
+
+
+def test_a_size_report_is_made_when_read_and_equals_the_one_from_the_whole_lowering(monkeypatch):
+    """A size's report used to be made with every new length (2-3 ms for the 4-layer Llama, never read in a
+    decode loop); now when it is first read, from the LoweringSummary, with the same content."""
+    import vtc.dynamic
+    from vtc.plan.report import build_report
+
+    lowerings = []
+    of = vtc.dynamic.LoweringSummary.of
+    monkeypatch.setattr(vtc.dynamic.LoweringSummary, "of", classmethod(lambda cls, low: (lowerings.append(low),
+                                                                                         of(low))[1]))
+    built = []
+    monkeypatch.setattr(vtc.dynamic, "build_report", lambda *a: (built.append(a), build_report(*a))[1])
+    fn, compiled = _compiled()
+    compiled(*_inputs(10, 10))
+    x = _inputs(11, 11)
+    got = compiled(*x)
+    for a, b in zip(got, fn(*x)):
+        torch.testing.assert_close(a, b, **TOL)
+    spec = compiled._specs[next(reversed(compiled._specs))]
+    assert not built and isinstance(spec, vtc.dynamic.SizeSpecialization)
+    executor = spec.executor
+    summary, executor.lowering = executor.lowering, lowerings[-1]
+    want = build_report(spec.graph, spec.plan, executor)
+    executor.lowering = summary
+    assert spec.report == want and len(built) == 1
+    assert spec.report is spec.report and len(built) == 1  # made once
+    assert want.movement and want.gemm
