@@ -280,20 +280,33 @@ def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tu
 _SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
 
 
+_UPPER: dict[int, tuple] = {}  # id of a vtc.codegen module -> (the module, its number of names, its upper-case names)
+
+
 def codegen_switches() -> tuple:
     """The module-level switches of the code generators (upper-case bool/int/float/str constants of every
     ``vtc.codegen`` module, e.g. ``gemm.PACKED_B``, and the context variables ``MERGE_INNER_DIMS`` and
     ``STREAM_STORES``): a source is taken from the previous specialization only while they are the same, since
-    the same kernel IR may generate other code (another calling convention) under another switch."""
+    the same kernel IR may generate other code (another calling convention) under another switch.
+
+    The upper-case names of a module are remembered while its number of names is the same (a name added or
+    removed changes it); their values are read at every call."""
     import sys
     from contextvars import ContextVar
 
     out = []
-    for name, mod in sorted(sys.modules.items()):
-        if name.startswith("vtc.codegen.") and mod is not None:
-            for k, v in vars(mod).items():
-                if k.isupper() and (isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar)):
-                    out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
+    for name in sorted(n for n in list(sys.modules) if n.startswith("vtc.codegen.")):
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        names = vars(mod)
+        known = _UPPER.get(id(mod))
+        if known is None or known[0] is not mod or known[1] != len(names):
+            known = _UPPER[id(mod)] = (mod, len(names), tuple(k for k in list(names) if k.isupper()))
+        for k in known[2]:
+            v = names.get(k)
+            if isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar):
+                out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
     return tuple(out)
 
 
