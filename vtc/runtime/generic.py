@@ -280,7 +280,7 @@ def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tu
 _SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
 
 
-_UPPER: dict[int, tuple] = {}  # id of a vtc.codegen module -> (the module, its number of names, its upper-case names)
+_UPPER: dict[int, tuple] = {}  # id of a vtc.codegen module -> (the module, the set of its names, its upper-case ones)
 
 
 def codegen_switches() -> tuple:
@@ -289,8 +289,8 @@ def codegen_switches() -> tuple:
     ``STREAM_STORES``): a source is taken from the previous specialization only while they are the same, since
     the same kernel IR may generate other code (another calling convention) under another switch.
 
-    The upper-case names of a module are remembered while its number of names is the same (a name added or
-    removed changes it); their values are read at every call."""
+    The upper-case names of a module are remembered while the set of its names is the same; their values are
+    read at every call."""
     import sys
     from contextvars import ContextVar
 
@@ -301,8 +301,9 @@ def codegen_switches() -> tuple:
             continue
         names = vars(mod)
         known = _UPPER.get(id(mod))
-        if known is None or known[0] is not mod or known[1] != len(names):
-            known = _UPPER[id(mod)] = (mod, len(names), tuple(k for k in list(names) if k.isupper()))
+        if known is None or known[0] is not mod or names.keys() != known[1]:
+            keys = list(names)
+            known = _UPPER[id(mod)] = (mod, frozenset(keys), tuple(k for k in keys if k.isupper()))
         for k in known[2]:
             v = names.get(k)
             if isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar):
