@@ -30,8 +30,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.cpp import MERGE_INNER_DIMS
-from vtc.compiler import Specialization, warn_fallbacks
 from vtc.codegen.stream import STREAM_STORES
+from vtc.compiler import Specialization, warn_fallbacks
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.ir.graph import Graph
