@@ -19,22 +19,10 @@ import vtc
 from vtc.codegen import kernel_ir
 from vtc.dynamic import LoweringSummary
 
+from .test_new_length_cost import _decode, _inputs
+
 pytestmark = pytest.mark.filterwarnings("ignore::vtc.NewSizesWarning")  # a new length per call, on purpose
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-def _decode(tok, past, w1, w2):
-    """A token's MLP and norm next to attention over a cat-grown cache (as tests/runtime/test_new_length_cost)."""
-    h = torch.relu(tok @ w1) @ w2 + tok
-    h = h / h.square().mean(-1, keepdim=True).add(1e-6).sqrt()
-    kv = torch.cat([past, h], dim=1)
-    att = torch.softmax(h @ kv.transpose(1, 2) * 0.125, dim=-1) @ kv
-    return (att @ w1) @ w2 + h, kv
-
-
-def _inputs(p, seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 1, 32, generator=g), torch.randn(2, p, 32, generator=g)
 
 
 def _compiled():
