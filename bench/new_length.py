@@ -1,6 +1,6 @@
 """The cost of a new cache length: a transformers decode loop with a DynamicCache, one thread, thread CPU time.
 
-    PYTHONPATH=$PWD python -m bench.new_length [--steps 14] [--phases]
+    PYTHONPATH=$PWD python -m bench.new_length [--steps 14] [--phases] [--promoted]
 
 The model is ``bench.hf_decode``'s (transformers Llama, 4 layers, hidden 512, GQA 8/2).  Every step brings a
 cache one token longer, so every step is a new specialization of vtc's symbolic graph (``vtc.dynamic``).
@@ -8,6 +8,10 @@ Prints the thread CPU time of each vtc step (step 1: the example's size, step 2:
 median and minimum from step 3 on, the full garbage collections (gen 2) that ran and their pauses, the max
 abs error of the logits against eager's over all steps, and with ``--phases`` the CPU time per new length of
 the stages of a specialization (instantiate, plan, lower, generate, kernel build, report, call plan).
+With ``--promoted``, the objects moved into the oldest generation per new length (what brings the full
+collections: one comes when those moved since the last one exceed a quarter of the objects it kept, so the average
+cost of the collections per step is about 4 x promoted x the cost of one object, whatever the process's size);
+counting them costs a little time at every generation-1 collection.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--promoted", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     import vtc
@@ -60,9 +65,14 @@ def main() -> None:
                             (executor, "build_kernels"), (compiler, "build_report"),
                             (executor.Executor, "call_plan"), (dynamic.DynamicSizes, "specialization")]:
             _timed(phases, owner, name)
-    pauses, start = [], {}
+    pauses, start, promoted = [], {}, [0]
 
     def on_gc(phase, info):
+        if info["generation"] == 1 and args.promoted:  # the survivors of a generation-1 collection move up
+            if phase == "start":
+                start["young"] = len(gc.get_objects(0)) + len(gc.get_objects(1))
+            else:
+                promoted[0] += start["young"] - info["collected"]
         if info["generation"] == 2:
             if phase == "start":
                 start["t"] = time.thread_time()
@@ -95,6 +105,9 @@ def main() -> None:
     print(f"new lengths (steps 3-{args.steps}): median {statistics.median(later):.1f} ms, min {min(later):.1f} ms, "
           f"mean {statistics.mean(later):.1f} ms; full GCs during them: {[round(p) for p in pauses]} ms")
     print(f"max abs error of the logits vs eager: {err:.3g}")
+    if args.promoted:
+        print(f"objects moved into the oldest generation per new length: {promoted[0] / len(later):.0f}; "
+              f"tracked objects now: {len(gc.get_objects())}")
     if args.phases:
         print("per new length, ms:", {k: round(1e3 * v / len(later), 1) for k, v in phases.items()})
 

@@ -23,6 +23,7 @@ capture, with the reason in ``DynamicSizes.why_not``.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,13 +31,63 @@ import torch.utils._pytree as pytree
 
 from vtc.codegen.cpp import MERGE_INNER_DIMS
 from vtc.codegen.stream import STREAM_STORES
+from vtc.compiler import Specialization, warn_fallbacks
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.ir.graph import Graph
+from vtc.plan.report import Report, build_report, fallback_ops
 from vtc.plan.virtualize import Plan, plan_keeping, plan_none
+from vtc.runtime.executor import Executor
 from vtc.runtime.generic import GenericKernels
 
 MAX_MISSES = 256  # reasons kept (the latest): a decode loop brings a new size every step
+
+
+@dataclass
+class PushSummary:
+    """The answers of ``codegen.push.Pusher`` that the report reads (``plan.report._push_why``)."""
+
+    copies: set = field(default_factory=set)
+    why_copied: dict = field(default_factory=dict)
+    by_gemm: dict = field(default_factory=dict)
+    by_attention: dict = field(default_factory=dict)
+    copy_through: dict = field(default_factory=dict)
+
+
+@dataclass
+class LoweringSummary:
+    """What a size's specialization keeps of its lowering once its kernels are built: the answers of
+    ``codegen.lower.Lowering`` that are read later (the call plan reads ``gemm_choices``, the report
+    ``defects`` and ``push``; the ``why_*`` dicts say why an op runs through torch).  The whole lowering (~1,000
+    objects of per-node working state for the 4-layer Llama) would live as long as the specialization."""
+
+    why_torch: dict = field(default_factory=dict)
+    defects: dict = field(default_factory=dict)
+    gemm_choices: dict = field(default_factory=dict)
+    why_not_attention: dict = field(default_factory=dict)
+    push: PushSummary = field(default_factory=PushSummary)
+
+    @classmethod
+    def of(cls, low) -> "LoweringSummary":
+        push = getattr(low, "push", None)
+        return cls(**{f: dict(getattr(low, f, None) or {}) for f in cls.__dataclass_fields__ if f != "push"},
+                   push=PushSummary(**{f: type(getattr(PushSummary(), f))(getattr(push, f, None) or ())
+                                       for f in PushSummary.__dataclass_fields__}))
+
+
+class SizeSpecialization(Specialization):
+    """A specialization of the symbolic graph at one size; its report is made when first read (2-3 ms and ~350
+    objects per new length of the 4-layer Llama, which a decode loop never reads: ``Compiled.report`` is the
+    example's)."""
+
+    def __init__(self, graph: Graph, plan: Plan, executor) -> None:  # noqa: D107 - not the dataclass's
+        self.graph, self.plan, self.executor, self._report = graph, plan, executor, None
+
+    @property
+    def report(self) -> Report:
+        if self._report is None:
+            self._report = build_report(self.graph, self.plan, self.executor)
+        return self._report
 
 
 class DynamicSizes:
@@ -89,8 +140,6 @@ class DynamicSizes:
 
     def specialization(self, leaves: list[Any]):
         """The planned, built specialization for these flat user inputs (NotInstantiable if they do not fit)."""
-        from vtc.compiler import specialize
-
         env = self.sg.bind(leaves)
         sizes = tuple(env[s] for s in self.sg.symbols)
         graph = self.sg.instantiate(env)
@@ -98,10 +147,18 @@ class DynamicSizes:
         flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
         plain_stores = STREAM_STORES.set(False)  # likewise (see vtc.codegen.stream)
         try:
-            spec = specialize(graph, self.options, plan=self._plan(graph), kernel_builder=builder.build)
+            first = self.first_plan is None  # the planner's size: it keeps its whole lowering, to be looked into
+            plan = self._plan(graph)
+            o = self.options  # compiler.specialize's executor, with the size-generic kernel builder
+            executor = Executor(graph, plan, oracle=o["oracle"], backend=o["backend"], gemm=o["gemm"],
+                                kernel_builder=builder.build)
         finally:
             STREAM_STORES.reset(plain_stores)
             MERGE_INNER_DIMS.reset(flat_rows)
+        if not first:
+            executor.lowering = LoweringSummary.of(executor.lowering)
+        warn_fallbacks(fallback_ops(graph, executor))  # what specialize's report would have warned of
+        spec = SizeSpecialization(graph, plan, executor)
         for k, v in builder.stats.items():
             self.kernels[k] += v
         self.sources_reused += builder.reused

@@ -345,3 +345,36 @@ def test_a_size_outside_the_captures_guards_is_captured_again(dynamic):
         got = compiled(x)
         assert got.shape == want.shape, f"S={s}: {list(got.shape)} vs eager {list(want.shape)}"
         torch.testing.assert_close(got, want, **TOL)
+
+
+def _parse_token_by_token(source: str, name: str):
+    """generic.parse as it was before session 14: every C token matched in turn, integer literals kept."""
+    import re
+
+    token = re.compile(r"[A-Za-z_]\w*|0[xX][0-9a-fA-F]+|\d+\.\d*(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?"
+                       r"|(\d+)(?:LL)?")
+    at = source.find(generic._opening(name))
+    head, func = source[:at], source[at:]
+    spans, values, parts, last = [], [], [], 0
+    for m in token.finditer(func, len(generic._opening(name))):
+        if m.group(1) is not None:
+            spans.append((m.start(), m.end()))
+            values.append(int(m.group(1)))
+            parts.append(func[last:m.start()])
+            last = m.end()
+    parts.append(func[last:])
+    return generic.Parsed(head, "#".join(parts), tuple(spans), tuple(values), func)
+
+
+def test_parse_finds_the_integer_literals_a_token_by_token_scan_finds():
+    """parse skips the other tokens inside the regex engine (~2x faster on a decode step's 500 KB of kernels);
+    it must cut every text exactly as the token-by-token scan did: identifiers with digits, hex, floats with
+    exponents, LL suffixes, a '.5', non-ASCII letters and digits."""
+    toks = ["a", "b1", "_x", "x1e", "e", "E", "LL", "L", "0x1F", "0X", "12", "3LL", "4L", "1.5", "2.", "1e5", "1e+5",
+            "3.0e-2f", "7f", ".", ".5", "+", "-", " ", "\n", "(", ")", "[", "9", "00", "0", "é", "٣", "x٣", "#"]
+    rng = random.Random(0)
+    bodies = ["  for (int64_t i = 0; i < 24LL; ++i) b0[i * 3 + 0x10] = 1.5e-3f * b1[i % 7];\n"]
+    bodies += ["".join(rng.choice(toks) for _ in range(rng.randint(0, 30))) for _ in range(3000)]
+    for body in bodies:
+        src = _src(body)
+        assert generic.parse(src, "k_x") == _parse_token_by_token(src, "k_x"), repr(body)

@@ -234,3 +234,17 @@ def test_a_new_length_leaves_little_cyclic_garbage():
     for a, b in zip(got, fn(*x)):
         torch.testing.assert_close(a, b, **TOL)
     assert garbage < 500, f"{garbage} objects in reference cycles after one new length (before: ~1900)"
+
+
+def test_codegen_switches_sees_a_switch_flipped_or_added_after_a_first_call(monkeypatch):
+    """codegen_switches remembers each module's upper-case names (its scan of every module's names cost ~1-2 ms
+    per new length); a value flipped, a name added or removed since is still seen."""
+    import vtc.codegen.gemm as gemm
+
+    before = generic.codegen_switches()
+    monkeypatch.setattr(gemm, "PACKED_B", not gemm.PACKED_B)
+    assert ("vtc.codegen.gemm", "PACKED_B", gemm.PACKED_B) in generic.codegen_switches()
+    monkeypatch.setattr(gemm, "A_NEW_SWITCH", 3, raising=False)
+    assert ("vtc.codegen.gemm", "A_NEW_SWITCH", 3) in generic.codegen_switches()
+    monkeypatch.undo()
+    assert generic.codegen_switches() == before

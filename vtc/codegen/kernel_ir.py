@@ -22,13 +22,16 @@ and the code generators can emit each once.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from vtc.index.expr import Expr
 
-_TABLE: dict[tuple, "Scalar"] = {}
+# weak: a scalar that no kernel IR holds any more is forgotten (a strong table grew by ~85 scalars, their keys and
+# the index expressions they hold, with every new length of a DynamicCache decode loop, for the process's life)
+_TABLE: "weakref.WeakValueDictionary[tuple, Scalar]" = weakref.WeakValueDictionary()
 
 
 class Scalar:

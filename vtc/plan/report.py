@@ -147,13 +147,19 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         eliminated_movement_ops=eliminated,
         materialized_movement_bytes=moved,
         kernels=sum(1 for s in executor.steps if s.kind in ("run", "gather", "kernel")),
-        fallback_ops=[n.op for n in graph.nodes
-                      if n.kind == "fallback" or n.name in getattr(executor.lowering, "defects", ())],
+        fallback_ops=fallback_ops(graph, executor),
         peak_memory_bytes=executor.peak_bytes,
         movement=movement,
         chains=chains,
         gemm=[c.to_dict() for c in getattr(executor.lowering, "gemm_choices", {}).values()],
     )
+
+
+def fallback_ops(graph: Graph, executor) -> list[str]:
+    """The ops of `graph` that `executor` runs through the framework: fallback nodes and known ops whose
+    definition failed on this call (``Lowering.defects``)."""
+    defects = getattr(executor.lowering, "defects", ())
+    return [n.op for n in graph.nodes if n.kind == "fallback" or n.name in defects]
 
 
 def _push_copy_bytes(k) -> int:

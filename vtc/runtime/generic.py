@@ -38,8 +38,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Sequence
 
-_TOKEN = re.compile(r"[A-Za-z_]\w*|0[xX][0-9a-fA-F]+|\d+\.\d*(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?"
-                    r"|(\d+)(?:LL)?")
+# C tokens that are not integer literals (identifiers, hex and float literals, runs of other characters), in the
+# order they are tried at each position; an integer literal is then the next token that none of them matches
+_NOT_INT = r"[A-Za-z_]\w*|0[xX][0-9a-fA-F]+|\d+\.\d*(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?|[^A-Za-z_\d]+"
+# one match per integer literal (group 1: with its LL suffix, group 2: its digits), the tokens before it skipped
+# inside the regex engine (possessive: never re-split), and a last match at the end of the text with no group
+_INT = re.compile(rf"(?:{_NOT_INT})*+(?:((\d+)(?:LL)?)|\Z)")
 _FLOAT = re.compile(r"\d+\.\d*(?:[eE][+-]?\d+)?[fF]?|\d+[eE][+-]?\d+[fF]?")
 _ARRAY_DECL = re.compile(r"^\s*(?:alignas\(\d+\)\s*)?(?:const\s+)?[A-Za-z_][\w:<>]*\s+(?:__restrict\s+)?[A-Za-z_]\w*\s*\[")
 MAX_DEGREE = 3  # per symbol
@@ -71,13 +75,14 @@ def parse(source: str, name: str) -> Parsed | None:
     head, func = source[:at], source[at:]
     spans, values, parts, last = [], [], [], 0
     body_start = len(_opening(name))
-    for m in _TOKEN.finditer(func, body_start):
-        if m.group(1) is None:
+    for m in _INT.finditer(func, body_start):
+        if m.lastindex is None:
             continue
-        spans.append((m.start(), m.end()))
-        values.append(int(m.group(1)))
-        parts.append(func[last:m.start()])
-        last = m.end()
+        start, end = m.span(1)
+        spans.append((start, end))
+        values.append(int(m.group(2)))
+        parts.append(func[last:start])
+        last = end
     parts.append(func[last:])
     return Parsed(head, "#".join(parts), tuple(spans), tuple(values), func)
 
@@ -275,20 +280,34 @@ def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tu
 _SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
 
 
+_UPPER: dict[int, tuple] = {}  # id of a vtc.codegen module -> (the module, the set of its names, its upper-case ones)
+
+
 def codegen_switches() -> tuple:
     """The module-level switches of the code generators (upper-case bool/int/float/str constants of every
     ``vtc.codegen`` module, e.g. ``gemm.PACKED_B``, and the context variables ``MERGE_INNER_DIMS`` and
     ``STREAM_STORES``): a source is taken from the previous specialization only while they are the same, since
-    the same kernel IR may generate other code (another calling convention) under another switch."""
+    the same kernel IR may generate other code (another calling convention) under another switch.
+
+    The upper-case names of a module are remembered while the set of its names is the same; their values are
+    read at every call."""
     import sys
     from contextvars import ContextVar
 
     out = []
-    for name, mod in sorted(sys.modules.items()):
-        if name.startswith("vtc.codegen.") and mod is not None:
-            for k, v in vars(mod).items():
-                if k.isupper() and (isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar)):
-                    out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
+    for name in sorted(n for n in list(sys.modules) if n.startswith("vtc.codegen.")):
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        names = vars(mod)
+        known = _UPPER.get(id(mod))
+        if known is None or known[0] is not mod or names.keys() != known[1]:
+            keys = list(names)
+            known = _UPPER[id(mod)] = (mod, frozenset(keys), tuple(k for k in keys if k.isupper()))
+        for k in known[2]:
+            v = names.get(k)
+            if isinstance(v, (bool, int, float, str)) or isinstance(v, ContextVar):
+                out.append((name, k, v.get() if isinstance(v, ContextVar) else v))
     return tuple(out)
 
 
