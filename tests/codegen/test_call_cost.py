@@ -188,3 +188,29 @@ def test_pool_views_follow_shape_and_dtype():
         assert t.shape == shape and t.dtype == dtype and t.is_contiguous() and t._base is None
         del t
     assert len(pool._kept) == 1
+
+
+def test_allocators_take_a_kept_storage_only_when_nothing_holds_it():
+    """``BufferPool.allocator`` tries the storage it took last first: never one held, by a tensor of another
+    allocator of the same size, a view, or the storage object."""
+    pool = buffers.BufferPool()
+    n = buffers.MIN_BYTES // 4
+    flat, square = pool.allocator(torch.Size([n]), torch.float32), pool.allocator(torch.Size([2, n // 2]),
+                                                                                   torch.float32)
+    x = flat()
+    y = square()
+    assert x.data_ptr() != y.data_ptr()
+    px = x.data_ptr()
+    x.fill_(1.5)
+    del x
+    z = square()  # y is held: x's storage, with square's shape
+    assert z.data_ptr() == px and z.shape == (2, n // 2) and z.is_contiguous()
+    for hold in (lambda t: t[1:], lambda t: t.untyped_storage(), lambda t: t.numpy()):
+        held = hold(z)
+        del z
+        z = flat()
+        assert z.data_ptr() not in (px, y.data_ptr())
+        del z, held
+        z = square()
+        assert z.data_ptr() in (px, y.data_ptr()) or len(pool._kept) == 3
+    assert len(pool._kept) <= 3

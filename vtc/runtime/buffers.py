@@ -68,18 +68,37 @@ class BufferPool:
         return self._take(shape, dtype, nbytes)
 
     def allocator(self, shape: torch.Size, dtype: torch.dtype) -> Callable[[], torch.Tensor]:
-        """A function returning ``self.empty(shape, dtype)`` (its size worked out once)."""
+        """A function returning ``self.empty(shape, dtype)``: its size worked out once, and the storage it took
+        last tried first (the usual case: one output per call, dropped before the next; 1.5 -> 0.7 us, 1
+        thread), with the tests of ``_take`` inlined."""
         nbytes = shape.numel() * dtype.itemsize
         if nbytes < MIN_BYTES or _use_count is None or not ENABLED:
             return lambda: self.empty(shape, dtype)
-        return lambda: self._take(shape, dtype, nbytes)
+        kept, views, lock, hint = self._kept, self._views, self._lock, [0]
+        use_count, refs, inference = _use_count, sys.getrefcount, is_inference_mode_enabled
 
-    def _take(self, shape: torch.Size, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
-        """A kept storage of `nbytes` that nothing outside the pool refers to, as a tensor; else a new one."""
+        def take() -> torch.Tensor:
+            with lock:
+                i = hint[0]
+                if i < len(kept):
+                    st, view = kept[i], views[i]  # st: as _free's parameter (refs: the list, st, the argument)
+                    if (view is not None and st.nbytes() == nbytes and use_count(st._cdata) == 2
+                            and refs(st) <= _FREE_REFS + _VIEW_REFS and view.shape == shape
+                            and view.dtype is dtype and not inference()):
+                        return view.detach()
+                    del st, view
+            return self._take(shape, dtype, nbytes, hint)
+        return take
+
+    def _take(self, shape: torch.Size, dtype: torch.dtype, nbytes: int, hint: list | None = None) -> torch.Tensor:
+        """A kept storage of `nbytes` that nothing outside the pool refers to, as a tensor; else a new one.
+        `hint[0]` is set to the storage's place in the list."""
         with self._lock:
             kept, views = self._kept, self._views
             for i in range(len(kept)):  # by index: a loop variable would be one more reference to the storage
                 if kept[i].nbytes() == nbytes and _free(kept[i], views[i]):
+                    if hint is not None:
+                        hint[0] = i
                     view = views[i]
                     if is_inference_mode_enabled():  # a tensor made in inference mode, as torch.empty's
                         return _on(kept[i], shape, dtype)
@@ -94,6 +113,8 @@ class BufferPool:
                 del kept[i], views[i]
             kept.append(out.untyped_storage())
             views.append(None)
+            if hint is not None:
+                hint[0] = len(kept) - 1
             return out
 
 
