@@ -214,3 +214,23 @@ def test_allocators_take_a_kept_storage_only_when_nothing_holds_it():
         z = square()
         assert z.data_ptr() in (px, y.data_ptr()) or len(pool._kept) == 3
     assert len(pool._kept) <= 3
+
+
+def test_index_range_checks_still_run_in_the_fast_call():
+    """A gather's index range check runs in the kernel's C call (``vtc_call_checked``) from the fast call too:
+    an index out of range raises the op's IndexError before the kernel runs, and the next call is right."""
+    def f(x, idx):
+        return torch.index_select(x, 0, idx).sum(dim=1)
+
+    g = gen(30)
+    x, idx = rand((40, 33), g), torch.randint(0, 40, (25,), generator=g)
+    compiled = compile_cpu(f, (x, idx))
+    torch.testing.assert_close(compiled(x, idx), f(x, idx), **POINTWISE_TOL)
+    _, source = fast_call(executor(compiled).call_plan(), compiled._exact_sig[0], None)
+    assert "call_checked(" in source and "plan(" not in source
+    for bad in (40, -1, 1 << 40):
+        wrong = idx.clone()
+        wrong[7] = bad
+        with pytest.raises(IndexError, match=r"index_select: index .* is out of range \[0, 39\]"):
+            compiled(x, wrong)
+        torch.testing.assert_close(compiled(x, idx), f(x, idx), **POINTWISE_TOL)

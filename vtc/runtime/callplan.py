@@ -500,7 +500,16 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
             lines.append(f"    o{q} = alloc{q}()")
             ptrs.append(f"o{q}.data_ptr()")
         ptrs += [str(int(x)) for x in parts.sizes]
-        lines.append(f"    fn(pack({', '.join(ptrs)}), threads())")
+        if not parts.fused:
+            lines.append(f"    fn(pack({', '.join(ptrs)}), threads())")
+        else:  # the kernel's index range checks, then the kernel, in one C call (as _kernel_closure's)
+            fused = parts.fused
+            env.update(call_checked=checked_caller(), kaddr=ctypes.c_void_p(parts.address),
+                       nchecks=ctypes.c_int64(len(fused)),
+                       table=(ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row]),
+                       failed=lambda tensors: _range_failed(parts.name, fused, tensors))
+            lines += [f"    if call_checked(kaddr, pack({', '.join(ptrs)}), threads(), table, nchecks) >= 0:",
+                      f"        failed(({''.join(f'x{p}, ' for p in range(len(sources)))}))"]
         result = f"[{', '.join(f'o{q}' for q in range(len(parts.allocs)))}]"
         if post is None:
             result = "o0"
@@ -513,15 +522,24 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     return env["fast"], source
 
 
+def _range_failed(name: str, fused: list, tensors: tuple) -> None:
+    """Raises the IndexError of the first failing range check of a kernel (its C call found one)."""
+    for check, row in fused:
+        check.run(tensors[row[0]])  # raises the op's IndexError naming the value
+    raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")  # cannot be: both test
+    # lo <= i <= hi on the same int64s
+
+
 def direct_kernel(plan: CallPlan) -> tuple["KernelParts", list[tuple[str, Any]]] | None:
     """(parts, where each input comes from: ("arg", input position) or ("const", tensor)) where the plan is one
-    generated kernel called on its own, with no range check, packed weight or arena, reading graph inputs and
+    generated kernel called on its own, with no packed weight, arena or range check but those its C call runs
+    (``KernelParts.fused``), reading graph inputs and
     constants only and writing exactly the graph's outputs, in order, none of which needs copying; else None."""
     if len(plan.fns) != 1 or plan.const_copies or plan.own_outputs is not None or plan.arena_kernels \
             or plan.segment_arena:
         return None
     parts = getattr(plan.fns[0], "parts", None)
-    if parts is None or parts.python_checks or parts.fused or parts.weight is not None or parts.checked:
+    if parts is None or parts.python_checks or parts.weight is not None or parts.checked:
         return None
     if list(parts.outs) != list(plan.outputs) or len(set(parts.outs)) != len(parts.outs):
         return None
