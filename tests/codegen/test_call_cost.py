@@ -234,3 +234,25 @@ def test_index_range_checks_still_run_in_the_fast_call():
         with pytest.raises(IndexError, match=r"index_select: index .* is out of range \[0, 39\]"):
             compiled(x, wrong)
         torch.testing.assert_close(compiled(x, idx), f(x, idx), **POINTWISE_TOL)
+
+
+@pytest.mark.parametrize("wrap", ["tuple", "dict"])
+def test_one_output_in_a_container_through_the_direct_call(wrap):
+    """A one-kernel plan whose result is not the bare tensor: the kernel called directly, the result made by
+    ``unflatten_outputs`` as on the full path."""
+    def f(a, b):
+        y = _cat_relu(a, b)
+        return (y,) if wrap == "tuple" else {"y": y}
+
+    a, b = _inputs(SMALL, 40)
+    compiled = compile_cpu(f, (a, b))
+    compiled(a, b)
+    assert not compiled._exact_sig[1]
+    _, source = fast_call(executor(compiled).call_plan(), compiled._exact_sig[0], lambda outs, args: outs)
+    assert "fn(pack(" in source and "return post([o0], args)" in source
+    for seed in (41, 42):
+        a, b = _inputs(SMALL, seed)
+        got, want = compiled(a, b), f(a, b)
+        assert type(got) is type(want)
+        got, want = (got[0], want[0]) if wrap == "tuple" else (got["y"], want["y"])
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

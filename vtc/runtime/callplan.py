@@ -510,9 +510,7 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
                        failed=lambda tensors: _range_failed(parts.name, fused, tensors))
             lines += [f"    if call_checked(kaddr, pack({', '.join(ptrs)}), threads(), table, nchecks) >= 0:",
                       f"        failed(({''.join(f'x{p}, ' for p in range(len(sources)))}))"]
-        result = f"[{', '.join(f'o{q}' for q in range(len(parts.allocs)))}]"
-        if post is None:
-            result = "o0"
+        result = "o0" if post is None else "[o0]"
     if post is None:
         lines.append(f"    return {result}[0]" if direct is None else f"    return {result}")
     else:
@@ -533,16 +531,16 @@ def _range_failed(name: str, fused: list, tensors: tuple) -> None:
 def direct_kernel(plan: CallPlan) -> tuple["KernelParts", list[tuple[str, Any]]] | None:
     """(parts, where each input comes from: ("arg", input position) or ("const", tensor)) where the plan is one
     generated kernel called on its own, with no packed weight, arena or range check but those its C call runs
-    (``KernelParts.fused``), reading graph inputs and
-    constants only and writing exactly the graph's outputs, in order, none of which needs copying; else None."""
+    (``KernelParts.fused``), reading graph inputs and constants only and writing the graph's one output, which
+    needs no copy; else None."""
     if len(plan.fns) != 1 or plan.const_copies or plan.own_outputs is not None or plan.arena_kernels \
             or plan.segment_arena:
         return None
     parts = getattr(plan.fns[0], "parts", None)
     if parts is None or parts.python_checks or parts.weight is not None or parts.checked:
         return None
-    if list(parts.outs) != list(plan.outputs) or len(set(parts.outs)) != len(parts.outs):
-        return None
+    if list(parts.outs) != list(plan.outputs) or len(parts.outs) != 1:  # one output: no kernel of several that
+        return None  # is a whole plan was found, to test that form with
     position = {}
     for k, i in enumerate(plan.inputs):
         position.setdefault(i, k)
