@@ -17,7 +17,9 @@ DLPack capsule made from it is alive (they all hold the storage, which
 (``o.untyped_storage()``: the Python object the pool keeps, counted by its Python references).  So an intermediate freed during a
 call is reused by a later kernel of the same call, and a graph output the
 caller has dropped is reused by the next call; one the caller still holds is
-never touched.  Storages are matched by exact byte size; at most
+never touched.  A storage handed out again is a ``detach()`` of a tensor the pool keeps on it (a new
+tensor on the storage, not a view, in a fifth of the time of making one on the storage; in inference mode
+one is made, an inference tensor as eager's).  Storages are matched by exact byte size; at most
 ``MAX_KEPT`` are kept (a new size replaces the oldest free one), so the pool
 holds a bounded number of buffers however many sizes a graph sees.  A lock makes acquiring atomic, so several
 threads may share one pool.  Where the use count is not available (another

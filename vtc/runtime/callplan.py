@@ -34,6 +34,10 @@ changed after it is built, so several threads may run it at once (the buffer
 pool is locked).  Steps this module has no fast form for (gathers, kernels
 that compute derived index tensors) run through the executor's ``run_step``
 on a dict of just the tensors they read.
+
+``fast_call`` generates, per compiled model, the function ``vtc.Compiled`` calls for inputs of exactly the
+captured dtypes and shapes: their test without a loop, then the plan, or, for a plan of one kernel, the kernel
+itself (docs/call_cost.md: 5.4 -> 2.1 us a call of cat -> relu at 1 MB with an empty kernel, 1 thread).
 """
 from __future__ import annotations
 
