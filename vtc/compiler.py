@@ -32,6 +32,7 @@ from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
 from vtc.plan.report import Report, build_report
 from vtc.plan.virtualize import Plan
+from vtc.runtime.callplan import MISS, fast_call
 from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
 
@@ -137,6 +138,7 @@ class Compiled:
         self.options = check_options(options)
         self._plain: tuple[int, bool] | None = None  # (number of inputs, captured as plain positional tensors)
         self._exact_sig: tuple | None = None  # ((dtype, shape) per input or None, one plain output): _exact
+        self._fast: Callable | None = None  # the call for inputs of _exact_sig (vtc.runtime.callplan.fast_call)
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
         self._cache_io: bool | None = None  # whether the inputs hold a transformers Cache (_caches)
@@ -227,9 +229,18 @@ class Compiled:
                                   f"{lines[0] if lines else ''}") from e
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and self._exact(args):  # the captured dtypes and shapes: nothing to check or flatten
-            outs = self._first.executor.call_plan()(args, checked=True)
-            return outs[0] if self._exact_sig[1] else unflatten_outputs(self._first.graph, outs, args)
+        fast = self._fast
+        if fast is not None and not kwargs:  # the captured dtypes and shapes: nothing to check or flatten
+            out = fast(args)
+            if out is not MISS:
+                return out
+        elif not kwargs and self._exact(args):  # the first such call: the fast call made for them
+            graph, single = self._first.graph, self._exact_sig[1]
+            post = None if single else (lambda outs, args: unflatten_outputs(graph, outs, args))
+            plan = self._first.executor.call_plan()
+            self._fast = fast_call(plan, self._exact_sig[0], post)[0]
+            outs = plan(args, checked=True)
+            return outs[0] if single else post(outs, args)
         graph = self._first.graph
         if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree

@@ -34,6 +34,10 @@ changed after it is built, so several threads may run it at once (the buffer
 pool is locked).  Steps this module has no fast form for (gathers, kernels
 that compute derived index tensors) run through the executor's ``run_step``
 on a dict of just the tensors they read.
+
+``fast_call`` generates, per compiled model, the function ``vtc.Compiled`` calls for inputs of exactly the
+captured dtypes and shapes: their test without a loop, then the plan, or, for a plan of one kernel, the kernel
+itself (docs/call_cost.md: 5.4 -> 2.1 us a call of cat -> relu at 1 MB with an empty kernel, 1 thread).
 """
 from __future__ import annotations
 
@@ -374,6 +378,7 @@ class CallPlan:
                 # both test lo <= i <= hi on the same int64s
             for i, t in zip(outs, made):
                 slots[i] = t
+        kernel.parts = parts  # type: ignore[attr-defined]  # a plan of this one kernel: fast_call calls it directly
         return kernel
 
     def _arena_kernel(self, ck, fn, get_threads, pointers, sizes, weight, allocs, checked,
@@ -450,6 +455,108 @@ def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list)
         if not t.is_contiguous():
             tensors[k] = t.contiguous()
     return tensors
+
+
+MISS = object()  # what a fast call returns for arguments it does not take: the caller takes its full path
+
+
+def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | None) -> tuple[Callable, str]:
+    """(fast, its source): ``fast(args)`` is the call's result for plain positional tensors `args` of exactly
+    the dtypes and shapes of `sig` ((dtype, torch.Size) per input), on the CPU; MISS for anything else.
+
+    The function is generated for the plan (``exec`` of the returned source), so that a call runs no loop and
+    builds no list of its own: the inputs' type, dtype, shape and device tested one by one, then the plan run
+    on them (``plan(args, checked=True)``).  Where the plan is a single generated kernel that reads only the
+    inputs and constants and writes the outputs (``direct_kernel``), the kernel is called right there: each
+    input made contiguous where it is not, the outputs allocated, one ctypes call.  `post(outs, args)`
+    makes the result from the outputs' list; None: the result is the one output itself."""
+    n = len(sig)
+    names = [f"a{k}" for k in range(n)]
+    env: dict[str, Any] = {"T": torch.Tensor, "MISS": MISS, "plan": plan, "post": post}
+    lines = ["def fast(args):", f"    if len(args) != {n}:", "        return MISS"]
+    if n:
+        lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = args")
+    for k, (dtype, shape) in enumerate(sig):
+        env[f"d{k}"], env[f"s{k}"] = dtype, shape
+        a = names[k]
+        lines += [f"    if type({a}) is not T or {a}.dtype is not d{k} or {a}.shape != s{k} or not {a}.is_cpu:",
+                  "        return MISS"]
+    direct = direct_kernel(plan)
+    if direct is None:
+        lines.append("    outs = plan(args, True)")
+        result = "outs"
+    else:
+        parts, sources = direct
+        env.update(fn=kernel_function(parts.address), pack=pointer_array(parts.ck._pointers._length_),
+                   threads=torch.get_num_threads)
+        ptrs = []
+        for p, (kind, x) in enumerate(sources):
+            if kind == "const":
+                env[f"c{p}"] = x
+                lines.append(f"    x{p} = c{p}")
+            else:
+                lines.append(f"    x{p} = {names[x]}")
+                if p in parts.strided:
+                    lines.append(f"    if not x{p}.is_contiguous():\n        x{p} = x{p}.contiguous()")
+            ptrs.append(f"x{p}.data_ptr()")
+        for q, alloc in enumerate(parts.allocs):
+            env[f"alloc{q}"] = alloc
+            lines.append(f"    o{q} = alloc{q}()")
+            ptrs.append(f"o{q}.data_ptr()")
+        ptrs += [str(int(x)) for x in parts.sizes]
+        if not parts.fused:
+            lines.append(f"    fn(pack({', '.join(ptrs)}), threads())")
+        else:  # the kernel's index range checks, then the kernel, in one C call (as _kernel_closure's)
+            fused = parts.fused
+            env.update(call_checked=checked_caller(), kaddr=ctypes.c_void_p(parts.address),
+                       nchecks=ctypes.c_int64(len(fused)),
+                       table=(ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row]),
+                       failed=lambda tensors: _range_failed(parts.name, fused, tensors))
+            lines += [f"    if call_checked(kaddr, pack({', '.join(ptrs)}), threads(), table, nchecks) >= 0:",
+                      f"        failed(({''.join(f'x{p}, ' for p in range(len(sources)))}))"]
+        result = "o0" if post is None else "[o0]"
+    if post is None:
+        lines.append(f"    return {result}[0]" if direct is None else f"    return {result}")
+    else:
+        lines.append(f"    return post({result}, args)")
+    source = "\n".join(lines) + "\n"
+    exec(compile(source, "<vtc fast call>", "exec"), env)  # noqa: S102 - our own text, from the plan's numbers
+    return env["fast"], source
+
+
+def _range_failed(name: str, fused: list, tensors: tuple) -> None:
+    """Raises the IndexError of the first failing range check of a kernel (its C call found one)."""
+    for check, row in fused:
+        check.run(tensors[row[0]])  # raises the op's IndexError naming the value
+    raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")  # cannot be: both test
+    # lo <= i <= hi on the same int64s
+
+
+def direct_kernel(plan: CallPlan) -> tuple["KernelParts", list[tuple[str, Any]]] | None:
+    """(parts, where each input comes from: ("arg", input position) or ("const", tensor)) where the plan is one
+    generated kernel called on its own, with no packed weight, arena or range check but those its C call runs
+    (``KernelParts.fused``), reading graph inputs and constants only and writing the graph's one output, which
+    needs no copy; else None."""
+    if len(plan.fns) != 1 or plan.const_copies or plan.own_outputs is not None or plan.arena_kernels \
+            or plan.segment_arena:
+        return None
+    parts = getattr(plan.fns[0], "parts", None)
+    if parts is None or parts.python_checks or parts.weight is not None or parts.checked:
+        return None
+    if list(parts.outs) != list(plan.outputs) or len(parts.outs) != 1:  # one output: no kernel of several that
+        return None  # is a whole plan was found, to test that form with
+    position = {}
+    for k, i in enumerate(plan.inputs):
+        position.setdefault(i, k)
+    sources: list[tuple[str, Any]] = []
+    for i in parts.ins:
+        if i in position:
+            sources.append(("arg", position[i]))
+        elif plan.template[i] is not None:
+            sources.append(("const", plan.template[i]))
+        else:
+            return None
+    return parts, sources
 
 
 ARENA = POOL_ENABLED  # VTC_BUFFER_POOL=0 (the benchmark's memory probes) keeps nothing between calls: no arena
@@ -540,7 +647,7 @@ def _pooled_out(node, target, pool: BufferPool) -> Callable[[], torch.Tensor] | 
     shape = torch.Size(v.shape)
     if not v.dtype.is_floating_point or shape.numel() * v.dtype.itemsize < MIN_BYTES:
         return None
-    return lambda: pool.empty(shape, v.dtype)
+    return pool.allocator(shape, v.dtype)
 
 
 def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Callable[[], torch.Tensor]:
@@ -551,7 +658,7 @@ def _allocator(shape: torch.Size, dtype: torch.dtype, pool: BufferPool) -> Calla
     thread), and the result's dtype checked: if the default dtype has changed since (it is global, another
     thread may set it), the tensor is made again with the keyword."""
     if shape.numel() * dtype.itemsize >= MIN_BYTES and POOL_ENABLED:
-        return lambda: pool.empty(shape, dtype)
+        return pool.allocator(shape, dtype)
     sizes = tuple(int(d) for d in shape)
     empty = torch.empty
     if not sizes:
