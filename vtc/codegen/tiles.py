@@ -11,7 +11,10 @@ contiguous floats, four butterfly stages of shuffles) into a 1 KB buffer, and
 the block's 16 rows of 16 columns are computed from it right away (the buffer
 stays in L1; the stores forward to the loads).  The last rows of the domain
 (fewer than 16) and a tile's last columns read a block shifted back to end at
-the domain's edge, so every element reads a transposed buffer.
+the domain's edge, so every element reads a transposed buffer.  In a band of 16
+full rows, where the stores are +, -, *, / of float loads (``REGISTERS``,
+``_register_block``), the 16 transposed vectors stay in registers and each row
+is one vector expression and one 64-byte store: no buffer at all.
 
 The tile is wide (256 columns, for one transposed operand) rather than square:
 the other operands and the output are read and written in runs of 1 KB per
