@@ -1,4 +1,6 @@
-// Roll -> add over [B, H, H, 64] rolled by 3 along H and W: one loop nest (as vtc generated it) vs split at the wrap.
+// Roll -> add over [B, H, H, 64] rolled by 3 along H and W: one loop nest (as vtc generated it) vs split at the wrap,
+// row by row (split: each row's long run then its short run, vtc since cpp.WRAP_ROWS) or as two loops one after the
+// other (loops: vtc's first split form), and the contiguous add of the same bytes (contig: the floor).
 //   g++ -O3 -march=native -fopenmp -std=c++17 bench/roll_split_variants.cpp -o /tmp/rs && /tmp/rs 1 64 200 && /tmp/rs 2 128 20
 #include <cstdint>
 #include <cstdio>
@@ -31,6 +33,31 @@ static void split(const float* __restrict b1, const float* __restrict b0, float*
     for (int64_t j = m; j < H * 64; ++j) os[j] = xs[j - m] + ys[j];
   }
 }
+static void loops(const float* __restrict b1, const float* __restrict b0, float* __restrict b2, int64_t B, int64_t H, int nt) {
+  const int64_t R = B * H, W = H * 64, m = (H - 3) * 64;
+  #pragma omp parallel num_threads(nt)
+  {
+  #pragma omp for nowait
+  for (int64_t o = 0; o < R; ++o) {
+    const int64_t i0 = o / H, i1 = o % H;
+    #pragma omp simd
+    for (int64_t j = 0; j < m; ++j) b2[W * o + j] = b1[H * W * i0 + W * ((i1 + 3) % H) + j + 192] + b0[W * o + j];
+  }
+  #pragma omp for
+  for (int64_t o = 0; o < R; ++o) {
+    const int64_t i0 = o / H, i1 = o % H;
+    #pragma omp simd
+    for (int64_t j = 0; j < 192; ++j) b2[W * o + j + m] = b1[H * W * i0 + W * ((i1 + 3) % H) + j] + b0[W * o + j + m];
+  }
+  }
+}
+static void contig(const float* __restrict b1, const float* __restrict b0, float* __restrict b2, int64_t B, int64_t H, int nt) {
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t o = 0; o < B * H; ++o) {
+    #pragma omp simd
+    for (int64_t j = 0; j < H * 64; ++j) b2[o * H * 64 + j] = b1[o * H * 64 + j] + b0[o * H * 64 + j];
+  }
+}
 int main(int argc, char** argv) {
   int64_t B = atoi(argv[1]), H = atoi(argv[2]); int reps = atoi(argv[3]);
   size_t n = B * H * H * 64;
@@ -38,11 +65,16 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < n; ++i) { x[i] = rand() / 1e6f; y[i] = rand() / 1e6f; }
   gen(x.data(), y.data(), r.data(), B, H, 1); split(x.data(), y.data(), o.data(), B, H, 1);
   for (size_t i = 0; i < n; ++i) if (o[i] != r[i]) { printf("bad %zu\n", i); return 1; }
-  std::vector<double> tg, ts;
-  for (int k = 0; k < 21; ++k) {
-    double t0 = now_us(); for (int i = 0; i < reps; ++i) gen(x.data(), y.data(), o.data(), B, H, 1); tg.push_back((now_us() - t0) / reps);
-    t0 = now_us(); for (int i = 0; i < reps; ++i) split(x.data(), y.data(), o.data(), B, H, 1); ts.push_back((now_us() - t0) / reps);
-  }
-  std::sort(tg.begin(), tg.end()); std::sort(ts.begin(), ts.end());
-  printf("B=%ld H=%ld gen %.1f/%.1f split %.1f/%.1f us (min/med)\n", B, H, tg[0], tg[10], ts[0], ts[10]);
+  loops(x.data(), y.data(), o.data(), B, H, 1);
+  for (size_t i = 0; i < n; ++i) if (o[i] != r[i]) { printf("bad loops %zu\n", i); return 1; }
+  typedef void (*Kf)(const float*, const float*, float*, int64_t, int64_t, int);
+  const char* names[] = {"gen", "split", "loops", "contig"}; Kf ks[] = {gen, split, loops, contig};
+  std::vector<double> t[4];
+  for (int k = 0; k < 21; ++k)
+    for (int v = 0; v < 4; ++v) {
+      double t0 = now_us(); for (int i = 0; i < reps; ++i) ks[v](x.data(), y.data(), o.data(), B, H, 1); t[v].push_back((now_us() - t0) / reps);
+    }
+  printf("B=%ld H=%ld", B, H);
+  for (int v = 0; v < 4; ++v) { std::sort(t[v].begin(), t[v].end()); printf("  %s %.1f/%.1f", names[v], t[v][0], t[v][10]); }
+  printf(" us (min/med)\n");
 }

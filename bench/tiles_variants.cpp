@@ -190,6 +190,61 @@ static void k_blkhalf(const float* __restrict x, const float* __restrict y, floa
     }
   }
 }
+// block by block with the 16 rows unrolled (constant trip counts: the compiler may keep the block in registers)
+template <int TR, int COLS>
+static void k_blku(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = (n + TR - 1) / TR, tb = (n + COLS - 1) / COLS;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t ta0 = t / tb * TR, tb0 = t % tb * COLS;
+    const int64_t tb1 = std::min<int64_t>(tb0 + COLS, n), tbf = tb0 + (tb1 - tb0) / 16 * 16;
+    if (ta0 + TR <= n) {
+      for (int64_t q = tb0; q < tbf; q += 16) {
+        alignas(64) float trb[256];
+        vtc_tile_transpose16(trb, 16, x + (ta0 + n * q), n);
+        #pragma GCC unroll 16
+        for (int64_t i0 = 0; i0 < 16; ++i0) {
+          #pragma omp simd
+          for (int64_t i1 = 0; i1 < 16; ++i1) o[n * (ta0 + i0) + q + i1] = trb[i0 * 16 + i1] + y[n * (ta0 + i0) + q + i1];
+        }
+      }
+      for (int64_t i = ta0; i < ta0 + TR; ++i)
+        for (int64_t j = tbf; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    } else {
+      for (int64_t i = ta0; i < std::min<int64_t>(ta0 + TR, n); ++i)
+        for (int64_t j = tb0; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    }
+  }
+}
+
+// register rows: the 16 transposed vectors kept in registers; each row copied to a 16-float local the simd loop reads
+template <int TR, int COLS>
+static void k_blkr(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = (n + TR - 1) / TR, tb = (n + COLS - 1) / COLS;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t ta0 = t / tb * TR, tb0 = t % tb * COLS;
+    const int64_t tb1 = std::min<int64_t>(tb0 + COLS, n), tbf = tb0 + (tb1 - tb0) / 16 * 16;
+    if (ta0 + TR <= n) {
+      for (int64_t q = tb0; q < tbf; q += 16) {
+        vtc_v16 v[16];
+        vtc_tile_transpose16_regs(v, x + (ta0 + n * q), n);
+        #pragma GCC unroll 16
+        for (int64_t i0 = 0; i0 < 16; ++i0) {
+          alignas(64) float tr[16];
+          __builtin_memcpy(tr, &v[i0], 64);
+          #pragma omp simd
+          for (int64_t i1 = 0; i1 < 16; ++i1) o[n * (ta0 + i0) + q + i1] = tr[i1] + y[n * (ta0 + i0) + q + i1];
+        }
+      }
+      for (int64_t i = ta0; i < ta0 + TR; ++i)
+        for (int64_t j = tbf; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    } else {
+      for (int64_t i = ta0; i < std::min<int64_t>(ta0 + TR, n); ++i)
+        for (int64_t j = tb0; j < tb1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+    }
+  }
+}
 int main(int argc, char** argv) {
   int64_t n = atoll(argv[1]); int nt = atoi(argv[2]); int reps = atoi(argv[3]);
   std::vector<float, HA<float>> x(n * n), y(n * n), o(n * n), ref(n * n);
@@ -205,6 +260,7 @@ int main(int argc, char** argv) {
     {"blkhalf256", k_blkhalf<256, 8>}, {"blkq256", k_blkhalf<256, 4>}, {"blkhalf1024", k_blkhalf<1024, 8>}, {"blkorder256", k_blkorder<256>}, {"blkorder256r8", k_blkorder<256, 8>}, {"blkorder256r4", k_blkorder<256, 4>}, {"blkorder256r2", k_blkorder<256, 2>}, {"blkorder1024", k_blkorder<1024>},
     {"tilepf256", k_tilepf<256, 0>}, {"tilepf256L2", k_tilepf<256, 1>}, {"tilepf512", k_tilepf<512, 0>},
     {"f16x256d1", k_fused<16, 256, 1>}, {"f16x256d2", k_fused<16, 256, 2>}, {"f16x256d4", k_fused<16, 256, 4>},
+    {"blku16x256", k_blku<16, 256>}, {"blkr16x256", k_blkr<16, 256>},
     {"f16x1024d2", k_fused<16, 1024, 2>}, {"f16x1024d4", k_fused<16, 1024, 4>}, {"f32x256d2", k_fused<32, 256, 2>},
   };
   const int NV = sizeof(vs) / sizeof(vs[0]);

@@ -4,6 +4,8 @@ the later dims merge into one long inner loop (roll -> add over [B, H, W, C] rol
 (W - s) * C and s * C floats instead of C).  Against eager on sizes 1, 3, 17, 127, negative and positive
 shifts, shifts of a multiple of the size, a roll along the last dim, non-contiguous inputs, a streamed output.
 The form checks fail on the code before (one loop nest, ``% 64`` in the inner loop's offsets).
+The two pieces run row by row in one loop over the rows they share (``cpp.WRAP_ROWS``), two loops one after the
+other where they stream; the checks for ``ROWS`` fail on the code before (two loops, ``omp for nowait``).
 """
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from vtc.codegen.cpp import generate
 
 from .util import POINTWISE_TOL, assert_all_generated, assert_no_movement, check, gen, kernels, rand
 
-SPLIT = "#pragma omp for nowait"
+SPLIT = "#pragma omp for nowait"  # the two pieces as two loops one after the other
+ROWS = cpp.WRAP_ROWS_MARK  # the two pieces row by row
+
+
+def _split(src: str) -> bool:
+    """The kernel split at the wrap, row by row (and then not as two loops)."""
+    return ROWS in src and SPLIT not in src and src.count("omp parallel") == 1
 
 
 def _src(compiled) -> str:
@@ -44,7 +52,7 @@ def test_roll_add_split_at_the_wrap(shape, shifts):
     src = _src(compiled)
     w, c = shape[2], shape[3]
     if shifts[1] % w and 1 < c < cpp.INNER_MERGE_BELOW:  # the W dim wraps and its rows would merge
-        assert SPLIT in src, src
+        assert _split(src), src
 
 
 def test_roll_along_the_last_dim_reads_contiguous_runs():
@@ -52,7 +60,7 @@ def test_roll_along_the_last_dim_reads_contiguous_runs():
     x, y = rand((17, 127), g), rand((17, 127), g)
     compiled = check(lambda x, y: torch.roll(x, 5, dims=-1) * y, (x, y), **POINTWISE_TOL)
     src = _src(compiled)
-    assert SPLIT in src and "% 127" not in src.split('extern "C"')[1], src
+    assert _split(src) and "% 127" not in src.split('extern "C"')[1], src
 
 
 def test_shift_of_the_whole_size_and_non_contiguous_inputs():
@@ -62,9 +70,9 @@ def test_shift_of_the_whole_size_and_non_contiguous_inputs():
     y = rand((2, 8, 33, 17), g).permute(0, 3, 2, 1)
     compiled = check(lambda x, y: torch.roll(x, shifts=(17, -2), dims=(1, 2)) - y, (x, y), **POINTWISE_TOL)
     assert_no_movement(compiled)
-    assert SPLIT in _src(compiled)
+    assert _split(_src(compiled))
     compiled = check(lambda x, y: torch.roll(x, shifts=(17, 33), dims=(1, 2)) - y, (x, y), **POINTWISE_TOL)
-    assert SPLIT not in _src(compiled)
+    assert SPLIT not in _src(compiled) and ROWS not in _src(compiled)
 
 
 def test_switch_off_keeps_one_nest(monkeypatch):
@@ -72,7 +80,29 @@ def test_switch_off_keeps_one_nest(monkeypatch):
     g = gen(73)
     x, y = rand((1, 17, 17, 3), g), rand((1, 17, 17, 3), g)
     compiled = check(lambda x, y: torch.roll(x, shifts=(-3, -3), dims=(1, 2)) + y, (x, y), **POINTWISE_TOL)
-    assert SPLIT not in _src(compiled)
+    assert SPLIT not in _src(compiled) and ROWS not in _src(compiled)
+
+
+@pytest.mark.parametrize("shape, shifts", [((1, 17, 17, 3), (-3, -3)), ((2, 3, 127, 17), (1, -5))],
+                         ids=lambda v: "x".join(map(str, v)))
+def test_rows_switch_off_keeps_two_loops(shape, shifts, monkeypatch):
+    """cpp.WRAP_ROWS off: the pieces as two loops in one parallel region (the form before), still right."""
+    monkeypatch.setattr(cpp, "WRAP_ROWS", False)
+    g = gen(75)
+    x, y = rand(shape, g), rand(shape, g)
+    compiled = check(lambda x, y: torch.roll(x, shifts=shifts, dims=(1, 2)) + y, (x, y), **POINTWISE_TOL)
+    src = _src(compiled)
+    assert SPLIT in src and ROWS not in src, src
+
+
+def test_rows_with_a_per_row_operand_and_a_permuted_view():
+    """Row by row with a broadcast operand (one value per row, hoisted in each piece's block) and an operand
+    read through a permute whose inner dim is still contiguous; sizes 1 and 3 among the dims."""
+    g = gen(76)
+    x = rand((3, 1, 17, 127), g).permute(1, 0, 2, 3)  # [1, 3, 17, 127], not contiguous
+    y, s = rand((1, 3, 17, 127), g), rand((1, 3, 1, 1), g)
+    compiled = check(lambda x, y, s: torch.roll(x, shifts=(1, -7), dims=(1, 2)) * s + y, (x, y, s), **POINTWISE_TOL)
+    assert _split(_src(compiled))
 
 
 @pytest.mark.parametrize("shape", [(1, 17, 17, 3), (2, 3, 127, 17)], ids=lambda s: "x".join(map(str, s)))
@@ -84,7 +114,8 @@ def test_streamed_split(shape, monkeypatch):
     x, y = rand(shape, g), rand(shape, g)
     compiled = check(lambda x, y: torch.roll(x, shifts=(-3, 2), dims=(1, 2)) + y, (x, y), **POINTWISE_TOL)
     src = _src(compiled)
-    assert SPLIT in src and src.count("vtc_stream_fence();") == 1 and src.count("omp parallel") == 1, src
+    assert SPLIT in src and ROWS not in src and src.count("vtc_stream_fence();") == 1, src
+    assert src.count("omp parallel") == 1, src
 
 
 def test_8mb_chain_split_and_virtual():
@@ -92,4 +123,4 @@ def test_8mb_chain_split_and_virtual():
     model, inputs = fn(8 * micro.MB // 4)
     compiled = check(model, inputs, **POINTWISE_TOL)
     assert_no_movement(compiled)
-    assert SPLIT in _src(compiled)
+    assert _split(_src(compiled))

@@ -545,6 +545,10 @@ def _merged_inner_dims(k: Kernel, em: _Emitter) -> int:
 
 
 WRAP_SPLIT = True  # split a pointwise kernel's dim at a roll's wrap point (False: one loop nest; for A/B)
+# The two pieces of a split run row by row in one loop over the rows they share (each row's long run, then its
+# short run) where both walk the same rows and neither streams; False: two loops one after the other (for A/B).
+WRAP_ROWS = True
+WRAP_ROWS_MARK = "    { // the wrap's two pieces of this row: the first"
 
 
 def _wraps(k: Kernel) -> dict[int, int]:
@@ -605,9 +609,11 @@ def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
                                               and _strided_inner_read(p, em)) for p in pieces):
         return None
     n = math.prod(k.domain)
+    nests = [_pointwise_kernel(p, em, split=False) for p in pieces]
+    if WRAP_ROWS and (rows := _wrap_rows(nests, n)):
+        return rows
     body, fenced = [], False
-    for j, p in enumerate(pieces):
-        lines = _pointwise_kernel(p, em, split=False)
+    for j, lines in enumerate(nests):
         if lines and "#pragma omp parallel for" in lines[0]:
             lines = [lines[0].replace("parallel for", "for").split(" num_threads")[0], *lines[1:]]
         else:  # stream.fenced: omp parallel { omp for loop; fence }
@@ -618,6 +624,18 @@ def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
         body += lines
     return ([f"  #pragma omp parallel num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})", "  {", *body]
             + (["  vtc_stream_fence();"] if fenced else []) + ["  }"])
+
+
+def _wrap_rows(nests: list[list[str]], n: int) -> list[str] | None:
+    """The two pieces of a wrap split (their loop nests from ``_pointwise_kernel``) as one parallel loop over
+    the rows they share, each row running the first piece's inner loop, then the second's (each in a block of
+    its own: their index names repeat).  A row's ends are still in cache for its short run, where two loops
+    one after the other came back to every row (``bench/roll_split_variants.cpp``); n: the whole kernel's
+    size (whether it runs in parallel).  None where the pieces walk different rows or stream."""
+    if any(not ls[0].startswith("  #pragma omp parallel for ") or ls[1] != nests[0][1] or ls[-1] != "  }"
+           or not ls[1].startswith("  for (int64_t o = 0; o < ") for ls in nests):
+        return None
+    return [f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})", nests[0][1], WRAP_ROWS_MARK, *nests[0][2:-1], "    }", "    {", *nests[1][2:-1], "    }", "  }"]
 
 
 def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:

@@ -11,7 +11,10 @@ contiguous floats, four butterfly stages of shuffles) into a 1 KB buffer, and
 the block's 16 rows of 16 columns are computed from it right away (the buffer
 stays in L1; the stores forward to the loads).  The last rows of the domain
 (fewer than 16) and a tile's last columns read a block shifted back to end at
-the domain's edge, so every element reads a transposed buffer.
+the domain's edge, so every element reads a transposed buffer.  In a band of 16
+full rows, where the stores are +, -, *, / of float loads (``REGISTERS``,
+``_register_block``), the 16 transposed vectors stay in registers and each row
+is one vector expression and one 64-byte store: no buffer at all.
 
 The tile is wide (256 columns, for one transposed operand) rather than square:
 the other operands and the output are read and written in runs of 1 KB per
@@ -50,16 +53,24 @@ BLOCKED = True  # each 16 x 16 block transposed and consumed at once (False: the
 # faster at 8 and 64 MB with 2 threads on a quiet machine (transpose -> add 8 MB 0.215 vs 0.276 ms, 64 MB 5.92 vs
 # 6.66 ms; docs/chains.md) and at 64 MB with 1 thread
 STREAM = False
+# a full block (16 rows, 16 columns) of a kernel whose stores are +, -, *, / of its loads kept in vector registers:
+# the transposed vectors added to the other operands' row vectors and stored, no 1 KB buffer (False: the buffer)
+REGISTERS = True
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
-// dst[a * ld + b] = src[a + stride * b] for a, b < 16: 16 row loads, 4 butterfly stages of shuffles, 16 stores
+// dst[a * ld + b] = src[a + stride * b] for a, b < 16: 16 row loads, 4 butterfly stages of shuffles, 16 stores;
+// vtc_tile_transpose16_regs: the same into 16 vectors r[a] (lane b), left in registers (VTC_TILE_REGS)
 #if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define VTC_TILE_REGS 1
 typedef float vtc_v16 __attribute__((vector_size(64)));
-static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
-  vtc_v16 r[16];
+static inline __attribute__((always_inline)) void vtc_tile_transpose16_regs(vtc_v16* __restrict r, const float* __restrict src, int64_t stride) {
   for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src + stride * i, 64);
 %s
+}
+static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
+  vtc_v16 r[16];
+  vtc_tile_transpose16_regs(r, src, stride);
   for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + ld * i, &r[i], 64);
 }
 #else
@@ -247,6 +258,8 @@ def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, stream
         return out + ["      }"]
 
     lines.append(f"    for (int64_t q = tb0; q < tbf; q += {T}) {{")
+    if not streamed:
+        lines += _register_block(k, em, loads, a, row, inner, origin)
     lines += block("q", "q", f"q + {T}", streamed)
     lines += ["    }", "    if (tbf < tb1) {", f"      const int64_t qa = tb1 - {T};"]
     lines += block("qa", "tbf", "tb1", False)
@@ -258,3 +271,72 @@ def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, stream
                          f"{em.linear(st.buffer.name, st.index)} + tb0, {ob} + ({row} - ta0) * {cols}, tbf - tb0); }}")
         lines.append("    }")
     return lines + ["  }"]
+
+
+_VECTOR_OPS = ("add", "sub", "mul", "div")  # binary ops that C's vector extensions take as operators
+
+
+def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) -> list[str]:
+    """A full block of a tile (16 full rows: ``re - ta0 == 16``) with the transposed vectors in registers
+    (``REGISTERS``): per row, the transposed operands' vector ``v{j}[r_]``, the other operands' 16 floats of
+    the row as a vector (or one float, broadcast, where they do not move along the row), the store's value
+    in vector arithmetic, one 64-byte store; then ``continue`` (the buffer form below is for the last rows).
+    The rows loop has a constant trip count, unrolled, so the 16 vectors stay in registers (harness
+    ``bench/tiles_variants.cpp``: 5-10% faster than through the 1 KB buffer, 1 thread).  Only where every
+    store is a float32 row-contiguous store of +, -, *, / over float32 loads and constants (no other op has
+    a vector form here); [] otherwise, and where the compiler has no vector types (``VTC_TILE_REGS``)."""
+    if not REGISTERS:
+        return []
+    transposed = {id(s): j for j, (s, *_) in enumerate(loads)}
+    rows: dict[int, Scalar] = {}  # loads contiguous along the row, read as vectors
+    seen: set[int] = set()
+
+    def coefficient(buf: str, idx, along: str = inner) -> int | None:
+        form = affine(linear_offset(idx, em.shapes[buf]))
+        return None if form is None else form[1].get(along, 0)
+
+    def fits(x: Scalar) -> bool:
+        if id(x) in seen:
+            return True
+        seen.add(id(x))
+        if x.dtype != torch.float32:
+            return False
+        if x.op == "const":
+            return True
+        if x.op == "load":
+            if id(x) in transposed:
+                return True
+            c = coefficient(x.args[0], x.args[1])
+            if c == 1:
+                rows[id(x)] = x
+            return c == 0 or (c == 1 and coefficient(x.args[0], x.args[1], row) is not None)
+        return x.op == "binary" and x.args[0] in _VECTOR_OPS and all(fits(y) for y in x.args[1:])
+
+    if not all(st.buffer.dtype == torch.float32 and st.when is None and coefficient(st.buffer.name, st.index) == 1
+               and coefficient(st.buffer.name, st.index, row) is not None and fits(st.value) for st in k.stores):
+        return []
+    T = TILE
+    out = ["#if defined(VTC_TILE_REGS)", f"      if (re - ta0 == {T}) {{"]
+    for j, (s, c, coeffs, stride) in enumerate(loads):
+        out += [f"        vtc_v16 v{j}[{T}];",
+                f"        vtc_tile_transpose16_regs(v{j}, {em.ptr[s.args[0]]} + ({origin(c, coeffs, 'ta0', 'q')}), {stride});"]
+        em.temps[id(s)] = f"v{j}[r_]"
+    # each row-contiguous operand and output from the block's first row: a base pointer and its row stride (one
+    # register each, the rows at constant displacements; row by row, gcc kept 32 row pointers on the stack)
+    bases = [(f"p{n}", x.args[0], x.args[1]) for n, x in enumerate(rows.values())]
+    bases += [(f"o{n}", st.buffer.name, st.index) for n, st in enumerate(k.stores)]
+    out.append(f"        const int64_t {row} = ta0, {inner} = q;  // the block's first row and column")
+    for name, buf, idx in bases:
+        qual = "" if name[0] == "o" else "const "
+        out.append(f"        {qual}float* {name} = {em.ptr[buf]} + {em.linear(buf, idx)};")
+    out += [f"        #pragma GCC unroll {T}", f"        for (int r_ = 0; r_ < {T}; ++r_) {{",
+            f"          const int64_t {row} = ta0 + r_;  // for the loads that do not move along the row"]
+    for (name, buf, idx), x in zip(bases, rows.values()):
+        out.append(f"          vtc_v16 l{name[1:]}; __builtin_memcpy(&l{name[1:]}, {name} + r_ * {coefficient(buf, idx, row)}, 64);")
+        em.temps[id(x)] = f"l{name[1:]}"
+    for n, st in enumerate(k.stores):
+        out.append(f"          const vtc_v16 s{n} = {em.scalar(st.value)};")
+    out += [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
+            for n, st in enumerate(k.stores)]
+    em.forget()
+    return out + ["        }", "        continue;", "      }", "#endif"]
