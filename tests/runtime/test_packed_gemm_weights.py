@@ -130,8 +130,9 @@ def test_a_slice_of_a_constant_is_packed_from_its_offset():
 
 
 def test_weight_rows_and_skinny_gemms_read_w_in_place():
-    """At most WT_MAX_M rows (weight_rows) or SKINNY_M (dot products) the kernel packs no B: nothing to pack once."""
-    for m in (100, 8):
+    """At WT_MIN_M..WT_MAX_M rows (weight_rows) or one row (dot products) the kernel packs no B: nothing to pack
+    once (2..WT_MIN_M - 1 rows: W packed once for vtc_skinny_packed, tests/codegen/test_gemm_skinny_packed.py)."""
+    for m in (100, 1):
         lin = _linear(256, 96, m)
         x = rand((m, 256), gen(m))
         with torch.no_grad():
