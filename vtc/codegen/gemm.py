@@ -419,9 +419,6 @@ RUNTIME = r"""
 #ifndef VTC_SKINNY_R
 #define VTC_SKINNY_R 8  // rows of A per pass of vtc_skinny_packed (at most 8; 7-8 rows in one pass of one panel)
 #endif
-#ifndef VTC_SKINNY_PF
-#define VTC_SKINNY_PF 0  // k steps ahead vtc_skinny_pk prefetches each packed panel (0: none)
-#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -883,9 +880,6 @@ static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const fl
     #pragma GCC unroll 4
     for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
-    if constexpr (VTC_SKINNY_PF > 0)
-      #pragma GCC unroll 4
-      for (int q = 0; q < P; ++q) _mm_prefetch((const char*)(b + q * 32 * kc + (p + VTC_SKINNY_PF) * 32), _MM_HINT_T0);
     __m512 bv[2 * P];
     #pragma GCC unroll 4
     for (int v = 0; v < 2 * P; ++v) bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
@@ -915,17 +909,19 @@ static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const fl
 template <int R>
 static inline void vtc_skinny_pk_rows(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool add,
                                       int64_t cols) {
-  if (cols > 32 && R <= 6) {
-    vtc_skinny_pk<R, (R <= 6 ? 2 : 1)>(kc, a, b, c, ldc, add, cols);
-  } else {
-    vtc_skinny_pk<R, 1>(kc, a, b, c, ldc, add, std::min<int64_t>(32, cols));
-    if (cols > 32) vtc_skinny_pk<R, 1>(kc, a, b + 32 * kc, c + 32, ldc, add, cols - 32);
+  if constexpr (R <= 6) {
+    if (cols > 32) {
+      vtc_skinny_pk<R, 2>(kc, a, b, c, ldc, add, cols);
+      return;
+    }
   }
+  vtc_skinny_pk<R, 1>(kc, a, b, c, ldc, add, std::min<int64_t>(32, cols));
+  if (cols > 32) vtc_skinny_pk<R, 1>(kc, a, b + 32 * kc, c + 32, ldc, add, cols - 32);
 }
 
 // C[m x n] (+)= A (m rows of kc in VTC_MR-row panels, as _pack_a packs them) @ B's panels packed once (the
 // block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each A panel's rows in
-// equal chunks of at most VTC_SKINNY_R (the second chunk reads the pair from L2)
+// equal chunks of at most VTC_SKINNY_R (9-11 rows: two chunks, the second reading the pair from L1 / L2)
 __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, int64_t kc, const float* a, const float* b,
                                                         float* c, int64_t ldc, bool add) {
   for (int64_t j = 0; j < n; j += 64) {
