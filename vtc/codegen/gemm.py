@@ -1016,6 +1016,9 @@ WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_ro
 WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
 WT_STREAM_BYTES = 8 << 20  # a C from this size on is stored with streaming stores (a logits GEMM's 16 MB: its
 #                            transposed 12-column tile stores each read a line of C for ownership first)
+WT_PACKED_MAX_BYTES = 16 << 20  # a constant W up to this size is packed once and run on the panels at 17..WT_MAX_M
+#                                 rows too (49 x 768 -> 768 ... 3072, Zen 5: ~20% faster than weight_rows; a 64 MB
+#                                 W at 32 rows ~8% slower, 65 MB logits level: docs/gemm.md, last section)
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
 
 
@@ -1168,7 +1171,10 @@ def generate(k: Kernel) -> str:
     skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
     # what the call plan packs once (vtc.runtime.packed); none where the weight_rows path runs (it packs no B).
     # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
-    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M):
+    # weight_rows rows on a constant W of at most WT_PACKED_MAX_BYTES: the panels on W packed once where the call
+    # plan passes it (the C tests the pointer, so a size-generic kernel or a runtime W still reads W in place)
+    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES
+    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M and not wt_packed):
         g.__dict__.pop("packed_weight", None)
     else:
         g.packed_weight = spec
@@ -1185,7 +1191,7 @@ def generate(k: Kernel) -> str:
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else [
-            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M};  // the weight_rows path (kernel_path)",
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
               if stream else []),
             "#if defined(__AVX512F__)",
@@ -1217,6 +1223,8 @@ def generate(k: Kernel) -> str:
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
         *(["    int64_t a_key = -1;  // (batch * tm + M block) * K + k0 of the A^T block in ap (weight_rows)"]
           if wt else []),
+        *(["    int64_t s_key = -1;  // (batch * tm + M block) * K + k0 of the A panel in ap (W packed once)"]
+          if skinny is not None else []),
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1;) {",
@@ -1238,7 +1246,10 @@ def generate(k: Kernel) -> str:
         lines += [f"{ind}#if defined(__AVX512F__)",
                   f"{ind}if (bpk) {{",
                   *[ind + "  " + x for x in block],
-                  *_pack_a(em, g, ind + "    "),
+                  f"{ind}    if (({bt} * tm + mi) * K + k0 != s_key) {{  // A packed once per thread and slice",
+                  f"{ind}      s_key = ({bt} * tm + mi) * K + k0;",
+                  *_pack_a(em, g, ind + "      "),
+                  f"{ind}    }}",
                   f"{ind}    vtc_skinny_packed(mb, nb, kb, ap, bpk + k0 * NP + n0 * kb, ct, LDC, k0 > 0);",
                   f"{ind}  }}",
                   f"{ind}  continue;",
