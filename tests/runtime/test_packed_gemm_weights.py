@@ -143,14 +143,14 @@ def test_weight_rows_and_skinny_gemms_read_w_in_place(monkeypatch):
         assert _plan(compiled).counts["packed_conv_weights"] == 0
 
 
-WT_SHAPES = [(17, 257, 127), (49, 768, 65), (33, 1025, 97), (100, 300, 33), (128, 64, 200)]
+WT_SHAPES = [(17, 257, 127), (49, 768, 65), (33, 1025, 97), (100, 300, 33), (80, 64, 200)]
 WT_CASES = [(s, 1) for s in WT_SHAPES] + [((49, 768, 65), 2), ((100, 300, 33), 2)]
 
 
 @pytest.mark.parametrize("shape,threads", WT_CASES, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in WT_CASES])
 def test_weight_rows_rows_run_the_panels_on_a_small_weight_packed_once(shape, threads):
-    """17..WT_MAX_M rows on a constant W of at most WT_PACKED_MAX_BYTES: W packed once, the kernel's wt_rows off
-    where it gets the pointer (the report names the kernel's path without it); again after each in-place change
+    """17..WT_MAX_M rows that 12-row tiles pad less than 32-row panels, on a constant W of at most
+    WT_PACKED_MAX_BYTES: W packed once, the kernel's wt_rows off where it gets the pointer (the report names the kernel's path without it); again after each in-place change
     and through the reference path (no pointer: weight_rows).  Fails before: nothing packed (count 0)."""
     m, k, n = shape
     lin = _linear(k, n, m + k + n)
@@ -171,6 +171,18 @@ def test_weight_rows_rows_run_the_panels_on_a_small_weight_packed_once(shape, th
             torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **ROW_TOL)
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("m", [32, 64, 96, 128])
+def test_rows_that_fill_the_weight_rows_panels_read_w_in_place(m):
+    """32 / 64 / 96 / 128 rows fill weight_rows' 32-column A^T panels (the 12-row tiles would pad them): no pack."""
+    lin = _linear(200, 70, m)
+    x = rand((m, 200), gen(m))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+    assert _plan(compiled).counts["packed_conv_weights"] == 0
+    assert [gemm._panels_pad_less(r) for r in (17, 24, 33, 49, 100)] == [True] * 5
 
 
 def test_switched_off_packs_per_call(monkeypatch):

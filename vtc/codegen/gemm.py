@@ -1017,8 +1017,15 @@ WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touche
 WT_STREAM_BYTES = 8 << 20  # a C from this size on is stored with streaming stores (a logits GEMM's 16 MB: its
 #                            transposed 12-column tile stores each read a line of C for ownership first)
 WT_PACKED_MAX_BYTES = 16 << 20  # a constant W up to this size is packed once and run on the panels at 17..WT_MAX_M
-#                                 rows too (49 x 768 -> 768 ... 3072, Zen 5: ~20% faster than weight_rows; a 64 MB
-#                                 W at 32 rows ~8% slower, 65 MB logits level: docs/gemm.md, last section)
+#                                 rows where they pad M less (_panels_pad_less; docs/gemm.md, last section)
+
+
+def _panels_pad_less(m: int) -> bool:
+    """True where the panels' 12-row tiles pad m rows less than weight_rows' 32-column A^T panels (49: 60 rows
+    computed against 64; 24, 100, 17; not 32, 64, 96, 128): there the panels on W packed once ran 17-30% faster
+    than weight_rows on Zen 5, and at 64 / 128 rows 2-8% slower."""
+    return -(-m // MR) * MR < -(-m // 32) * 32
+
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
 
 
@@ -1173,7 +1180,7 @@ def generate(k: Kernel) -> str:
     # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
     # weight_rows rows on a constant W of at most WT_PACKED_MAX_BYTES: the panels on W packed once where the call
     # plan passes it (the C tests the pointer, so a size-generic kernel or a runtime W still reads W in place)
-    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES
+    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(M)
     if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M and not wt_packed):
         g.__dict__.pop("packed_weight", None)
     else:
