@@ -135,3 +135,25 @@ def test_switched_off_and_an_input_weight_read_w_in_place(monkeypatch):
         compiled = vtc.compile(lin, (x,), gemm="vtc")
         torch.testing.assert_close(compiled(x), lin(x), **_tol(300))
         assert _count(compiled) == 0
+
+
+@pytest.mark.parametrize("batch,m", [(1, 3), (16, 5)])
+def test_a_batched_product_against_one_weight(batch, m):
+    """bmm of x [batch, m, K] with W^T expanded over the batch: correct before and after W changes, whichever path
+    (the batch's A blocks are keyed by batch where W is packed once)."""
+    w = torch.nn.Parameter(rand((77, 301), gen(26)) / 301 ** 0.5)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = w
+
+        def forward(self, x):
+            return torch.bmm(x, self.w.t().unsqueeze(0).expand(x.shape[0], 301, 77))
+
+    mod, x = M(), rand((batch, m, 301), gen(27))
+    with torch.no_grad():
+        compiled = vtc.compile(mod, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(301))
+        w.mul_(-1.5)
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(301))
