@@ -18,7 +18,7 @@ import vtc
 from vtc.codegen import conv_t, gemm
 from vtc.runtime import packed
 
-from .util import gen, kernels, rand
+from .util import gen, kernels, rand, run_gemm_built_for
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="the packed skinny path is AVX-512 only")
@@ -157,3 +157,16 @@ def test_a_batched_product_against_one_weight(batch, m):
         torch.testing.assert_close(compiled(x), mod(x), **_tol(301))
         w.mul_(-1.5)
         torch.testing.assert_close(compiled(x), mod(x), **_tol(301))
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "scalar"])
+def test_avx2_and_scalar_builds_of_the_same_source(march, tmp_path):
+    """The kernel text with the packed lines (a runtime W: the spec is there, nothing passed) builds without AVX-512."""
+    g = gen(28)
+    inputs = (rand((4, 37), g), rand((45, 37), g))
+    fn = lambda x, w: x @ w.t()  # noqa: E731
+    with torch.no_grad():
+        compiled = vtc.compile(fn, inputs, gemm="vtc")
+    (k,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
+    assert "vtc_skinny_packed(" in gemm.generate(k)
+    torch.testing.assert_close(run_gemm_built_for(march, k, compiled, inputs, tmp_path), fn(*inputs), **_tol(37))
