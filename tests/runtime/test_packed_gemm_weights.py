@@ -15,7 +15,7 @@ import vtc
 from vtc.codegen import conv_t, gemm
 from vtc.runtime import packed
 
-from tests.codegen.util import ROW_TOL, errors_in_threads, gen, rand
+from tests.codegen.util import ROW_TOL, errors_in_threads, gen, kernels, rand
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="B packed once is the AVX-512 kernel's layout")
@@ -129,15 +129,60 @@ def test_a_slice_of_a_constant_is_packed_from_its_offset():
         torch.testing.assert_close(compiled(x), mod(x), **ROW_TOL)
 
 
-def test_weight_rows_and_skinny_gemms_read_w_in_place():
-    """At most WT_MAX_M rows (weight_rows) or SKINNY_M (dot products) the kernel packs no B: nothing to pack once."""
-    for m in (100, 8):
+def test_weight_rows_and_skinny_gemms_read_w_in_place(monkeypatch):
+    """A W above WT_PACKED_MAX_BYTES at WT_MIN_M..WT_MAX_M rows (weight_rows) or one row (dot products): the kernel
+    packs no B, nothing to pack once (2..WT_MIN_M - 1 rows: W packed once for vtc_skinny_packed,
+    tests/codegen/test_gemm_skinny_packed.py)."""
+    monkeypatch.setattr(gemm, "WT_PACKED_MAX_BYTES", 256 * 96 * 4 - 1)
+    for m in (100, 1):
         lin = _linear(256, 96, m)
         x = rand((m, 256), gen(m))
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
             torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
         assert _plan(compiled).counts["packed_conv_weights"] == 0
+
+
+WT_SHAPES = [(17, 257, 127), (49, 768, 65), (33, 1025, 97), (100, 300, 33), (80, 64, 200)]
+WT_CASES = [(s, 1) for s in WT_SHAPES] + [((49, 768, 65), 2), ((100, 300, 33), 2)]
+
+
+@pytest.mark.parametrize("shape,threads", WT_CASES, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in WT_CASES])
+def test_weight_rows_rows_run_the_panels_on_a_small_weight_packed_once(shape, threads):
+    """17..WT_MAX_M rows that 12-row tiles pad less than 32-row panels, on a constant W of at most
+    WT_PACKED_MAX_BYTES: W packed once, the kernel's wt_rows off where it gets the pointer (the report names the kernel's path without it); again after each in-place change
+    and through the reference path (no pointer: weight_rows).  Fails before: nothing packed (count 0)."""
+    m, k, n = shape
+    lin = _linear(k, n, m + k + n)
+    x = rand((m, k), gen(n))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.no_grad():
+            compiled = vtc.compile(lin, (x,), gemm="vtc")
+            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["weight_rows"]
+            (kern,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
+            assert f"M <= {gemm.WT_MAX_M} && !wpk;" in gemm.generate(kern)
+            torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+            assert _plan(compiled).counts["packed_conv_weights"] == 1, _plan(compiled).why_not_packed
+            for change in (lambda w: w.mul_(-2.0), lambda w: w.copy_(rand(tuple(w.shape), gen(9)) / k ** 0.5)):
+                change(lin.weight)
+                torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+            torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **ROW_TOL)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("m", [32, 64, 96, 128])
+def test_rows_that_fill_the_weight_rows_panels_read_w_in_place(m):
+    """32 / 64 / 96 / 128 rows fill weight_rows' 32-column A^T panels (the 12-row tiles would pad them): no pack."""
+    lin = _linear(200, 70, m)
+    x = rand((m, 200), gen(m))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+    assert _plan(compiled).counts["packed_conv_weights"] == 0
+    assert [gemm._panels_pad_less(r) for r in (17, 24, 33, 49, 100)] == [True] * 5
 
 
 def test_switched_off_packs_per_call(monkeypatch):

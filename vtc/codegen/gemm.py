@@ -416,6 +416,9 @@ RUNTIME = r"""
 #ifndef VTC_DOT_PF
 #define VTC_DOT_PF 0
 #endif
+#ifndef VTC_SKINNY_R
+#define VTC_SKINNY_R 8  // rows of A per pass of vtc_skinny_packed (at most 8; 7-8 rows in one pass of one panel)
+#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -863,6 +866,87 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
     case 1: vtc_dot<1>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
   }
 }
+
+// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * 32 + j % 32 + j / 32 * 32 * kc] for r < R, j < cols <= 32 * P:
+// R skinny rows of a packed A panel against P panels of a weight packed once (packed_panels: kc x 32 floats
+// each, one stream per panel, no row stride to jump); each k step broadcasts R elements of A and loads 2 P
+// vectors of B
+template <int R, int P>
+static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const float* __restrict b,
+                                 float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  __m512 acc[R][2 * P];
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 4
+    for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    __m512 bv[2 * P];
+    #pragma GCC unroll 4
+    for (int v = 0; v < 2 * P; ++v) bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(a[p * VTC_MR + r]);
+      #pragma GCC unroll 4
+      for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int v = 0; v < 2 * P; ++v) {
+    const int64_t left = cols - 16 * v;
+    if (left <= 0) break;
+    const __mmask16 mk = (__mmask16)(left >= 16 ? 0xFFFFu : (1u << left) - 1u);
+    #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      float* cr = c + r * ldc + 16 * v;
+      const __m512 x = add ? _mm512_add_ps(acc[r][v], _mm512_maskz_loadu_ps(mk, cr)) : acc[r][v];
+      _mm512_mask_storeu_ps(cr, mk, x);
+    }
+  }
+}
+
+// R rows against the (one or two) panels of cols <= 64 columns: both panels at once up to 6 rows (24
+// accumulators), one after the other from 7
+template <int R>
+static inline void vtc_skinny_pk_rows(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool add,
+                                      int64_t cols) {
+  if constexpr (R <= 6) {
+    if (cols > 32) {
+      vtc_skinny_pk<R, 2>(kc, a, b, c, ldc, add, cols);
+      return;
+    }
+  }
+  vtc_skinny_pk<R, 1>(kc, a, b, c, ldc, add, std::min<int64_t>(32, cols));
+  if (cols > 32) vtc_skinny_pk<R, 1>(kc, a, b + 32 * kc, c + 32, ldc, add, cols - 32);
+}
+
+// C[m x n] (+)= A (m rows of kc in VTC_MR-row panels, as _pack_a packs them) @ B's panels packed once (the
+// block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each A panel's rows in
+// equal chunks of at most VTC_SKINNY_R (9-11 rows: two chunks, the second reading the pair from L1 / L2)
+__attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, int64_t kc, const float* a, const float* b,
+                                                        float* c, int64_t ldc, bool add) {
+  for (int64_t j = 0; j < n; j += 64) {
+    const int64_t cols = std::min<int64_t>(64, n - j);
+    for (int64_t i0 = 0; i0 < m; i0 += VTC_MR) {
+      const int64_t pr = std::min<int64_t>(VTC_MR, m - i0), nch = (pr + VTC_SKINNY_R - 1) / VTC_SKINNY_R;
+      for (int64_t h = 0; h < nch; ++h) {
+        const int64_t lo = pr * h / nch, r = pr * (h + 1) / nch - lo;
+        const float* ai = a + i0 * kc + lo;
+        const float* bj = b + j * kc;
+        float* ci = c + (i0 + lo) * ldc + j;
+        switch (r) {
+          case 8: vtc_skinny_pk_rows<8>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 7: vtc_skinny_pk_rows<7>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 6: vtc_skinny_pk_rows<6>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 5: vtc_skinny_pk_rows<5>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 4: vtc_skinny_pk_rows<4>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 3: vtc_skinny_pk_rows<3>(kc, ai, bj, ci, ldc, add, cols); break;
+          case 2: vtc_skinny_pk_rows<2>(kc, ai, bj, ci, ldc, add, cols); break;
+          default: vtc_skinny_pk_rows<1>(kc, ai, bj, ci, ldc, add, cols); break;
+        }
+      }
+    }
+  }
+}
 #endif
 
 // a per-thread scratch buffer of at least n floats, 64-byte aligned, kept for the thread's lifetime; slots 0-2:
@@ -932,6 +1016,16 @@ WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_ro
 WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
 WT_STREAM_BYTES = 8 << 20  # a C from this size on is stored with streaming stores (a logits GEMM's 16 MB: its
 #                            transposed 12-column tile stores each read a line of C for ownership first)
+WT_PACKED_MAX_BYTES = 16 << 20  # a constant W up to this size is packed once and run on the panels at 17..WT_MAX_M
+#                                 rows where they pad M less (_panels_pad_less; docs/gemm.md, last section)
+
+
+def _panels_pad_less(m: int) -> bool:
+    """True where the panels' 12-row tiles pad m rows less than weight_rows' 32-column A^T panels (49: 60 rows
+    computed against 64; 24, 100, 17; not 32, 64, 96, 128): there the panels on W packed once ran 17-30% faster
+    than weight_rows on Zen 5, and at 64 / 128 rows 2-8% slower."""
+    return -(-m // MR) * MR < -(-m // 32) * 32
+
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
 
 
@@ -1081,13 +1175,19 @@ def generate(k: Kernel) -> str:
     bt = bv or "bt"
     lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
     spec = _packed_spec(em, g, lazy)
+    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
     # what the call plan packs once (vtc.runtime.packed); none where the weight_rows path runs (it packs no B).
     # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
-    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M):
+    # weight_rows rows on a constant W of at most WT_PACKED_MAX_BYTES: the panels on W packed once where the call
+    # plan passes it (the C tests the pointer, so a size-generic kernel or a runtime W still reads W in place)
+    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(M)
+    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M and not wt_packed):
         g.__dict__.pop("packed_weight", None)
     else:
         g.packed_weight = spec
-    if spec is not None:  # B packed once by the caller, passed after the buffers with PACKED_FLAG set
+    if skinny is not None and SKINNY_PACKED_MIN_M <= M < WT_MIN_M:  # (one row: the dot path reads W at stream rate)
+        g.packed_weight = skinny
+    if spec is not None or skinny is not None:  # B packed once by the caller, passed after the buffers with PACKED_FLAG set
         lines += [f"  const float* __restrict wpk = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{len(buffer_order(k))}] : nullptr;",
                   f"  nthreads &= ~{PACKED_FLAG};"]
     # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
@@ -1098,7 +1198,7 @@ def generate(k: Kernel) -> str:
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else [
-            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M};  // the weight_rows path (kernel_path)",
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
               if stream else []),
             "#if defined(__AVX512F__)",
@@ -1108,6 +1208,9 @@ def generate(k: Kernel) -> str:
         *([] if spec is None else [  # (packed_panels: packed_kc's slices, N rounded up to 32)
             "  const int64_t KCP = (K + (K + VTC_KC - 1) / VTC_KC - 1) / ((K + VTC_KC - 1) / VTC_KC), NP = (N + VTC_NR - 1) / VTC_NR * VTC_NR;",
             "  const float* __restrict bpk = wpk && kc == KCP && VTC_NR == 32 ? wpk : nullptr;  // B's panels packed once"]),
+        *([] if skinny is None else [  # (packed_panels at the skinny kc: SKINNY_KC's equal slices, N rounded up to 32)
+            f"  const int64_t KCS = (K + (K + {SKINNY_KC} - 1) / {SKINNY_KC} - 1) / ((K + {SKINNY_KC} - 1) / {SKINNY_KC}), NP = (N + 31) / 32 * 32;",
+            "  const float* __restrict bpk = wpk && kc == KCS && nc % 32 == 0 ? wpk : nullptr;  // W's panels packed once"]),
         "  int64_t tm = (M + mc - 1) / mc, tn = (N + nc - 1) / nc;",
         # blocks of equal size (3584 columns: 4 x 896, not 3 x 1024 + 512, which gave one of 2 threads 2048)
         *(["  mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
@@ -1127,6 +1230,8 @@ def generate(k: Kernel) -> str:
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
         *(["    int64_t a_key = -1;  // (batch * tm + M block) * K + k0 of the A^T block in ap (weight_rows)"]
           if wt else []),
+        *(["    int64_t s_key = -1;  // (batch * tm + M block) * K + k0 of the A panel in ap (W packed once)"]
+          if skinny is not None else []),
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1;) {",
@@ -1144,6 +1249,19 @@ def generate(k: Kernel) -> str:
     ind = "        "
     lines += _weight_rows(em, g, ind, bt, stream)
     dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
+    if skinny is not None:  # W packed once (passed where 2 <= M < WT_MIN_M): its panels read as streams
+        lines += [f"{ind}#if defined(__AVX512F__)",
+                  f"{ind}if (bpk) {{",
+                  *[ind + "  " + x for x in block],
+                  f"{ind}    if (({bt} * tm + mi) * K + k0 != s_key) {{  // A packed once per thread and slice",
+                  f"{ind}      s_key = ({bt} * tm + mi) * K + k0;",
+                  *_pack_a(em, g, ind + "      "),
+                  f"{ind}    }}",
+                  f"{ind}    vtc_skinny_packed(mb, nb, kb, ap, bpk + k0 * NP + n0 * kb, ct, LDC, k0 > 0);",
+                  f"{ind}  }}",
+                  f"{ind}  continue;",
+                  f"{ind}}}",
+                  f"{ind}#endif"]
     if dot:
         lines += dot
     direct = _direct_b(em, g) if g.pack_b is None else None
@@ -1257,6 +1375,38 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
     if mode == 2:  # B = W^T: N rows of K floats, sn apart
         return buf, offset, sn, g.n, g.k, partial(packed_panels, kc=packed_kc(g.k), wt=True)
     return buf, offset, sk, g.k, g.n, partial(packed_panels, kc=packed_kc(g.k), wt=False)
+
+
+SKINNY_PACKED = True  # the dot path's weight (B = W^T, 2 <= M < WT_MIN_M) packed once into packed_panels (docs/gemm.md)
+SKINNY_PACKED_MIN_M = 2
+
+
+def _skinny_spec(em, g: GemmOperands) -> tuple | None:
+    """The spec of the dot path's weight packed once (as ``_packed_spec``'s: W's buffer, offset, row stride, N, K,
+    ``packed_panels`` at the skinny kc), or None: the dot path (``_dot_path``: M <= SKINNY_M, B = W^T of a
+    plain strided weight) with one weight for the whole kernel (no batch term), static sizes, AVX-512.  The
+    kernel text does not depend on M; the spec is set (the call plan packs) for SKINNY_PACKED_MIN_M <= M <
+    WT_MIN_M only."""
+    from functools import partial
+
+    from vtc.codegen.conv_t import has_avx512
+
+    if (not SKINNY_PACKED or g.pack_b is not None or g.dtype != torch.float32 or not has_avx512()
+            or not all(isinstance(x, int) for x in (g.m, g.n, g.k)) or g.m > SKINNY_M):
+        return None
+    nv = g.vars[2]
+    st = _strided(g.b, g, em)
+    if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
+        return None
+    buf, idx = g.b.args
+    c, terms = _terms(linear_offset(idx, em.shapes[buf]))
+    if any(not (atom.op == "var" and atom.args[0] in (nv, "r")) for atom in terms):
+        return None  # a batch or other term: not one weight for all of the kernel
+    sn = {atom.args[0]: k for atom, k in terms.items()}.get(nv, 0) or (g.k if g.n == 1 else 0)  # (N = 1: no n term)
+    if sn <= 0:
+        return None
+    kc = -(-g.k // -(-g.k // SKINNY_KC))
+    return buf, int(c), sn, g.n, g.k, partial(packed_panels, kc=kc, wt=True)
 
 
 def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
