@@ -219,22 +219,21 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): a pointwise kernel reading across rows
-transposes and consumes one 16 x 16 block at a time, and a roll splits its
-loop at the wrap point (micro_transpose_add_64mb 6.58 -> 5.87 ms); one- and
-two-row GEMMs against a row-major B read 128 columns per k step, tiles read
-a row-major A in place where N <= 192, and the skinny x @ W^T prefetches
-its weight rows; bf16 / fp16 values get generated pointwise and row kernels
-(the units here are float32); a new KV-cache length costs ~65 ms instead of
-~180 (not in this table: docs/robustness.md).  The unit and model cells
-moved within this machine's run-to-run spread (gemma2_local_decode_b16's
-vtc 4.6 -> 5.8 ms here measured 4.1-4.5 ms in both trees in an alternating
-A/B right after, bench/units_side_by_side.py, 2 threads; ONNX Runtime's
-shufflenet_unit_b1 0.17 -> 0.12 ms), so the units' geomean fell from 1.61x
-to 1.52x without a change in vtc's kernels there.  Where vtc loses or ties:
+last run (the same AMD EPYC): a call of a one-kernel plan calls its kernel
+directly and a pooled output is a detach() of a tensor the pool keeps
+(docs/call_cost.md); a transposed 16 x 16 block stays in vector registers
+and a roll's two pieces run row by row; a Linear's x @ W^T at 2-11 rows
+(and at 17-128 rows where 12-row tiles pad less, swin's 49) runs on W
+packed once; argmax / argmin are generated reductions.  The unit and model
+cells moved within this machine's run-to-run spread: llama3_decode_b1 (vtc
+1.04 -> 1.37 ms here) and swin_t_model (25.1 -> 29.3) measured the same in
+the old and the new tree in alternating A/Bs right after
+(bench/units_side_by_side.py, 2 threads: llama3_decode_b1 1.07-1.21 ms
+against 1.13-1.15, swin_t_model 24.6-25.3 against 24.5-25.5, ONNX Runtime
+29.9-31.4 there).  Where vtc loses or ties:
 swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of 64
-vector lanes and epilogues over mapped A operands (0.93x); the prefill
-units stay GEMM-bound (1.02-1.04x).
+vector lanes and epilogues over mapped A operands (0.92x against
+OpenVINO); the prefill units stay GEMM-bound (1.01-1.03x).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
