@@ -462,3 +462,33 @@ def test_column_blocks_follows_the_kernels_blocking_constants():
     assert f"#define VTC_MC (VTC_MR * {gemm_mod.MC_ROWS // gemm_mod.MR})" in src
     (k,) = _gemm_kernels(_check(torch.mm, (rand((3, 64), gen(30)), rand((64, 40), gen(31))), gemm="vtc"))
     assert "nc = 4 * VTC_NR;" in generate_gemm(k) and gemm_mod.SKINNY_NC == 4 * 32
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (1, 1024, 1024, True),  # 2 MFLOP, 4 MB of W: decode's one-row projection, a read of W
+    (1, 256, 1024, True),  # 1 MB of W: the smallest one that forks
+    (3, 200, 1024, False),  # 800 KB of W, 1.2 MFLOP: one thread
+    (40, 300, 300, True),  # 9.6 MFLOP: the flops alone
+])
+def test_a_few_rows_over_a_large_weight_are_split_over_the_threads(m, n, k, split):
+    """A one-row x @ W^T over a 1024 x 1024 W has too few flops to fork by PARALLEL_MIN_FLOPS, yet it reads 4 MB:
+    ~42 us on one thread, ~26 on two (session 14).  The kernel's fork condition counts B's bytes as well, and
+    gemm.column_blocks (the planner's copy of the kernel's blocking) says the same as the C."""
+    from vtc.codegen import gemm as gemm_mod
+
+    g = gen(32)
+    lin = torch.nn.Linear(k, n, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(rand((n, k), g) / k ** 0.5)
+    x = rand((m, k), g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the split itself checked against eager
+    try:
+        c = _check(lin, (x,), gemm="vtc")
+    finally:
+        torch.set_num_threads(before)
+    (kern,) = _gemm_kernels(c)
+    line = next(ln for ln in generate_gemm(kern).splitlines() if "const int nt = " in ln)
+    cond = line.split("const int nt = ")[1].split(" && nthreads")[0]
+    assert eval(cond.replace("LL", "").replace("||", " or ")) is split, line
+    assert gemm_mod.parallel_worth(1, m, n, k) is split

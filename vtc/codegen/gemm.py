@@ -975,7 +975,7 @@ def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows:
     weight_rows: the kernel takes that path (``kernel_path``: full NC blocks at any M)."""
     nc = SKINNY_NC if m <= SKINNY_M and not weight_rows else NC
     tm, tn = -(-m // MC_ROWS), -(-n // nc)
-    nt = threads if 2 * batch * m * n * k >= PARALLEL_MIN_FLOPS and threads > 1 else 1
+    nt = threads if parallel_worth(batch, m, n, k) and threads > 1 else 1
     if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m)):
         if not (m >= n and m >= 2 * nt * MR):  # else M is split
             tn = -(-tn // nt) * nt
@@ -983,6 +983,21 @@ def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows:
 
 
 PARALLEL_MIN_FLOPS = 1 << 22  # about 30 us on one thread: below it, forking costs more than it saves
+# B's bytes from which a GEMM with fewer flops forks all the same: a one-row x @ W^T over a 1024 x 1024 W
+# (2 MFLOP, 4 MB) is a read of W, ~43 us on one thread of Zen 5 and ~29 us on two (docs/gemm.md, session 14)
+PARALLEL_MIN_B_BYTES = 1 << 20
+
+
+def parallel_worth(batch, m, n, k) -> bool:
+    """Whether the kernel splits its work over the threads: enough flops, or enough of B to read (a skinny
+    product is a read of B).  Both are products of sizes, as the C condition of ``parallel_condition``."""
+    return 2 * batch * m * n * k >= PARALLEL_MIN_FLOPS or 4 * batch * n * k >= PARALLEL_MIN_B_BYTES
+
+
+def parallel_condition(batch, m, n, k) -> str:
+    """parallel_worth as the C condition of generate's kernels (the sizes as literals: vtc.runtime.generic
+    reads each literal as a product of sizes)."""
+    return f"({2 * batch * m * n * k}LL >= {PARALLEL_MIN_FLOPS}LL || {4 * batch * n * k}LL >= {PARALLEL_MIN_B_BYTES}LL)"
 SKINNY_KC = 2048  # reduction block for M <= SKINNY_M (B panels of SKINNY_KC x 4 NR floats stay in L2)
 
 
@@ -1168,7 +1183,6 @@ def generate(k: Kernel) -> str:
     lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
     c = em.ptr[out.name]
-    flops = 2 * B * M * N * KK
     wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
@@ -1194,7 +1208,7 @@ def generate(k: Kernel) -> str:
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
-        f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
+        f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else [
