@@ -426,8 +426,11 @@ RUNTIME = r"""
 // packed panel (ldb = NR) or B itself (ldb = its row stride); every b row is read in full (NR floats).
 // PF: while it runs, the source of the next B panel (NR columns of B at pf) is prefetched into L2, two lines
 // per k step: PF 1, B row-major (row p of the panel at pf + p * pld, two lines); PF 2, B = W^T (NR rows of W
-// pld floats apart, the panel's kc columns of each: line p >> 5 of the 32-float runs of row p & 31)
-template <int R, int PF = 0>
+// pld floats apart, the panel's kc columns of each: line p >> 5 of the 32-float runs of row p & 31).
+// LDA > 0: A read in place, a[r * LDA + p] (row-major rows of A, LDA floats apart: a compile-time constant, so
+// one pointer and constant displacements) instead of a packed panel; for a small N, where each A element serves
+// few tiles and packing A cost as much as the tiles' FMAs saved (vtc_ukr_a_edge)
+template <int R, int PF = 0, int64_t LDA = 0>
 static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
                            float* __restrict c, int64_t ldc, bool add, int64_t cols,
                            const float* pf = nullptr, int64_t pld = 0) {
@@ -451,7 +454,7 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
     const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(a[p * VTC_MR + r]);
+      const __m512 av = _mm512_set1_ps(a[LDA ? r * LDA + p : p * VTC_MR + r]);
       c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
       c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
     }
@@ -477,7 +480,7 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
     const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + p * VTC_MR + r);
+      const __m256 av = _mm256_broadcast_ss(a + (LDA ? r * LDA + p : p * VTC_MR + r));
       c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
       c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
     }
@@ -493,7 +496,7 @@ static inline void vtc_ukr(int64_t kc, const float* __restrict a, const float* _
   float acc[R][VTC_NR] = {};
   for (int64_t p = 0; p < kc; ++p)
     for (int r = 0; r < R; ++r)
-      for (int j = 0; j < VTC_NR; ++j) acc[r][j] += a[p * VTC_MR + r] * b[p * ldb + j];
+      for (int j = 0; j < VTC_NR; ++j) acc[r][j] += a[LDA ? r * LDA + p : p * VTC_MR + r] * b[p * ldb + j];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < VTC_NR; ++j) dst[r * ld + j] = (full && add ? dst[r * ld + j] : 0.0f) + acc[r][j];
 #endif
@@ -586,50 +589,16 @@ __attribute__((noinline)) static void vtc_ukr_rows(int64_t kc, const float* __re
     }
 }
 
-// vtc_ukr with A read in place: a[r * LDA + p] (row-major rows of A, LDA floats apart: a compile-time constant, so
-// one pointer and constant displacements) instead of a packed panel; for a small N, where each A element serves
-// few tiles and packing A cost as much as the tiles' FMAs saved
-template <int R, int64_t LDA>
-static inline void vtc_ukr_a(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
-                             float* __restrict c, int64_t ldc, bool add, int64_t cols) {
-  const __mmask16 k0 = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
-  const __mmask16 k1 = (__mmask16)(cols >= 32 ? 0xFFFFu : cols <= 16 ? 0u : (1u << (cols - 16)) - 1u);
-  __m512 c0[R], c1[R];
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    _mm_prefetch((const char*)(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch((const char*)(c + r * ldc + 16), _MM_HINT_T0);
-    c0[r] = _mm512_setzero_ps(); c1[r] = _mm512_setzero_ps();
-  }
-  #pragma GCC unroll 2
-  for (int64_t p = 0; p < kc; ++p) {
-    const __m512 b0 = _mm512_loadu_ps(b + p * ldb), b1 = _mm512_loadu_ps(b + p * ldb + 16);
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r * LDA + p]);
-      c0[r] = _mm512_fmadd_ps(av, b0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(av, b1, c1[r]);
-    }
-  }
-  #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    float* cr = c + r * ldc;
-    if (add) { c0[r] = _mm512_add_ps(c0[r], _mm512_maskz_loadu_ps(k0, cr)); c1[r] = _mm512_add_ps(c1[r], _mm512_maskz_loadu_ps(k1, cr + 16)); }
-    _mm512_mask_storeu_ps(cr, k0, c0[r]);
-    _mm512_mask_storeu_ps(cr + 16, k1, c1[r]);
-  }
-}
-
-// vtc_ukr_a for `rows` <= VTC_MR rows as a sum of 12, 8, 4, 2 and 1-row kernels
+// vtc_ukr with A read in place (LDA) for `rows` <= VTC_MR rows as a sum of 12, 8, 4, 2 and 1-row kernels
 template <int64_t LDA>
 __attribute__((noinline)) static void vtc_ukr_a_edge(int rows, int64_t cols, int64_t kc, const float* a, const float* b,
                                                      int64_t ldb, float* c, int64_t ldc, bool add) {
-  if (rows == VTC_MR) { vtc_ukr_a<VTC_MR, LDA>(kc, a, b, ldb, c, ldc, add, cols); return; }
+  if (rows == VTC_MR) { vtc_ukr<VTC_MR, 0, LDA>(kc, a, b, ldb, c, ldc, add, cols); return; }
   int r0 = 0;
-  if (rows - r0 >= 8) { vtc_ukr_a<8, LDA>(kc, a, b, ldb, c, ldc, add, cols); r0 += 8; }
-  if (rows - r0 >= 4) { vtc_ukr_a<4, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 4; }
-  if (rows - r0 >= 2) { vtc_ukr_a<2, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 2; }
-  if (rows - r0 >= 1) vtc_ukr_a<1, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols);
+  if (rows - r0 >= 8) { vtc_ukr<8, 0, LDA>(kc, a, b, ldb, c, ldc, add, cols); r0 += 8; }
+  if (rows - r0 >= 4) { vtc_ukr<4, 0, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 4; }
+  if (rows - r0 >= 2) { vtc_ukr<2, 0, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols); r0 += 2; }
+  if (rows - r0 >= 1) vtc_ukr<1, 0, LDA>(kc, a + r0 * LDA, b, ldb, c + r0 * ldc, ldc, add, cols);
 }
 
 // transposes the 16 x 16 block r[i][j] -> r[j][i] in registers
@@ -1302,7 +1271,7 @@ def generate(k: Kernel) -> str:
     a_in_place = _a_in_place(em, g) if direct is None else None
     if a_in_place is None:
         lines += _pack_a(em, g, ind + "  ")
-    else:  # A read in place on AVX-512 (vtc_ukr_a): packed elsewhere only
+    else:  # A read in place on AVX-512 (vtc_ukr_a_edge): packed elsewhere only
         lines += ["#if !defined(__AVX512F__)", *_pack_a(em, g, ind + "  "), "#endif"]
     tile = [f"{ind}      vtc_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, ap + ir * kb,",
             f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);"]
@@ -1445,7 +1414,7 @@ A_IN_PLACE_N = 192  # from M > SKINNY_M, N up to this (static) and a row-major A
 
 
 def _a_in_place(em, g: GemmOperands) -> tuple[str, int] | None:
-    """(pointer to A's block at (m0, k0), its row stride) where the panels' tiles read A in place (vtc_ukr_a)
+    """(pointer to A's block at (m0, k0), its row stride) where the panels' tiles read A in place (vtc_ukr_a_edge)
     instead of a packed panel: N static and at most A_IN_PLACE_N (each A element serves at most six tiles: a
     2048 x 2048 @ 2048 x 64 product spent ~24% of the kernel in vtc_pack_a_rows, ~0.87x ONNX Runtime's
     MatMul, which reads A in place), M > SKINNY_M, A one plain strided load with unit stride along k; else None."""
@@ -1475,7 +1444,7 @@ def _lazy_b_panel(em, g: GemmOperands, lazy: tuple[str, int, int], ind: str, pac
             f"{ind}  {{ const int64_t n0 = n0j, nb = cols; float* __restrict bp = bpj;",
             *_pack_b(em, g, ind + "    "),
             f"{ind}  }}"]
-    if a_in_place:  # A not packed on AVX-512 (vtc_ukr_a): B's panel packed here, the tile run by the caller
+    if a_in_place:  # A not packed on AVX-512 (vtc_ukr_a_edge): B's panel packed here, the tile run by the caller
         return [f"{ind}if (mi == mlo && ir == 0{' && !bpk' if packed else ''}) {{  // first strip: pack panel jr",
                 *pack,
                 f"{ind}}}"]
