@@ -9,7 +9,6 @@ threads on the same kernel.
 """
 from __future__ import annotations
 
-import ctypes
 import platform
 
 import pytest
@@ -18,10 +17,9 @@ from torch import nn
 
 from vtc.codegen import gemm
 from vtc.codegen.conv_t import has_avx512
-from vtc.codegen.cpp import buffer_order
 from vtc.runtime import cbuild
 
-from .util import assert_matches_eager, compile_cpu, gen, kernels, rand
+from .util import assert_matches_eager, call_gemm_kernel, compile_cpu, gen, kernels, rand
 
 GEMM_TOL = dict(rtol=1e-4, atol=5e-4)  # float32 sums over K up to 600 of products of magnitude <= 4
 AVX512 = platform.machine() in ("x86_64", "AMD64") and has_avx512()
@@ -105,12 +103,7 @@ def test_every_thread_count_covers_the_output_once(m, k, n):
     a, b = rand((m, k), g), rand((k, n), g)
     c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
     (k_,) = _gemms(c)
-    fn_c = getattr(cbuild.build(gemm.generate(k_), name="gemm_a_in_place"), k_.name)
-    fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
-    env = dict(zip([v.name for v in c.graph.inputs], (a, b)))
+    lib = cbuild.build(gemm.generate(k_), name="gemm_a_in_place")
     want = a @ b
     for nthreads in (1, 2, 3, 4):
-        out = torch.empty(k_.stores[0].buffer.shape)
-        tensors = [env[x.name].contiguous() if x.name in env else out for x in buffer_order(k_)]
-        fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), nthreads)
-        torch.testing.assert_close(out, want, **GEMM_TOL)
+        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **GEMM_TOL)

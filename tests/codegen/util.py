@@ -221,7 +221,6 @@ def run_gemm_built_for(march: str, k, compiled, inputs: tuple, tmp_path, stem: s
     import ctypes
     import subprocess
 
-    from vtc.codegen.cpp import buffer_order
     from vtc.codegen.gemm import generate as generate_gemm
     from vtc.runtime import cbuild
 
@@ -230,10 +229,19 @@ def run_gemm_built_for(march: str, k, compiled, inputs: tuple, tmp_path, stem: s
     src, so = tmp_path / f"{stem}.cpp", tmp_path / f"{stem}-{march}.so"
     src.write_text(generate_gemm(k))
     subprocess.run([*info.command, str(src), "-o", str(so), *flags], check=True, capture_output=True)
-    fn_c = getattr(ctypes.CDLL(str(so)), k.name)
+    return call_gemm_kernel(ctypes.CDLL(str(so)), k, compiled, inputs, 2)
+
+
+def call_gemm_kernel(lib, k, compiled, inputs: tuple, nthreads: int) -> torch.Tensor:
+    """GEMM kernel `k` of `compiled`, loaded in `lib`, called directly on `inputs` with `nthreads`: its output."""
+    import ctypes
+
+    from vtc.codegen.cpp import buffer_order
+
+    fn_c = getattr(lib, k.name)
     fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
     env = dict(zip([v.name for v in compiled.graph.inputs], inputs))
     out = torch.empty(k.stores[0].buffer.shape)
     tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
-    fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 2)
+    fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), nthreads)
     return out
