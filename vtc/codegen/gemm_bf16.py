@@ -47,7 +47,7 @@ from vtc.index.expr import _terms, free_vars
 from vtc.index.mapping import linear_offset
 
 BF16 = torch.bfloat16
-BF16_OPS = ("aten.mm.default", "aten.bmm.default")
+BF16_OPS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.baddbmm.default")
 # cost model (2 threads, microseconds from GB/s and GFLOPS as in vtc.codegen.gemm), from 1-thread CPU times
 # (python -m bench.gemm_side_by_side --workloads 'gemm_bf16*' --threads 1 --clock cpu), doubled, on an Intel
 # Xeon with AMX.  vdpbf16ps retires about one per two cycles there (a loop of independent ones: 0.62x the
@@ -113,7 +113,7 @@ def strided_operand(low, v, batched: bool) -> str:
 def why_not(low, n, a, b) -> str:
     """Why bf16 GEMM node n (operands a, b) cannot run as a generated kernel ("" when it can)."""
     if n.op not in BF16_OPS:
-        return f"{n.op} in bf16: the bf16 GEMM runs mm and bmm only (no bias / alpha / beta epilogue)"
+        return f"{n.op} in bf16: the bf16 GEMM runs mm, bmm, addmm and baddbmm only"
     why = support()
     if why:
         return "bf16: " + why
@@ -304,19 +304,25 @@ static inline void vtc_bf16_dot_j(int64_t m, int64_t kb, const vtc_bf16* a, int6
   if (m - i >= 1) vtc_bf16_dot_rows<1, J>(kb, a + i * lda, lda, w, ldw, s + i * lds, lds);
 }
 
+// s[r * 64 + j] = sum_p a[r * lda + p] * w[j * ldw + p] (float32) for r < m <= 16, j < nj <= 64
+static inline void vtc_bf16_dot_sums(int64_t m, int64_t nj, int64_t kb, const vtc_bf16* a, int64_t lda,
+                                     const vtc_bf16* w, int64_t ldw, float* s) {
+  int64_t j = 0;
+  for (; j + 4 <= nj; j += 4) vtc_bf16_dot_j<4>(m, kb, a, lda, w + j * ldw, ldw, s + j, 64);
+  switch (nj - j) {
+    case 3: vtc_bf16_dot_j<3>(m, kb, a, lda, w + j * ldw, ldw, s + j, 64); break;
+    case 2: vtc_bf16_dot_j<2>(m, kb, a, lda, w + j * ldw, ldw, s + j, 64); break;
+    case 1: vtc_bf16_dot_j<1>(m, kb, a, lda, w + j * ldw, ldw, s + j, 64); break;
+  }
+}
+
 // out[r * ldo + j] = bf16(sum_p a[r * lda + p] * w[j * ldw + p]) for r < m <= 16, j < n: decode's x @ W^T
 __attribute__((noinline)) static void vtc_bf16_dot(int64_t m, int64_t n, int64_t kb, const vtc_bf16* a, int64_t lda,
                                                    const vtc_bf16* w, int64_t ldw, vtc_bf16* out, int64_t ldo) {
   alignas(64) float s[16 * 64];
   for (int64_t j0 = 0; j0 < n; j0 += 64) {
     const int64_t nj = std::min<int64_t>(64, n - j0);
-    int64_t j = 0;
-    for (; j + 4 <= nj; j += 4) vtc_bf16_dot_j<4>(m, kb, a, lda, w + (j0 + j) * ldw, ldw, s + j, 64);
-    switch (nj - j) {
-      case 3: vtc_bf16_dot_j<3>(m, kb, a, lda, w + (j0 + j) * ldw, ldw, s + j, 64); break;
-      case 2: vtc_bf16_dot_j<2>(m, kb, a, lda, w + (j0 + j) * ldw, ldw, s + j, 64); break;
-      case 1: vtc_bf16_dot_j<1>(m, kb, a, lda, w + (j0 + j) * ldw, ldw, s + j, 64); break;
-    }
+    vtc_bf16_dot_sums(m, nj, kb, a, lda, w + j0 * ldw, ldw, s);
     vtc_bf16_round(s, 64, m, nj, out + j0, ldo);
   }
 }
@@ -336,15 +342,17 @@ def _load_of(s):
 def generate(k) -> str:
     """The C++ source of bf16 gemm kernel k (see the module docstring)."""
     from vtc.codegen.cpp import PRELUDE, _Emitter, buffer_pointers
+    from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
     from vtc.codegen.gemm import PARALLEL_MIN_FLOPS, RUNTIME as F32_RUNTIME, _strided
 
     g = k.gemm
     em = _Emitter(k)
     bv, mv, nv = g.vars
     out = k.stores[0].buffer
-    if len(k.stores) != 1 or k.stores[0].value.op != "acc" or out.dtype != BF16:
+    if len(k.stores) != 1 or out.dtype not in (BF16, torch.float32):
         raise ValueError(f"bf16 gemm kernel {k.name}: stores {[st.buffer.name for st in k.stores]} are not "
-                         f"its plain bf16 result (epilogues and pushed stores are float32 only)")
+                         f"one bf16 or float32 result (pushed stores are float32 GEMMs' only)")
+    epi = k.stores[0].value.op != "acc" or out.dtype != BF16  # else rounded straight from the sums
     ops = {}
     for role, s in (("A", g.a), ("B", g.b)):
         ld = _load_of(s)
@@ -353,7 +361,7 @@ def generate(k) -> str:
             raise ValueError(f"bf16 gemm kernel {k.name}: operand {role} is not a strided bf16 load "
                              f"(gemm_bf16.why_not should have sent it to torch)")
         ops[role] = st
-    lines = buffer_pointers(k, em, lambda dtype: "vtc_bf16")
+    lines = buffer_pointers(k, em)
     abuf, aoff, aco, _ = ops["A"]
     bbuf, boff, bco, _ = ops["B"]
     sm, ska = aco.get(mv, 0), aco.get("r", 0)
@@ -364,12 +372,40 @@ def generate(k) -> str:
     flops = 2 * B * M * N * KK
     lines += [f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
               f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;"]
+    store = _epilogue(em, k, bt, "    " * 3) if epi else None
     if M <= SKINNY_M and skb == 1:
-        lines += _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o)
+        lines += _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o, store)
     else:
-        lines += _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o)
-    head = PRELUDE + F32_RUNTIME + RUNTIME
+        lines += _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o, store)
+    head = PRELUDE + F32_RUNTIME + RUNTIME + (LOW_PRECISION_PRELUDE if epi else "")
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
+
+
+def _epilogue(em, k, bt: str, ind: str) -> list[str]:
+    """C storing kernel k's value (a fused bias, activation, residual, scale, cast: the pointwise kernel that
+    finishes the GEMM, vtc.codegen.lower) over a finished block of float32 sums: rows ii < mb, columns jj < nb of
+    `sums` (row stride lds), the block's first element at (m0, n0) of batch `bt`; rounded once at the store."""
+    from vtc.codegen.gemm import ACC, _loop_var
+
+    g = k.gemm
+    st = k.stores[0]
+    _, mv, nv = g.vars
+    inner = ind + "    "
+    em.forget()
+    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
+    lines += em.hoist_invariant([st.value], {nv}, ind + "  ")  # a per-row term computed once per row
+    temps = em.hoist([st.value], inner)
+    lines += [f"{ind}  #pragma omp simd",
+              f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+              *_loop_var(nv, "n0 + jj", inner),
+              f"{inner}const float acc_{ACC} = sums[ii * lds + jj];",
+              *temps,
+              f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
+              f"{em.stored(st.value, st.buffer.dtype)};",
+              f"{ind}  }}",
+              f"{ind}}}"]
+    em.forget()
+    return lines
 
 
 def _split(lines_m: str) -> list[str]:
@@ -384,9 +420,9 @@ def _split(lines_m: str) -> list[str]:
         "  }"]
 
 
-def _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o) -> list[str]:
+def _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o, store=None) -> list[str]:
     """Skinny: each thread takes N chunks of 64 columns; A's rows read in place when unit stride along k,
-    else packed once per chunk."""
+    else packed once per chunk.  `store`: the epilogue over a chunk's float32 sums (else rounded as they are)."""
     from vtc.codegen.cpp import OMP_TEAM
 
     a_in_place = ska == 1
@@ -409,15 +445,21 @@ def _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o) -> list[str]:
             "      }",
             "      const vtc_bf16* __restrict arows = ap;",
             "      const int64_t lda = K;"]),
-        f"      vtc_bf16_dot(M, nb, K, arows, lda, {em.ptr[bbuf]} + {boff} + n0 * {sn}, {sn}, "
-        f"{o} + {bt} * M * N + n0, N);",
+        *([f"      vtc_bf16_dot(M, nb, K, arows, lda, {em.ptr[bbuf]} + {boff} + n0 * {sn}, {sn}, "
+           f"{o} + {bt} * M * N + n0, N);"] if store is None else [
+            "      {",
+            "        alignas(64) float sums[16 * 64];",
+            "        const int64_t m0 = 0, lds = 64, mb = M;",
+            f"        vtc_bf16_dot_sums(M, nb, K, arows, lda, {em.ptr[bbuf]} + {boff} + n0 * {sn}, {sn}, sums);",
+            *store,
+            "      }"]),
         "    }",
         "  }"]
 
 
-def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str]:
+def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o, store=None) -> list[str]:
     """Packed panels: per N chunk all of B's K once, per MC block and KC slice A, a float32 block rounded at
-    the end."""
+    the end (by the micro-kernel; with `store`, an epilogue, by that pass over the block)."""
     from vtc.codegen.cpp import OMP_TEAM
 
     return [
@@ -445,10 +487,11 @@ def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str
         "      }",
         "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
         f"      const vtc_bf16* __restrict asrc = {em.ptr[abuf]} + {aoff} + m0 * {sm};",
-        f"      vtc_bf16* __restrict cout = {o} + {bt} * M * N + m0 * N + n0;",
+        *([f"      vtc_bf16* __restrict cout = {o} + {bt} * M * N + m0 * N + n0;"] if store is None else []),
         "      for (int64_t q0 = 0; q0 < KQ; q0 += kq) {",
         "        const int64_t qb = std::min<int64_t>(kq, KQ - q0), kb = std::min<int64_t>(2 * qb, K - 2 * q0);",
-        "        const bool last = q0 + qb >= KQ;  // the micro-kernel rounds the sums into the output",
+        *(["        const bool last = q0 + qb >= KQ;  // the micro-kernel rounds the sums into the output"]
+          if store is None else []),
         "        for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
         f"          vtc_bf16_pack(asrc + ir * {sm} + 2 * q0 * {ska}, {sm}, {ska}, std::min<int64_t>(VTC_MR, mb - ir), kb, "
         "ap + ir * qb, VTC_MR);",
@@ -456,7 +499,9 @@ def _panel_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, skb, sn, o) -> list[str
         "          for (int64_t jr = 0; jr < nb; jr += VTC_NR)",
         "            vtc_bf16_ukr_edge((int)std::min<int64_t>(VTC_MR, mb - ir), std::min<int64_t>(VTC_NR, nb - jr), qb,",
         "                              ap + ir * qb, bp + jr * KQ + q0 * VTC_NR, acc + ir * nc + jr, nc, q0 > 0,",
-        "                              last ? cout + ir * N + jr : nullptr, N);",
+        "                              " + ("last ? cout + ir * N + jr : nullptr, N);" if store is None else "nullptr, 0);"),
         "      }",
+        *([] if store is None else ["      {", "        const float* __restrict sums = acc;",
+                                    "        const int64_t lds = nc;", *store, "      }"]),
         "    }",
         "  }"]
