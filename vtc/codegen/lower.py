@@ -277,9 +277,12 @@ class Lowering:
                 continue
             o = g.outputs[0]
             node = self._only_pointwise_kernel_reading(o.name)
-            if node is None or node.outputs[0].dtype != torch.float32 or node.outputs[0].shape != o.shape:
+            # a bf16 GEMM (vtc.codegen.gemm_bf16) takes a bf16 or float32 epilogue reading any dtype
+            low = o.dtype == torch.bfloat16 and node is not None and node.outputs[0].dtype in (torch.bfloat16,
+                                                                                               torch.float32)
+            if node is None or (node.outputs[0].dtype != torch.float32 and not low) or node.outputs[0].shape != o.shape:
                 continue
-            if self._reads_only_at_its_index(o.name, node) and not self._reads_low_precision(node):
+            if self._reads_only_at_its_index(o.name, node) and (low or not self._reads_low_precision(node)):
                 out[node.name] = g
         return out
 
@@ -340,7 +343,9 @@ class Lowering:
     def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
         """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
         st = k.stores[0]
-        memo = {(st.buffer.name, st.index): st.value}
+        # a bf16 GEMM's result as eager has it: rounded to bf16 before the pointwise ops read it
+        acc = K.cast(st.value, st.buffer.dtype) if st.buffer.dtype in LOW_PRECISION else st.value
+        memo = {(st.buffer.name, st.index): acc}
         value = self._pointwise(node, st.index, memo)
         o = node.outputs[0]
         k.stores = [Store(Buffer(o.name, o.shape, o.dtype), st.index, K.cast(value, o.dtype))]
