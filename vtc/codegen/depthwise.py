@@ -54,8 +54,27 @@ static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
   const __m512 x1 = _mm512_mask_loadu_ps(fill, (__mmask16)(wide >> 16), src + 16);
   return _mm512_permutex2var_ps(x0, even, x1);
 }
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// bf16 / fp16 planes (the taps summed in float32): 16 elements widened to float, 0 where the mask is clear
+static inline __m512 vtc_dw_bf16(__mmask16 m, const uint16_t* src) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
+}
+static inline __m512 vtc_dw_f16(__mmask16 m, const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
+}
+// the even elements src[2 * l] where bit 2 * l of `wide` is set (else 0): one 32-element load, each 32-bit
+// word's low half
+static inline __m512 vtc_dw_even_bf16(unsigned wide, const uint16_t* src) {
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi16((__mmask32)wide, src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 vtc_dw_even_f16(unsigned wide, const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi16((__mmask32)wide, src)));
+}
+#endif
 #endif
 """
+LOW = {torch.bfloat16: "bf16", torch.float16: "f16"}  # planes of these dtypes: loads widen (vtc_dw_bf16, ...)
 NAN_BITS = True  # a max pool's NaN lanes from an unsigned max of the taps' bits (vector ops; False: a compare per
 #   tap into a mask, whose OR gcc keeps in a general register: kernel alone, 1 thread, ShuffleNet's 3x3 / 2 pool of
 #   24 x 112 x 112, 48.7 -> 40.3 us min, docs/gemm.md)
@@ -117,17 +136,28 @@ def source(k: Kernel, em, generic) -> list[str] | None:
     leaves = [_plane_pointer(em, leaf, dw.in_hw) for _, leaf in cases]
     if any(x is None for x in leaves):
         return None
+    dtypes = {dt for _, _, dt in leaves}
+    if len(dtypes) != 1:
+        return None
+    dtype = dtypes.pop()
+    # bf16 / fp16: convolutions only (a max pool's -inf fill and NaN bits are float32's), stride 1 or 2 (no
+    # 16-bit gather)
+    if dtype != torch.float32 and (dw.combine != "fma" or dw.stride[1] > 2):
+        return None
+    leaves = [(src, row) for src, row, _ in leaves]
     (oh, ow), w = dw.out_hw, dw.in_hw[1]
     flat = dw.stride == (1, 1) and all(row == w for _, row in leaves) and ow == w and oh * ow <= BLOCK
     em.forget()
     head = [f"  #pragma omp parallel for num_threads(nthreads) if({_work(k, dw)} >= {PARALLEL_MIN_WORK})",
             f"  for (int64_t pl = 0; pl < {k.domain[0] * k.domain[1]}; ++pl) {{",
             *_plane_head(k, dw, em, "    ")]
-    body = _flat(k, em, dw, total, cases, leaves) if flat else _rows(k, em, dw, total, cases, leaves)
+    body = (_flat if flat else _rows)(k, em, dw, total, cases, leaves, dtype)
     tables, body = body
     em.forget()
     generic_body = generic(k, em)
-    return ["#if defined(__AVX512F__)", *tables, *head, *body, "  }", "#else", *generic_body, "#endif"]
+    guard = "defined(__AVX512F__)" + (" && defined(__AVX512BW__) && defined(__AVX512VL__)"
+                                      if dtype != torch.float32 else "")
+    return [f"#if {guard}", *tables, *head, *body, "  }", "#else", *generic_body, "#endif"]
 
 
 PARALLEL_MIN_WORK = 1 << 15
@@ -137,10 +167,13 @@ def _work(k: Kernel, dw: DepthwiseSum) -> int:
     return k.domain[0] * k.domain[1] * k.domain[2] * k.domain[3] * dw.kernel[0] * dw.kernel[1]
 
 
-def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int] | None:
-    """(C address of the plane's element (0, 0), row stride) for a float32 load with unit column stride
-    (an index of extent 1 is the constant 0: its stride does not matter)."""
-    if leaf.op != "load" or leaf.dtype != torch.float32:
+def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int, torch.dtype] | None:
+    """(C address of the plane's element (0, 0), row stride, dtype in memory) for a float32 load (or a bf16 /
+    fp16 one cast to float32) with unit column stride (an index of extent 1 is the constant 0: its stride does
+    not matter)."""
+    if leaf.op == "cast" and leaf.dtype == torch.float32 and leaf.args[0].dtype in LOW:
+        leaf = leaf.args[0]
+    if leaf.op != "load" or leaf.dtype not in (torch.float32, *LOW):
         return None
     buf, idx = leaf.args
     lin = linear_offset(idx, em.shapes[buf])
@@ -159,7 +192,7 @@ def _plane_pointer(em, leaf: Scalar, hw: tuple[int, int]) -> tuple[str, int] | N
             rest.append(em.index(atom) if k == 1 else f"{k}*{em.index(atom)}")
     if not unit:
         return None
-    return f"{em.ptr[buf]} + ({' + '.join(rest + [str(c)])})", row
+    return f"{em.ptr[buf]} + ({' + '.join(rest + [str(c)])})", row, leaf.dtype
 
 
 def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
@@ -205,8 +238,8 @@ def _epilogue(k: Kernel, em, total: Scalar, lo: str, hi: str, ind: str) -> list[
     inner = ind + "    "
     plane = em.hoist_invariant([st.value for st in k.stores], {"i2", "i3"}, ind)  # a batch norm's scale
     temps = em.hoist([st.value for st in k.stores], inner)
-    stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {em.scalar(st.value)};"
-              for st in k.stores]
+    stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
+              f"{em.stored(st.value, st.buffer.dtype)};" for st in k.stores]
     em.forget()
     return [*plane,
             f"{ind}for (int64_t i2 = {lo}; i2 < {hi}; ++i2) {{",
@@ -238,7 +271,7 @@ def _flat_epilogue(k: Kernel, em, total: Scalar, n: int, ind: str) -> list[str] 
     temps = em.hoist(values, inner)
     i0, i1 = out_vars(k.domain)[:2]
     stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, (i0, i1, const(0), const(0)))} + q] = "
-              f"{em.scalar(st.value)};" for st in k.stores]
+              f"{em.stored(st.value, st.buffer.dtype)};" for st in k.stores]
     em.forget()
     return [*plane,
             f"{ind}#pragma omp simd",
@@ -248,13 +281,14 @@ def _flat_epilogue(k: Kernel, em, total: Scalar, n: int, ind: str) -> list[str] 
             f"{ind}}}"]
 
 
-def _cases(em, cases, leaves, emit, ind: str) -> list[str]:
+def _cases(em, cases, leaves, emit, ind: str, dtype: torch.dtype = torch.float32) -> list[str]:
     """if / else over the plane's piece choices, `emit(row_stride, indent)` in each with `src` its plane."""
     out: list[str] = []
+    t = "uint16_t" if dtype in LOW else "float"
     for n, ((conds, _), (src, row)) in enumerate(zip(cases, leaves)):
         test = " && ".join(f"{em.index(p)}" for p in conds) or "true"
         out += [f"{ind}{'if' if n == 0 else '} else if'} ({test}) {{",
-                f"{ind}  const float* __restrict src = {src};", *emit(row, ind + "  ")]
+                f"{ind}  const {t}* __restrict src = {src};", *emit(row, ind + "  ")]
     return out + [f"{ind}}}"]
 
 
@@ -269,7 +303,7 @@ def _mask_table(name: str, n: int, body: list[str], ctype: str = "__mmask16") ->
             "  }();"]
 
 
-def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
+def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=torch.float32):
     """Stride 1, input rows as long as output rows: 16 output positions of the plane at a time."""
     (oh, ow), (h, w) = dw.out_hw, dw.in_hw
     kh, kw = dw.kernel
@@ -292,21 +326,22 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
     def emit(row: int, ind: str) -> list[str]:
         return [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
                 f"{ind}  const __mmask16* mk = masks.m + c * {taps};",
-                f"{ind}  const float* __restrict s = src + c * 16;",
+                f"{ind}  const {'uint16_t' if dtype in LOW else 'float'}* __restrict s = src + c * 16;",
                 f"{ind}  {start}",
-                *[f"{ind}  " + _combine(dw, t, f"_mm512_mask_loadu_ps(fill, mk[{t}], s + ({offs[t]}))")
+                *[f"{ind}  " + _combine(dw, t, f"vtc_dw_{LOW[dtype]}(mk[{t}], s + ({offs[t]}))" if dtype in LOW
+                                        else f"_mm512_mask_loadu_ps(fill, mk[{t}], s + ({offs[t]}))")
                   for t in range(taps)],
                 f"{ind}  {end}",
                 f"{ind}  _mm512_store_ps(tmp + c * 16, acc);",
                 f"{ind}}}"]
 
     body = [f"    alignas(64) float tmp[{chunks * 16}];",
-            *_cases(em, cases, leaves, emit, "    "),
+            *_cases(em, cases, leaves, emit, "    ", dtype),
             *(_flat_epilogue(k, em, total, n, "    ") or _epilogue(k, em, total, "0", str(oh), "    "))]
     return tables, body
 
 
-def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
+def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=torch.float32):
     """Any stride and dilation: per output row, 16 columns at a time (masked loads, or gathers at stride > 1)."""
     (oh, ow), (h, w) = dw.out_hw, dw.in_hw
     kh, kw = dw.kernel
@@ -332,6 +367,9 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
 
     def load(b: int) -> str:
         off = f"c * {16 * sw} + ({b * dd - pw})"
+        if dtype in LOW:  # stride 1 or 2 (source)
+            return (f"vtc_dw_{LOW[dtype]}(mk[{b}], rp + {off})" if sw == 1 else
+                    f"vtc_dw_even_{LOW[dtype]}(wide.m[c * {kw} + {b}], rp + {off})")
         if sw == 1:
             return f"_mm512_mask_loadu_ps(fill, mk[{b}], rp + {off})"
         if sw == 2:
@@ -351,7 +389,7 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
                f"{ind}    {start}"]
         for a in range(kh):
             out += [f"{ind}    if (const int64_t iy = y * {sh} + ({a * dh - ph}); iy >= 0 && iy < {h}) {{",
-                    f"{ind}      const float* rp = src + iy * {row};",
+                    f"{ind}      const {'uint16_t' if dtype in LOW else 'float'}* rp = src + iy * {row};",
                     *[f"{ind}      " + _combine(dw, a * kw + b, load(b)) for b in range(kw)],
                     f"{ind}    }}"]
         return out + [f"{ind}    {end}",
@@ -367,7 +405,7 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
                     f"11, 12, 13, 14, 15), _mm512_set1_epi32({sw}));")
     body += [f"    for (int64_t r0 = 0; r0 < {oh}; r0 += {rows}) {{",
              f"      const int64_t r1 = std::min<int64_t>({oh}, r0 + {rows});",
-             *_cases(em, cases, leaves, emit, "      "),
+             *_cases(em, cases, leaves, emit, "      ", dtype),
              *_epilogue(k, em, total, "r0", "r1", "      "),
              "    }"]
     return tables, body
