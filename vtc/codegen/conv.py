@@ -62,7 +62,9 @@ MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
 @pointwise("convolution")
 def _depthwise_conv2d(ctx, args, out):
-    why = _unsupported(args, out)
+    # bf16 / fp16: taps summed in float32, rounded once at the end (eager's depthwise kernels accumulate so)
+    low = out.dtype in (torch.bfloat16, torch.float16)
+    why = _unsupported(args, out, out.dtype if low else torch.float32)
     if why:
         raise NotSupported(why)
     geo = _geometry(args, out)
@@ -79,14 +81,14 @@ def _depthwise_conv2d(ctx, args, out):
     b, oc, oh, ow = ctx.index
     mult = geo["og"]  # output channels per input channel
     ic = oc // mult if mult > 1 else oc
-    total = ctx._read(bias, (oc,)) if bias is not None else K.const(0, dt)
+    total = K.cast(ctx._read(bias, (oc,)), dt) if bias is not None else K.const(0, dt)
     weights = []
     for a in range(kh):
         ih = oh * sh + (a * dh - ph)
         for bb in range(kw):
             iw = ow * sw + (bb * dw - pw)
             inside = and_(ge(ih, 0), lt(ih, h), ge(iw, 0), lt(iw, wd))
-            tap = K.pick(inside, ctx._read(x, (b, ic, ih, iw)), K.const(0, dt))
+            tap = K.pick(inside, K.cast(ctx._read(x, (b, ic, ih, iw)), dt), K.const(0, dt))
             weights.append(K.cast(ctx._read(w, (oc, const(0), const(a), const(bb))), dt))
             total = K.binary("add", total, K.binary("mul", weights[-1], tap))
     if tuple(ctx.index) == out_vars(out.shape):  # at its own index: the plane-by-plane vector code may emit it
@@ -94,7 +96,7 @@ def _depthwise_conv2d(ctx, args, out):
         depthwise.remember(total, depthwise.DepthwiseSum(
             tuple(ctx.index), plane, tuple(weights), K.cast(ctx._read(bias, (oc,)), dt) if bias is not None else None,
             (kh, kw), (sh, sw), (ph, pw), (dh, dw), (h, wd), (geo["oh"], geo["ow"])))
-    return total
+    return K.cast(total, out.dtype)
 
 
 def _pair(v) -> tuple[int, int]:
@@ -124,16 +126,18 @@ def _geometry(args: dict, out) -> dict:
                 n=nb, c=c, h=h, wd=wd, cg=cg, kh=kh, kw=kw, og=o // g, oh=out.shape[2], ow=out.shape[3])
 
 
-def _unsupported(args: dict, out) -> str:
-    """Why neither generated convolution runs this call ("" when they can)."""
+def _unsupported(args: dict, out, dtype: torch.dtype = torch.float32) -> str:
+    """Why neither generated convolution runs this call ("" when they can); operands and result all of `dtype`
+    (float32; a depthwise one also all bf16 or all fp16)."""
     x, w, bias = args["input"], args["weight"], args.get("bias")
     if args.get("transposed", False):
         return "transposed convolution"
     if len(x.shape) != 4 or len(w.shape) != 4:
         return f"{len(x.shape) - 2}-D convolution: the generated convolutions are 2-D only"
-    bad = [v for v in (x, w, bias, out) if v is not None and v.dtype != torch.float32]
+    bad = [v for v in (x, w, bias, out) if v is not None and v.dtype != dtype]
     if bad:
-        return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated convolutions are float32 only"
+        return (f"dtype {bad[0].dtype} of %{bad[0].name}: the generated convolutions are float32 only"
+                + (f" (a depthwise one also all {dtype})" if dtype != torch.float32 else ""))
     if any(s == 0 for v in (x, w, out) for s in v.shape):
         return "an empty operand"
     return ""

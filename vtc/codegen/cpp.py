@@ -117,7 +117,8 @@ _EXACT_LOW = {"neg", "abs", "relu", "sign", "max", "min", "floor", "ceil", "roun
 
 def low_precision(k: Kernel) -> bool:
     """True when kernel k reads or writes a bfloat16 / float16 buffer: the float32 fast paths (lanes, tiles,
-    streamed stores, depthwise planes) are not taken, the general loops convert at loads and stores."""
+    streamed stores) are not taken, the general loops convert at loads and stores (depthwise planes widen
+    16-bit taps themselves: vtc.codegen.depthwise)."""
     return any(b.dtype in _LOW for b in [*k.inputs, *_outputs(k)])
 
 
@@ -445,7 +446,7 @@ def generate(k: Kernel) -> str:
         from vtc.codegen.flash import PRELUDE as FLASH_PRELUDE
         body += emit_attention(k, em)
         head += FLASH_PRELUDE
-    elif k.kind == "pointwise" and not low_precision(k) and (dw := depthwise.source(k, em, _pointwise_kernel)):
+    elif k.kind == "pointwise" and (dw := depthwise.source(k, em, _pointwise_kernel)):
         body += dw  # a depthwise convolution plane by plane (vtc.codegen.depthwise)
         head += depthwise.PRELUDE
     else:

@@ -122,10 +122,6 @@ class Lowering:
             if bad:
                 self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
                 return "library"
-            low = [v for v in [*n.inputs, *n.outputs] if v.dtype in LOW_PRECISION]
-            if low and n.op == CONV_OP:  # its taps would be summed in the dtype, eager's in float32
-                self._torch(n, f"depthwise convolution in {low[0].dtype}: the generated one is float32 only")
-                return "library"
             try:
                 self._probe(n, kind)
             except NotSupported as e:
