@@ -30,6 +30,13 @@ piece choice on the channel alone (a cat, split or channel shuffle in front)
 is decided once per plane; any other mapping (a pad in front, an inlined
 producer, a strided width) keeps the generic pointwise loop, as do machines
 without AVX-512 (the preprocessor picks).
+
+A bf16 / fp16 plane (the convolution's taps cast to float32, vtc.codegen.conv)
+is read with 16-bit masked loads widened to float (``vtc_dw_bf16`` /
+``vtc_dw_f16``; stride 2: one 32-element load whose 32-bit words' low halves
+are the even taps), summed in float32 and rounded once by the stores, as
+eager's depthwise kernels do; stride > 2 and max pools in those dtypes keep
+the generic loop (AVX512BW / VL needed too).
 """
 from __future__ import annotations
 

@@ -22,6 +22,17 @@ Zen 5).  Skinny GEMMs (M <= 16) against a
 weight read along k (decode's x @ W^T) take dot products against the
 weight rows in place instead (no B panel).
 
+Epilogues: addmm (nn.Linear with bias) and a GEMM whose one reader is a
+pointwise kernel at its own index (vtc.codegen.lower ``_epilogues``: bias,
+gelu / silu / relu, a residual add, a scale, a cast to float32) store that
+kernel's value instead of the plain result: the last KC slice leaves the
+float32 sums in the block (the dot path: in a 16 x 64 block per chunk) and
+one pass over it evaluates the epilogue with the general emitter (bf16 reads
+widened, every bf16 op rounded as eager rounds it, the store rounded once).
+addmm's bias is added to the float32 sums before the one rounding (eager's
+addmm does the same); a pointwise op after an mm reads the product rounded
+to bf16 first, as eager's does.
+
 ``support`` says whether the compiler targets AVX512_BF16 (``-march=native``
 on a CPU that has it); ``why_not`` why a bf16 GEMM node cannot run here (then
 torch runs it, the reason in the report); ``estimate_us`` is the cost model
