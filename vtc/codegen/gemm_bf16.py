@@ -383,7 +383,7 @@ def generate(k) -> str:
     flops = 2 * B * M * N * KK
     lines += [f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B};",
               f"  const int nt = {flops}LL >= {PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;"]
-    store = _epilogue(em, k, bt, "    " * 3) if epi else None
+    store = _epilogue(em, k, bt, "        ") if epi else None
     if M <= SKINNY_M and skb == 1:
         lines += _dot_body(em, bt, abuf, aoff, sm, ska, bbuf, boff, sn, o, store)
     else:
