@@ -274,7 +274,16 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     graph.meta["source"] = f"torch.export of {name}"
     graph.meta["capture"] = how
     graph.meta["fast_capture_refused"] = refused
+    const_sources(graph, {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.arg.name in consts})
     return graph
+
+
+def const_sources(graph: Graph, targets: dict[str, str]) -> None:
+    """Sets ``graph.meta["const_sources"]``: {constant name: the qualified name of the module's tensor it was
+    captured from} for the constants the graph reads (``vtc.runtime.weights`` watches them for being replaced)."""
+    read = {v.name for n in graph.nodes for v in n.inputs} | {v.name for v in graph.outputs}
+    graph.meta["const_sources"] = {v.name: targets[v.name] for v in graph.consts
+                                   if v.name in targets and v.name in read}
 
 
 def distinct_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
@@ -305,6 +314,7 @@ def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> t
         return None, str(e)
     graph.meta["input_consts"] = input_consts
     graph.meta["capture"] = fx_capture.CAPTURE
+    const_sources(graph, gm.meta.get("const_targets", {}))
     written = gm.meta.get("input_mutations", ())
     if written:  # forward's outputs, then one per input that forward changes in place
         first = len(graph.outputs) - len(written)
