@@ -258,3 +258,18 @@ def test_a_weight_replaced_after_calls_with_other_sizes():
         for rows in (9, 6, 13, 21):
             x = torch.randn(rows, 24)
             torch.testing.assert_close(compiled(x), m(x), **TOL)
+
+
+def test_a_weight_replaced_in_a_model_captured_by_torch_export(monkeypatch):
+    from vtc.frontend import torch_export
+
+    monkeypatch.setattr(torch_export, "_fast_capture", lambda model, args, kwargs: (None, "refused by the test"))
+    torch.manual_seed(50)
+    m = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 8)).eval()
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        compiled = vtc.compile(m, (x,))
+        assert "torch.export" in compiled.graph.meta["capture"]
+        compiled(x)
+        _swap_all(m, 51)
+        torch.testing.assert_close(compiled(x), m(x), **TOL)
