@@ -8,7 +8,9 @@ thread's CPU time, the best of 7 repeats of `--calls` calls each, in one process
 the whole call with the real kernel and with the empty one, and each thing the
 fast call (``vtc.runtime.callplan.fast_call``) does, alone: the input test, the
 output's allocation (the pool's allocator; the old ways of making the tensor for
-comparison), reading the addresses, packing them, the ctypes call.
+comparison), reading the addresses, packing them, the ctypes call; where the model has
+parameters, the fast call made without the parameter watch (``vtc.runtime.weights``) and the
+watch's test alone.
 """
 from __future__ import annotations
 
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         unwatched = fast_call(plan, sig, None)[0] if watch is not None and empty._exact_sig[1] else None
         if unwatched is None:
             watch = None
-        env = dict(real=real, empty=empty, watch=watch, unwatched=unwatched, inputs=inputs, fast=getattr(empty, "_fast", None), args=tuple(inputs),
+        env = dict(real=real, empty=empty, watch=watch, unwatched=unwatched, inputs=inputs,
+                   fast=getattr(empty, "_fast", None), args=tuple(inputs),
                    torch=torch, shape=shape, dtype=dtype, sizes=sizes, st=st, kept=kept, fn=fn, pack=pack, ptrs=ptrs,
                    alloc=alloc, T=torch.Tensor, sig=sig, n=n)
         rows = [

@@ -409,8 +409,8 @@ EXTREME_MAX_ELEMENTS = 32768
 def _extreme(ctx, args, outs):
     """``torch.max(x)`` / ``torch.min(x)`` without a dim: the extreme of every element, a 0-d result, with amax's /
     amin's accumulator (NaN when an element is, as torch's).  Bool inputs stay torch's (amax of bool is not
-    generated); an empty input too (torch raises), and one of more than ``EXTREME_MAX_ELEMENTS``.  (``aminmax`` needs no definition: the core-ATen table
-    decomposes it into amin and amax.)"""
+    generated); an empty input too (torch raises), and one of more than ``EXTREME_MAX_ELEMENTS``.  (``aminmax``
+    needs no definition: the core-ATen table decomposes it into amin and amax.)"""
     x, op = args["self"], ctx.node.target._opname
     if x.dtype == torch.bool:
         raise NotSupported(f"{op} of bool")
