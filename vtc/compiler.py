@@ -248,12 +248,13 @@ class Compiled:
                 self._specs.clear()
                 self._fast, self._exact_sig, self._plain, self._cache_io, self._dynamic = None, None, None, None, None
                 self._new_sizes = 0
+            self._args, self._kwargs = args, dict(kwargs)  # the example now: a static capture, not vtc.dynamic's
             try:
                 first = self._specialize(args, kwargs)
             except CaptureError as e:
                 raise CaptureError(f"vtc: {why} since compiling, so the model is captured again, which "
                                    f"failed: {e}") from e
-            self._args, self._kwargs, self._first = args, dict(kwargs), first
+            self._first = first
             self._watch = watch_parameters(self.model, first.graph)
 
     def __call__(self, *args, **kwargs):
