@@ -31,6 +31,13 @@ def _counts(compiled) -> dict:
     return compiled._first.executor.call_plan().counts
 
 
+def _called(model, *inputs, **options):
+    """model compiled for inputs (no_grad), after one call (its fast call made)."""
+    compiled = vtc.compile(model, inputs, **options)
+    compiled(*inputs)
+    return compiled
+
+
 def _swap_all(module: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     for p in module.parameters():
@@ -128,8 +135,7 @@ def test_attribute_replaced_by_a_new_parameter():
     lin = torch.nn.Linear(32, 24).eval()
     x = torch.randn(40, 32)
     with torch.no_grad():
-        compiled = vtc.compile(lin, (x,))
-        compiled(x)
+        compiled = _called(lin, x)
         lin.weight = torch.nn.Parameter(torch.randn(24, 32))
         torch.testing.assert_close(compiled(x), lin(x), **TOL)
 
@@ -141,8 +147,7 @@ def test_module_to_another_dtype_is_captured_again_or_refused():
     m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
     x = torch.randn(50, 32)
     with torch.no_grad():
-        compiled = vtc.compile(m, (x,))
-        compiled(x)
+        compiled = _called(m, x)
         m.to(torch.float64)
         x64 = x.double()
         torch.testing.assert_close(compiled(x64), m(x64), rtol=1e-9, atol=1e-9)
@@ -171,8 +176,7 @@ def test_a_direct_kernel_reading_a_parameter():
     m = Scale().eval()
     x = torch.randn(8, 64)
     with torch.no_grad():
-        compiled = vtc.compile(m, (x,))
-        compiled(x)
+        compiled = _called(m, x)
         compiled(x)
         m.s.data = torch.randn(64)
         torch.testing.assert_close(compiled(x), m(x), **TOL)
@@ -184,8 +188,7 @@ def test_a_write_through_data_then_refresh():
     lin = torch.nn.Linear(64, 48).eval()
     x = torch.randn(200, 64)
     with torch.no_grad():
-        compiled = vtc.compile(lin, (x,))
-        compiled(x)
+        compiled = _called(lin, x)
         lin.weight.data.mul_(2)
         assert compiled.refresh() is compiled
         torch.testing.assert_close(compiled(x), lin(x), **TOL)
@@ -196,8 +199,7 @@ def test_a_replaced_weight_frees_the_old_one():
     lin = torch.nn.Linear(128, 128).eval()
     x = torch.randn(64, 128)
     with torch.no_grad():
-        compiled = vtc.compile(lin, (x,))
-        compiled(x)
+        compiled = _called(lin, x)
         old = lin.weight.untyped_storage()._weak_ref()
         lin.weight.data = torch.randn(128, 128)
         torch.testing.assert_close(compiled(x), lin(x), **TOL)
@@ -234,8 +236,7 @@ def test_a_deleted_parameter_is_not_a_crash_of_the_check():
     lin = torch.nn.Linear(16, 8).eval()
     x = torch.randn(4, 16)
     with torch.no_grad():
-        compiled = vtc.compile(lin, (x,))
-        compiled(x)
+        compiled = _called(lin, x)
         compiled(x)
         w = lin.weight
         del lin.weight
