@@ -8,7 +8,9 @@ thread's CPU time, the best of 7 repeats of `--calls` calls each, in one process
 the whole call with the real kernel and with the empty one, and each thing the
 fast call (``vtc.runtime.callplan.fast_call``) does, alone: the input test, the
 output's allocation (the pool's allocator; the old ways of making the tensor for
-comparison), reading the addresses, packing them, the ctypes call.
+comparison), reading the addresses, packing them, the ctypes call; where the model has
+parameters, the fast call made without the parameter watch (``vtc.runtime.weights``) and the
+watch's test alone.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from bench.call_overhead import compiled_pair, nop_kernel
     from vtc.runtime import buffers
-    from vtc.runtime.callplan import _allocator, pointer_array
+    from vtc.runtime.callplan import _allocator, fast_call, pointer_array
 
     if args.workload.startswith("sweep_"):  # a GEMM of bench.gemm_side_by_side's grid, every GEMM generated
         import vtc
@@ -66,13 +68,20 @@ def main(argv: list[str] | None = None) -> int:
         ptrs = pack(*range(n))
         alloc = _allocator(shape, dtype, plan.pool)  # what the call plan allocates the output with
         alloc()
-        env = dict(real=real, empty=empty, inputs=inputs, fast=getattr(empty, "_fast", None), args=tuple(inputs),
+        watch = getattr(empty, "_watch", None)  # the model's parameters, tested per call (vtc.runtime.weights)
+        unwatched = fast_call(plan, sig, None)[0] if watch is not None and empty._exact_sig[1] else None
+        if unwatched is None:
+            watch = None
+        env = dict(real=real, empty=empty, watch=watch, unwatched=unwatched, inputs=inputs,
+                   fast=getattr(empty, "_fast", None), args=tuple(inputs),
                    torch=torch, shape=shape, dtype=dtype, sizes=sizes, st=st, kept=kept, fn=fn, pack=pack, ptrs=ptrs,
                    alloc=alloc, T=torch.Tensor, sig=sig, n=n)
         rows = [
             ("call, real kernel", "real(*inputs)"),
             ("call, empty kernel", "empty(*inputs)"),
             *([("fast call alone, empty kernel", "fast(args)")] if env["fast"] is not None else []),
+            *([("  the same without the parameter watch", "unwatched(args)"),
+               (f"  the watch's test alone ({len(watch)} tensors)", "watch.changed()")] if watch is not None else []),
             ("input test (type, dtype, shape, device)",
              "for t, (d, s) in zip(args, sig):\n"
              "    type(t) is not T or t.dtype is not d or t.shape != s or not t.is_cpu"),

@@ -35,6 +35,7 @@ from vtc.plan.virtualize import Plan
 from vtc.runtime.callplan import MISS, fast_call
 from vtc.runtime.executor import Executor
 from vtc.runtime.reference import check_inputs
+from vtc.runtime.weights import watch as watch_parameters
 
 PLANS = ("greedy", "all", "none", "measured")  # vtc.plan.planners.make_plan makes each one
 OPTIONS = {"plan": "greedy", "backend": "cpu", "oracle": False, "max_specializations": 8,
@@ -150,6 +151,8 @@ class Compiled:
             self._specs[_signature(self._args, self._kwargs)] = self._first
         else:
             self._first = self._specialize(self._args, self._kwargs)
+        # the module's tensors the graph holds, tested per call for being replaced (vtc.runtime.weights)
+        self._watch = watch_parameters(model, self._first.graph)
 
     def replan(self, **options) -> "Compiled":
         """The same captured graph compiled with other options (no new capture)."""
@@ -228,17 +231,46 @@ class Compiled:
             raise InputShapeError(f"{'; '.join(diffs)}; the model does not run with the new sizes: "
                                   f"{lines[0] if lines else ''}") from e
 
+    def refresh(self) -> "Compiled":
+        """Captures the model again from its tensors as they are now (the kernels come from the cache on disk).
+
+        A parameter replaced after compiling (``p.data = t``, ``module.to(...)``, ``load_state_dict(...,
+        assign=True)``) is seen by the next call without this; a write through ``p.data`` in place
+        (``p.data.mul_(2)``), which moves no version counter of ``p``, is not seen by the weights packed or
+        folded at compile time: call ``refresh()`` after one (README)."""
+        self._restart(self._args, self._kwargs, "refresh() was called")
+        return self
+
+    def _restart(self, args: tuple, kwargs: dict, why: str) -> None:
+        """Drops every specialization and captures the model again for `args` (they become the example)."""
+        with CAPTURE_LOCK:
+            with self._lock:
+                self._specs.clear()
+                self._fast, self._exact_sig, self._plain, self._cache_io, self._dynamic = None, None, None, None, None
+                self._new_sizes = 0
+            self._args, self._kwargs = args, dict(kwargs)  # the example now: a static capture, not vtc.dynamic's
+            try:
+                first = self._specialize(args, kwargs)
+            except CaptureError as e:
+                raise CaptureError(f"vtc: {why} since compiling, so the model is captured again, which "
+                                   f"failed: {e}") from e
+            self._first = first
+            self._watch = watch_parameters(self.model, first.graph)
+
     def __call__(self, *args, **kwargs):
         fast = self._fast
         if fast is not None and not kwargs:  # the captured dtypes and shapes: nothing to check or flatten
-            out = fast(args)
+            out = fast(args)  # MISS too where a parameter was replaced (the watch's test is its first line)
             if out is not MISS:
                 return out
-        elif not kwargs and self._exact(args):  # the first such call: the fast call made for them
+        watch = self._watch
+        if watch is not None and watch.changed():  # a parameter replaced since the capture: capture again
+            self._restart(args, kwargs, watch.why())
+        if self._fast is None and not kwargs and self._exact(args):  # the first such call: the fast call
             graph, single = self._first.graph, self._exact_sig[1]
             post = None if single else (lambda outs, args: unflatten_outputs(graph, outs, args))
             plan = self._first.executor.call_plan()
-            self._fast = fast_call(plan, self._exact_sig[0], post)[0]
+            self._fast = fast_call(plan, self._exact_sig[0], post, self._watch)[0]
             outs = plan(args, checked=True)
             return outs[0] if single else post(outs, args)
         graph = self._first.graph

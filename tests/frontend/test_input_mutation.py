@@ -166,3 +166,63 @@ def test_hf_llama_decodes_with_a_static_cache():
     assert shape not in copied, copied
     after = [t for layer in got_cache.layers for t in (layer.keys, layer.values)]
     assert len(after) == len(tensors) and all(a is b for a, b in zip(after, tensors))  # the same tensors, as eager
+
+
+# -- the same through torch.export (the path a model takes when the fast capture refuses it for another reason)
+
+@pytest.fixture
+def export_path(monkeypatch):
+    """Every capture through torch.export (vtc.frontend.core_export): the fast capture refuses."""
+    from vtc.frontend import torch_export
+
+    monkeypatch.setattr(torch_export, "_fast_capture", lambda model, args, kwargs: (None, "refused by the test"))
+
+
+def test_export_path_writes_back_an_index_copy(export_path):
+    """Before session 15 torch.export's path raised "mutates state ... USER_INPUT_MUTATION of cache"."""
+    cache, k = _random(2, 9, 5, seed=20), _random(2, 2, 5, seed=21)
+    compiled = vtc.compile(_scatter_then_read, (cache.clone(), torch.tensor([3, 7]), k))
+    assert "torch.export" in compiled.graph.meta["capture"]
+    assert compiled.graph.meta["input_mutations"] == ((0, 1),)
+    for step, pos in enumerate(([3, 7], [0, 8], [5, 1])):
+        k = _random(2, 2, 5, seed=30 + step)
+        mine, theirs = cache.clone(), cache.clone()
+        got = compiled(mine, torch.tensor(pos), k)
+        torch.testing.assert_close(got, _scatter_then_read(theirs, torch.tensor(pos), k), **TOL)
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+
+
+def _two_inputs_changed(a, b, c):
+    b.add_(c)  # changed in place: b, then a (torch.export lists them in input order)
+    a.mul_(2)
+    return {"n": 3, "s": (a * b).sum(0), "flag": True, "a": a, "t": c - 1}
+
+
+def test_export_path_two_inputs_and_non_tensor_outputs(export_path):
+    a, b, c = _random(4, 6, seed=24), _random(4, 6, seed=25), _random(4, 6, seed=26)
+    compiled = vtc.compile(_two_inputs_changed, (a.clone(), b.clone(), c))
+    assert "torch.export" in compiled.graph.meta["capture"]
+    assert sorted(k for k, _ in compiled.graph.meta["input_mutations"]) == [0, 1]
+    mine, theirs = (a.clone(), b.clone()), (a.clone(), b.clone())
+    got = compiled(*mine, c)
+    want = _two_inputs_changed(*theirs, c)
+    assert got.keys() == want.keys() and got["n"] == 3 and got["flag"] is True
+    assert got["a"] is mine[0]  # eager returns the tensor it changed
+    for key in ("s", "t"):
+        torch.testing.assert_close(got[key], want[key], **TOL)
+    for m, t in zip(mine, theirs):
+        torch.testing.assert_close(m, t, **TOL)
+
+
+def test_export_path_still_refuses_a_changed_buffer(export_path):
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("n", torch.zeros(3))
+
+        def forward(self, x):
+            self.n.add_(1)
+            return x * self.n
+
+    with pytest.raises(vtc.CaptureError, match="BUFFER_MUTATION"):
+        vtc.compile(Counter(), (torch.randn(3),))

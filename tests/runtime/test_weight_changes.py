@@ -58,9 +58,9 @@ def test_weights_made_under_inference_mode():
     assert plan.why_not_packed and all("inference tensor" in why for why in plan.why_not_packed.values())
 
 
-@pytest.mark.xfail(strict=True, reason="known hole (README, docs/gemm.md): a write through .data does not move the "
-                                       "weight's version counter, so MKL's weight packed once stays the old one",
-                   raises=AssertionError)
+@pytest.mark.xfail(strict=True, reason="known hole (README, docs/robustness.md session 15): a write through .data does "
+                                       "not move the weight's version counter, so MKL's weight packed once stays the "
+                                       "old one (Compiled.refresh() captures again)", raises=AssertionError)
 def test_a_write_through_data_is_not_seen():
     from vtc.runtime import packed
 

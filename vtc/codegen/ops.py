@@ -400,6 +400,31 @@ def _arg_extreme(ctx, args, outs):
     return RowSpec(dims, [[("m", extreme, value, dt)], [("i", "min", first, torch.int64)]], stores)
 
 
+# torch.max(x) / torch.min(x) of at most this many elements is generated: a row kernel runs its one row on one thread,
+# where torch's reduction splits more than its grain size (32768 elements, at::internal::GRAIN_SIZE) over the threads
+EXTREME_MAX_ELEMENTS = 32768
+
+
+@row("max.default", "min.default")
+def _extreme(ctx, args, outs):
+    """``torch.max(x)`` / ``torch.min(x)`` without a dim: the extreme of every element, a 0-d result, with amax's /
+    amin's accumulator (NaN when an element is, as torch's).  Bool inputs stay torch's (amax of bool is not
+    generated); an empty input too (torch raises), and one of more than ``EXTREME_MAX_ELEMENTS``.  (``aminmax``
+    needs no definition: the core-ATen table decomposes it into amin and amax.)"""
+    x, op = args["self"], ctx.node.target._opname
+    if x.dtype == torch.bool:
+        raise NotSupported(f"{op} of bool")
+    n = math.prod(x.shape)
+    if n == 0:
+        raise NotSupported(f"{op} of an empty tensor (torch raises)")
+    if n > EXTREME_MAX_ELEMENTS:
+        raise NotSupported(f"{op} of {n} elements: one row runs on one thread, torch's reduction splits it over them")
+    dt = compute_dtype(x.dtype)  # bfloat16 / float16 widened to float: exact, so the same extreme as eager's
+    out = outs[0]
+    return RowSpec(_dims(None, len(x.shape)), [[("m", op, lambda c: c.arg(x, dt), dt)]],
+                   [(0, lambda c: K.cast(K.acc("m", dt), out.dtype), False)])
+
+
 @row("var")
 def _var(ctx, args, outs):
     x, out = args["self"], outs[0]

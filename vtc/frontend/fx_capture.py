@@ -229,6 +229,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[f
     placeholders = [nd for nd in gm.graph.nodes if nd.op == "placeholder"]
     _name_placeholders(model, placeholders, state, args, kwargs, tensor_at)
     weights = {p.name: t.detach() for p, t in zip(placeholders, state.tensors)}
+    gm.meta["const_targets"] = {p.name: nm for p, nm in zip(placeholders, state.names)}  # vtc.runtime.weights
     return gm, weights, in_spec, out_specs[-1], consts
 
 

@@ -122,7 +122,7 @@ def program_constants(ep: Any, name: str) -> dict[str, torch.Tensor]:
             raise CaptureError(f"{name}: graph input {spec.arg.name} of kind {spec.kind.name} "
                                f"({spec.target}) is not supported by vtc")
     bad = [f"{s.arg.name} ({s.kind.name} of {s.target})" for s in ep.graph_signature.output_specs
-           if s.kind != OutputKind.USER_OUTPUT]
+           if s.kind not in (OutputKind.USER_OUTPUT, OutputKind.USER_INPUT_MUTATION)]  # (user_input_mutations)
     if bad:
         raise CaptureError(f"{name} mutates state, which vtc does not support: {', '.join(bad)}. "
                            "Call model.eval() and build transformers models with use_cache=False.")
@@ -269,12 +269,55 @@ def export_graph(model_or_fn: Callable, example_inputs: Any, example_kwargs: dic
     consts = program_constants(ep, name)
     try:
         graph = graph_from_fx(ep.graph_module, consts, in_spec=ep.call_spec.in_spec, out_spec=ep.call_spec.out_spec)
+        user_input_mutations(graph, ep)
     except CaptureError as e:
         raise CaptureError(f"{name}: {e}\n{_TRY_COMPILE}") from e
     graph.meta["source"] = f"torch.export of {name}"
     graph.meta["capture"] = how
     graph.meta["fast_capture_refused"] = refused
+    const_sources(graph, {s.arg.name: s.target for s in ep.graph_signature.input_specs if s.arg.name in consts})
     return graph
+
+
+def user_input_mutations(graph: Graph, ep: Any) -> None:
+    """torch.export's outputs for user inputs that forward changes in place (``USER_INPUT_MUTATION``, before the
+    user's outputs) moved after forward's own outputs, with ``graph.meta["input_mutations"]`` (input index, output
+    index) pairs: the form ``fx_capture._outputs_for_input_mutations`` gives, written back by the call
+    (``write_back``).  Non-tensor outputs' positions in ``graph.meta["output_consts"]`` are counted among the
+    user's outputs."""
+    from torch.export.graph_signature import OutputKind
+
+    specs = ep.graph_signature.output_specs
+    if not any(s.kind == OutputKind.USER_INPUT_MUTATION for s in specs):
+        return
+    consts = graph.meta["output_consts"]
+    it = iter(graph.outputs)
+    leaves = [("const", consts[i]) if i in consts else ("value", next(it)) for i in range(len(specs))]
+    position = {v.name: k for k, v in enumerate(graph.inputs)}
+    user, user_consts, written, values = [], {}, [], []
+    for s, (what, x) in zip(specs, leaves):
+        if s.kind == OutputKind.USER_OUTPUT:
+            if what == "const":
+                user_consts[len(user) + len(user_consts)] = x
+            else:
+                user.append(x)
+        elif what != "value" or s.target not in position:
+            raise CaptureError(f"forward changes input {s.target} in place, but its new value is {x!r:.60}: "
+                               "vtc writes back tensor inputs of the graph only")
+        else:
+            written.append(position[s.target])
+            values.append(x)
+    graph.outputs = [*user, *values]
+    graph.meta["output_consts"] = user_consts
+    graph.meta["input_mutations"] = tuple((k, len(user) + i) for i, k in enumerate(written))
+
+
+def const_sources(graph: Graph, targets: dict[str, str]) -> None:
+    """Sets ``graph.meta["const_sources"]``: {constant name: the qualified name of the module's tensor it was
+    captured from} for the constants the graph reads (``vtc.runtime.weights`` watches them for being replaced)."""
+    read = {v.name for n in graph.nodes for v in n.inputs} | {v.name for v in graph.outputs}
+    graph.meta["const_sources"] = {v.name: targets[v.name] for v in graph.consts
+                                   if v.name in targets and v.name in read}
 
 
 def distinct_inputs(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[tuple, dict | None]:
@@ -305,6 +348,7 @@ def _fast_capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> t
         return None, str(e)
     graph.meta["input_consts"] = input_consts
     graph.meta["capture"] = fx_capture.CAPTURE
+    const_sources(graph, gm.meta.get("const_targets", {}))
     written = gm.meta.get("input_mutations", ())
     if written:  # forward's outputs, then one per input that forward changes in place
         first = len(graph.outputs) - len(written)

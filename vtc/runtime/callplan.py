@@ -460,7 +460,8 @@ def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list)
 MISS = object()  # what a fast call returns for arguments it does not take: the caller takes its full path
 
 
-def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | None) -> tuple[Callable, str]:
+def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | None,
+              watch=None) -> tuple[Callable, str]:
     """(fast, its source): ``fast(args)`` is the call's result for plain positional tensors `args` of exactly
     the dtypes and shapes of `sig` ((dtype, torch.Size) per input), on the CPU; MISS for anything else.
 
@@ -469,11 +470,17 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     on them (``plan(args, checked=True)``).  Where the plan is a single generated kernel that reads only the
     inputs and constants and writes the outputs (``direct_kernel``), the kernel is called right there: each
     input made contiguous where it is not, the outputs allocated, one ctypes call.  `post(outs, args)`
-    makes the result from the outputs' list; None: the result is the one output itself."""
+    makes the result from the outputs' list; None: the result is the one output itself.  `watch` (a
+    ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well where a parameter of the model the plan holds
+    was replaced since the capture, tested first (the caller captures the model again)."""
     n = len(sig)
     names = [f"a{k}" for k in range(n)]
     env: dict[str, Any] = {"T": torch.Tensor, "MISS": MISS, "plan": plan, "post": post}
-    lines = ["def fast(args):", f"    if len(args) != {n}:", "        return MISS"]
+    lines = ["def fast(args):"]
+    if watch is not None and len(watch):
+        lines += ["    try:", f"        if {watch.condition(env, 'W')}:", "            return MISS",
+                  "    except KeyError:  # a watched slot deleted", "        return MISS"]
+    lines += [f"    if len(args) != {n}:", "        return MISS"]
     if n:
         lines.append(f"    {', '.join(names)}{',' if n == 1 else ''} = args")
     for k, (dtype, shape) in enumerate(sig):
