@@ -374,8 +374,34 @@ def gemm_kernel(low, n: Node) -> Kernel:
                source_nodes=[n.name])
     k.gemm = ops
     if n.name in getattr(low, "gemm_choices", {}):
-        low.gemm_choices[n.name].path = kernel_path(ops, {x: low.values[x].shape for x in _loaded(sa, sb)})
+        shapes = {x: low.values[x].shape for x in _loaded(sa, sb)}
+        low.gemm_choices[n.name].path = kernel_path(ops, shapes, _packed_path(low, k, shapes))
     return k
+
+
+SKINNY_PACKED_PATH = "skinny_packed"  # kernel_path where 2..SKINNY_M rows run vtc_skinny_packed on W packed once
+
+
+def _packed_path(low, k: Kernel, shapes: dict) -> str:
+    """The path gemm kernel k runs where the call plan passes it its weight packed once (``_weight_packing``): a
+    constant of the graph (or a view of one) as the kernel's B, packed as ``generate`` asks: SKINNY_PACKED_PATH
+    (vtc_skinny_packed) or "panels" (the micro-kernel's panels, B not packed per call); "" where nothing is."""
+    from vtc.codegen.cpp import _Emitter
+
+    g = k.gemm
+    if g.pack_b is not None or g.dtype != torch.float32 or g.b.op != "load":
+        return ""
+    em = _Emitter(k)  # (k has no inputs yet: their shapes and some pointer names for the spec functions)
+    em.shapes.update(shapes)
+    em.ptr.update({x: f"b{i}" for i, x in enumerate(sorted(shapes))})
+    _, _, skinny, spec = _weight_packing(em, g)
+    if spec is None:
+        return ""
+    consts = {v.name for v in low.graph.consts}
+    r = low.plan.realized.get(spec[0]) if low.plan.is_virtual(spec[0]) else None
+    if spec[0] not in consts and (r is None or r.strided is None or r.strided.source not in consts):
+        return ""  # a runtime B: the kernel reads it as without a packed copy
+    return SKINNY_PACKED_PATH if spec is skinny else "panels"
 
 
 def _loaded(*scalars: Scalar) -> set[str]:
@@ -946,7 +972,7 @@ def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows:
     tm, tn = -(-m // MC_ROWS), -(-n // nc)
     nt = threads if parallel_worth(batch, m, n, k) and threads > 1 else 1
     if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m)):
-        if not (m >= n and m >= 2 * nt * MR):  # else M is split
+        if not (m >= n and m >= 2 * nt * (32 if weight_rows and WT_SPLIT_NR else MR)):  # else M is split
             tn = -(-tn // nt) * nt
     return tn
 
@@ -1010,6 +1036,7 @@ def _panels_pad_less(m: int) -> bool:
     than weight_rows on Zen 5, and at 64 / 128 rows 2-8% slower."""
     return -(-m // MR) * MR < -(-m // 32) * 32
 
+WT_SPLIT_NR = True  # weight_rows' M split over the threads in multiples of NR (its A^T panels), not of MR
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
 
 
@@ -1030,7 +1057,7 @@ def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
     return coeffs
 
 
-def kernel_path(g: GemmOperands, shapes: dict) -> str:
+def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
     """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
 
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
@@ -1041,10 +1068,15 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
-    - "panels": both operands packed into panels (Goto's algorithm).
+    - "panels": both operands packed into panels (Goto's algorithm);
+    - `packed` (``_packed_path``) where the call plan passes B packed once: SKINNY_PACKED_PATH at 2..SKINNY_M rows
+      (``vtc_skinny_packed``, instead of "dot" or "weight_rows"), "panels" (instead of "weight_rows" at rows
+      that the 12-row tiles pad less, ``_panels_pad_less``).
     """
     if g.pack_b is not None or g.dtype != torch.float32:
         return "panels"
+    if packed:
+        return packed
     nv = g.vars[2]
     cb = _plain(g.b, g, shapes)
     if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
@@ -1129,6 +1161,26 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
             f"{ind}#endif"]
 
 
+def _weight_packing(em, g: GemmOperands) -> tuple:
+    """(lazy, spec, skinny, packed_weight) of ``generate``: ``_lazy_b``, ``_packed_spec``, ``_skinny_spec`` (where
+    spec is None) and the spec the call plan packs once (vtc.runtime.packed), or None.
+
+    None where the weight_rows path runs (it packs no B); weight_rows rows on a constant W of at most
+    WT_PACKED_MAX_BYTES: the panels on W packed once where they pad M less (the C tests the pointer, so a
+    size-generic kernel or a runtime W still reads W in place); 2..SKINNY_M rows: vtc_skinny_packed where
+    ``_skinny_packed_rows``."""
+    wt = _wt_operands(g, em.shapes)
+    lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
+    spec = _packed_spec(em, g, lazy)
+    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
+    m = g.m
+    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
+    packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
+    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):  # (one row: the dot path reads W at stream rate)
+        packed_weight = skinny
+    return lazy, spec, skinny, packed_weight
+
+
 def generate(k: Kernel) -> str:
     """The C++ source of gemm kernel k (with both preludes).
 
@@ -1156,20 +1208,11 @@ def generate(k: Kernel) -> str:
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
-    lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
-    spec = _packed_spec(em, g, lazy)
-    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
-    # what the call plan packs once (vtc.runtime.packed); none where the weight_rows path runs (it packs no B).
-    # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
-    # weight_rows rows on a constant W of at most WT_PACKED_MAX_BYTES: the panels on W packed once where the call
-    # plan passes it (the C tests the pointer, so a size-generic kernel or a runtime W still reads W in place)
-    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(M)
-    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M and not wt_packed):
+    lazy, spec, skinny, packed_weight = _weight_packing(em, g)
+    if packed_weight is None:
         g.__dict__.pop("packed_weight", None)
     else:
-        g.packed_weight = spec
-    if skinny is not None and SKINNY_PACKED_MIN_M <= M < WT_MIN_M:  # (one row: the dot path reads W at stream rate)
-        g.packed_weight = skinny
+        g.packed_weight = packed_weight
     if spec is not None or skinny is not None:  # B packed once by the caller, passed after the buffers with PACKED_FLAG set
         lines += [f"  const float* __restrict wpk = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{len(buffer_order(k))}] : nullptr;",
                   f"  nthreads &= ~{PACKED_FLAG};"]
@@ -1181,7 +1224,7 @@ def generate(k: Kernel) -> str:
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else [
-            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None else ''};  // the weight_rows path (kernel_path)",
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None or skinny is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
               if stream else []),
             "#if defined(__AVX512F__)",
@@ -1201,10 +1244,20 @@ def generate(k: Kernel) -> str:
           if EQUAL_BLOCKS else []),
         # equal work per thread: split the larger of M and N into a multiple of nt; also where the threads would
         # share B's column blocks while B is the larger operand (N > M): each would pack all of B, so N is split
+        *([] if not (wt and WT_SPLIT_NR) else [
+            "  int64_t mr = VTC_MR, nr = VTC_NR;  // the granularity of an M / N split",
+            "#if defined(__AVX512F__)",
+            "  if (wt_rows) { mr = VTC_NR; nr = VTC_MR; }  // weight_rows: A^T's NR-column panels, W's MR-row strips",
+            "#endif"]),
         f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
-        "    if (M >= N && M >= 2 * nt * VTC_MR) {",
-        "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
+        *(["    if (M >= N && M >= 2 * nt * mr) {",
+           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;"]
+          if wt and WT_SPLIT_NR else [
+           "    if (M >= N && M >= 2 * nt * VTC_MR) {",
+           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;"]),
         "    } else {",
+        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;"
+        if wt and WT_SPLIT_NR else
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
@@ -1362,6 +1415,18 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
 
 SKINNY_PACKED = True  # the dot path's weight (B = W^T, 2 <= M < WT_MIN_M) packed once into packed_panels (docs/gemm.md)
 SKINNY_PACKED_MIN_M = 2
+SKINNY_PACKED_MAX_M = SKINNY_M  # up to here: WT_MIN_M..SKINNY_M rows instead of weight_rows, on a W of at least
+SKINNY_PACKED_WT_MIN_BYTES = 1 << 19  # this size (a smaller W, read in place from L2, was as fast or faster)
+
+
+def _skinny_packed_rows(m: int, w_bytes: int) -> bool:
+    """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (below
+    them the dot path), and WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at least
+    SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024 0.170 ->
+    0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15)."""
+    if m < SKINNY_PACKED_MIN_M or m > SKINNY_PACKED_MAX_M:
+        return False
+    return m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
 
 def _skinny_spec(em, g: GemmOperands) -> tuple | None:
