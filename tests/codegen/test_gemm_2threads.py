@@ -127,3 +127,31 @@ def test_weight_rows_on_one_to_four_threads(m, k, n):
     want = x @ w.t()
     for nthreads in (1, 2, 3, 4):
         torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (x, w), nthreads), want, **_tol(k))
+
+
+def test_the_estimates_know_w_packed_once():
+    """estimate_us: the packed skinny rates below the dot path's; the panels on B packed once pay no per-element B
+    term (49 rows: below weight_rows' estimate, as measured).  Fails before: no such path / argument."""
+    dot = gemm.estimate_us(1, 8, 4096, 4096, b_unit_stride="k", path="panels")[0]
+    assert gemm.estimate_us(1, 8, 4096, 4096, b_unit_stride="k", path=gemm.SKINNY_PACKED_PATH)[0] < dot
+    wt = gemm.estimate_us(1, 49, 768, 768, b_unit_stride="k", path="weight_rows")[0]
+    assert gemm.estimate_us(1, 49, 768, 768, b_unit_stride="k", path="panels", b_packed=True)[0] < wt
+    assert gemm.estimate_us(1, 49, 768, 768, b_unit_stride="k", path="panels")[0] > wt
+
+
+@avx512
+@pytest.mark.parametrize("m,k,n", [(4, 1024, 1024), (16, 1024, 1024), (49, 768, 300)])
+def test_choose_estimates_the_path_that_runs(m, k, n):
+    """choose's estimate on a constant W (the report's vtc_us, also under gemm="vtc") is the packed path's, the one
+    the kernel runs."""
+    lin = _linear(k, n, m, bias=False)
+    x = rand((m, k), gen(m))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+    (q,) = compiled.report.to_dict()["gemm"]
+    path = gemm.SKINNY_PACKED_PATH if m <= gemm.SKINNY_M else "panels"
+    assert q["path"] == path
+    want = gemm.estimate_us(1, m, n, k, b_unit_stride="k", path=path, b_packed=True,
+                            torch_speed=gemm.library_gemm_speed())[0]
+    assert q["vtc_us"] == round(want, 2)

@@ -135,6 +135,10 @@ SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  #
 # M <= WIDE_ROWS_M against a row-major B: vtc_ukr_rows (1 and 2 x 4096 @ 4096 x 4096 in 2.6-2.8 ms, 1 thread, Zen 5:
 # ~24 GB/s of B where the 32-column panels read ~11)
 SKINNY["wide_rows"] = (24.0, 232.0)
+# 2..SKINNY_M rows on W packed once (vtc_skinny_packed, kernel_path SKINNY_PACKED_PATH): the dot path's rates scaled
+# by what Zen 5 measured against it (1 thread, CPU time, 2 / 8 x 4096 -> 4096: ~47 GB/s of W and ~188 GFLOPS
+# against the dot path's ~38 and ~133, docs/gemm.md, session 15), the flops capped at the panels' rate
+SKINNY["packed"] = (50.0, 280.0)
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
@@ -155,7 +159,7 @@ WT_GFLOPS = 296.0
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
                 b_unit_stride: str = "n", path: str | None = None,
-                torch_b_packed: bool = False, torch_speed: float = 1.0) -> tuple[float, float]:
+                torch_b_packed: bool = False, torch_speed: float = 1.0, b_packed: bool = False) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
@@ -167,7 +171,9 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     few rows do not hide) and the weight_rows rate over its transposed tiles; None (convolutions) keeps
     the flat rates.  `torch_b_packed`: torch's side runs on its weight packed once (vtc.runtime.packed) and
     pays no per-element B term.  `torch_speed` scales torch's GEMM rates (vtc.plan.cost.library_gemm_speed:
-    0.5 where torch's GEMM runs at half the rates assumed here).
+    0.5 where torch's GEMM runs at half the rates assumed here).  `b_packed`: the generated kernel gets its B
+    packed once by the call plan (``_packed_path``): "panels" pays no per-element B term, and `path`
+    SKINNY_PACKED_PATH takes the packed skinny rates.
     """
     torch_b_ns = 0.0 if torch_b_packed else B_ELEM_NS["torch"] / torch_speed
     torch_gflops = TORCH_GFLOPS * torch_speed
@@ -175,7 +181,8 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
         rows = "wide_rows" if WIDE_ROWS and m <= WIDE_ROWS_M else "rows"
-        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else rows], SKINNY["torch"]
+        mine = "packed" if path == SKINNY_PACKED_PATH else "dot" if b_unit_stride == "k" else rows
+        (vbw, vrate), (tbw, trate) = SKINNY[mine], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * torch_speed * 1e3) + flops / (trate * torch_speed * 1e3)
     elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
@@ -189,7 +196,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         vtc = flops / (VTC_GFLOPS * 1e3 * used)
         lib = flops / (torch_gflops * 1e3)
         if path is not None:
-            vtc += batch * k * n * B_ELEM_NS["panels"] * 1e-3
+            vtc += 0.0 if b_packed else batch * k * n * B_ELEM_NS["panels"] * 1e-3
             lib += batch * k * n * torch_b_ns * 1e-3
     vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
@@ -227,10 +234,19 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     b_stride = _unit_stride(low, b)
     path = ("weight_rows" if WT_MIN_M <= m <= WT_MAX_M and b_stride == "k" and kk > 1 and nn > 1
             and not needs_copy(low, a) and not needs_copy(low, b) else "panels")
+    # B a constant the call plan packs once for the generated kernel (_weight_packing, _packed_path)
+    b_packed = _constant_b(low, b) and a.dtype == torch.float32 and not needs_copy(low, a)
+    if b_packed and m <= SKINNY_M:
+        b_packed = b_stride == "k" and SKINNY_PACKED and _skinny_packed_rows(m, 4 * kk * nn)
+        path = SKINNY_PACKED_PATH if b_packed else path
+    elif b_packed and path == "weight_rows":
+        b_packed = 4 * kk * nn <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
+        path = "panels" if b_packed else path
     library = packed.planned(low, n, a, b)  # "mkl_packed": torch's side runs on its weight packed once
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
-                                   torch_b_packed=library == "mkl_packed", torch_speed=(speed := library_gemm_speed()))
+                                   torch_b_packed=library == "mkl_packed", torch_speed=(speed := library_gemm_speed()),
+                                   b_packed=b_packed and PACKED_B)
     # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
     # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
     inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in
@@ -281,6 +297,23 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                            f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
                          "(not estimated slower than the generated one by a clear margin)")
+
+
+def _constant_b(low, b: Value) -> bool:
+    """Whether GEMM operand B is what the call plan can pack once for the generated kernel (``_packed_path``): a
+    zero-copy strided view of a constant with no batch stride (one weight for all of the kernel), float32, static
+    sizes, on AVX-512."""
+    from vtc.codegen.conv_t import has_avx512
+
+    if b.dtype != torch.float32 or not all(isinstance(d, int) for d in b.shape) or not has_avx512():
+        return False
+    consts = {v.name for v in low.graph.consts}
+    if b.name in consts:
+        return len(b.shape) == 2
+    r = low.plan.realized.get(b.name) if low.plan.is_virtual(b.name) else None
+    st = r.strided if r is not None else None
+    return (st is not None and st.source in consts and st.offset is not None
+            and (len(b.shape) == 2 or st.strides[0] == 0 or b.shape[0] == 1))
 
 
 def _unit_stride(low, b: Value) -> str:
