@@ -112,7 +112,7 @@ class GemmChoice:
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
     path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot", "packed_dot"
-    #                 (vtc.codegen.gemm_dot) or "b_rows";
+    #                 (vtc.codegen.gemm_dot), "b_rows" or "skinny_packed" (vtc_skinny_packed on W packed once);
     #                 a convolution's "panels" or "conv_dot" (vtc.codegen.conv_t); "" when torch runs it
 
     def to_dict(self) -> dict:
