@@ -3,8 +3,8 @@
 At 2 <= M < WT_MIN_M rows a constant weight (B = W^T, one weight for the whole kernel) is packed once by the
 call plan into ``packed_panels`` at the skinny KC (SKINNY_KC's equal slices) and the kernel reads its 32-column
 panels as streams (R rows of A broadcast, two panels' vectors per k step) instead of the dot products against
-W's rows.  One row keeps the dot path (nothing packed), as do 12+ rows (weight_rows) and a weight with a batch
-term.  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
+W's rows.  One row keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
+tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
 64-column edges, K across the skinny KC (2049, 4100: two and three slices, the later ones adding to C), a bias
 and a ReLU epilogue, a 3-D x (rows of two batches folded), 1 and 2 threads, and again after each in-place
 change of the weight (packed again) and through the executor's reference path (no packed weight: the dot path).
@@ -57,7 +57,7 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
     try:
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
-            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["dot"]
+            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
             torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
             assert _count(compiled) == 1, compiled._first.executor.call_plan().why_not_packed
             for change in (lambda w: w.mul_(-2.0), lambda w: w.copy_(rand(tuple(w.shape), gen(9)) / k ** 0.5)):

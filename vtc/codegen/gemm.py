@@ -112,7 +112,7 @@ class GemmChoice:
     library: str = ""  # choice "torch": "mkl_packed" where the call plan runs it on its constant weight packed
     #                    once (vtc.runtime.packed), "" for torch's op as it is
     path: str = ""  # the generated kernel's loops (``kernel_path``): "panels", "weight_rows", "dot", "packed_dot"
-    #                 (vtc.codegen.gemm_dot) or "b_rows";
+    #                 (vtc.codegen.gemm_dot), "b_rows" or "skinny_packed" (vtc_skinny_packed on W packed once);
     #                 a convolution's "panels" or "conv_dot" (vtc.codegen.conv_t); "" when torch runs it
 
     def to_dict(self) -> dict:
@@ -135,6 +135,10 @@ SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  #
 # M <= WIDE_ROWS_M against a row-major B: vtc_ukr_rows (1 and 2 x 4096 @ 4096 x 4096 in 2.6-2.8 ms, 1 thread, Zen 5:
 # ~24 GB/s of B where the 32-column panels read ~11)
 SKINNY["wide_rows"] = (24.0, 232.0)
+# 2..SKINNY_M rows on W packed once (vtc_skinny_packed, kernel_path SKINNY_PACKED_PATH): the dot path's rates scaled
+# by what Zen 5 measured against it (1 thread, CPU time, 2 / 8 x 4096 -> 4096: ~47 GB/s of W and ~188 GFLOPS
+# against the dot path's ~38 and ~133, docs/gemm.md, session 15), the flops capped at the panels' rate
+SKINNY["packed"] = (50.0, 280.0)
 COPY_GBPS = 10.0  # a generated copy kernel: bytes read + written per second
 MAPPED_PACK_NS = 0.5  # extra per packed element read through a mapping that is not a strided load
 CALL_US = 5.0  # one kernel launch by the executor
@@ -155,7 +159,7 @@ WT_GFLOPS = 296.0
 
 def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
                 b_unit_stride: str = "n", path: str | None = None,
-                torch_b_packed: bool = False, torch_speed: float = 1.0) -> tuple[float, float]:
+                torch_b_packed: bool = False, torch_speed: float = 1.0, b_packed: bool = False) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one call.
 
     torch's side pays one copy kernel per operand that is not a strided view (`copies`: their bytes,
@@ -167,7 +171,9 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     few rows do not hide) and the weight_rows rate over its transposed tiles; None (convolutions) keeps
     the flat rates.  `torch_b_packed`: torch's side runs on its weight packed once (vtc.runtime.packed) and
     pays no per-element B term.  `torch_speed` scales torch's GEMM rates (vtc.plan.cost.library_gemm_speed:
-    0.5 where torch's GEMM runs at half the rates assumed here).
+    0.5 where torch's GEMM runs at half the rates assumed here).  `b_packed`: the generated kernel gets its B
+    packed once by the call plan (``_packed_path``): "panels" pays no per-element B term, and `path`
+    SKINNY_PACKED_PATH takes the packed skinny rates.
     """
     torch_b_ns = 0.0 if torch_b_packed else B_ELEM_NS["torch"] / torch_speed
     torch_gflops = TORCH_GFLOPS * torch_speed
@@ -175,7 +181,8 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     b_bytes = 4.0 * batch * k * n
     if m <= SKINNY_M and path != "weight_rows":
         rows = "wide_rows" if WIDE_ROWS and m <= WIDE_ROWS_M else "rows"
-        (vbw, vrate), (tbw, trate) = SKINNY["dot" if b_unit_stride == "k" else rows], SKINNY["torch"]
+        mine = "packed" if path == SKINNY_PACKED_PATH else "dot" if b_unit_stride == "k" else rows
+        (vbw, vrate), (tbw, trate) = SKINNY[mine], SKINNY["torch"]
         vtc = b_bytes / (vbw * 1e3) + flops / (vrate * 1e3)
         lib = b_bytes / (tbw * torch_speed * 1e3) + flops / (trate * torch_speed * 1e3)
     elif path == "weight_rows":  # tiles of 12 columns (W's rows) x 32 rows (A^T's panel; 16 for m <= 16)
@@ -189,7 +196,7 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
         vtc = flops / (VTC_GFLOPS * 1e3 * used)
         lib = flops / (torch_gflops * 1e3)
         if path is not None:
-            vtc += batch * k * n * B_ELEM_NS["panels"] * 1e-3
+            vtc += 0.0 if b_packed else batch * k * n * B_ELEM_NS["panels"] * 1e-3
             lib += batch * k * n * torch_b_ns * 1e-3
     vtc += mapped_elems * MAPPED_PACK_NS * 1e-3 + CALL_US
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies) + CALL_US
@@ -227,10 +234,19 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     b_stride = _unit_stride(low, b)
     path = ("weight_rows" if WT_MIN_M <= m <= WT_MAX_M and b_stride == "k" and kk > 1 and nn > 1
             and not needs_copy(low, a) and not needs_copy(low, b) else "panels")
+    # B a constant the call plan packs once for the generated kernel (_weight_packing, _packed_path)
+    b_packed = _constant_b(low, b) and a.dtype == torch.float32 and not needs_copy(low, a)
+    if b_packed and m <= SKINNY_M:
+        b_packed = b_stride == "k" and SKINNY_PACKED and _skinny_packed_rows(m, 4 * kk * nn)
+        path = SKINNY_PACKED_PATH if b_packed else path
+    elif b_packed and path == "weight_rows":
+        b_packed = 4 * kk * nn <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
+        path = "panels" if b_packed else path
     library = packed.planned(low, n, a, b)  # "mkl_packed": torch's side runs on its weight packed once
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
-                                   torch_b_packed=library == "mkl_packed", torch_speed=(speed := library_gemm_speed()))
+                                   torch_b_packed=library == "mkl_packed", torch_speed=(speed := library_gemm_speed()),
+                                   b_packed=b_packed and PACKED_B)
     # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
     # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)
     inlined = [(gemm_inline.inlined_producer_bytes(low, v, n), reuse) for v, reuse in
@@ -281,6 +297,23 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                            f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
                          "(not estimated slower than the generated one by a clear margin)")
+
+
+def _constant_b(low, b: Value) -> bool:
+    """Whether GEMM operand B is what the call plan can pack once for the generated kernel (``_packed_path``): a
+    zero-copy strided view of a constant with no batch stride (one weight for all of the kernel), float32, static
+    sizes, on AVX-512."""
+    from vtc.codegen.conv_t import has_avx512
+
+    if b.dtype != torch.float32 or not all(isinstance(d, int) for d in b.shape) or not has_avx512():
+        return False
+    consts = {v.name for v in low.graph.consts}
+    if b.name in consts:
+        return len(b.shape) == 2
+    r = low.plan.realized.get(b.name) if low.plan.is_virtual(b.name) else None
+    st = r.strided if r is not None else None
+    return (st is not None and st.source in consts and st.offset is not None
+            and (len(b.shape) == 2 or st.strides[0] == 0 or b.shape[0] == 1))
 
 
 def _unit_stride(low, b: Value) -> str:
@@ -374,8 +407,34 @@ def gemm_kernel(low, n: Node) -> Kernel:
                source_nodes=[n.name])
     k.gemm = ops
     if n.name in getattr(low, "gemm_choices", {}):
-        low.gemm_choices[n.name].path = kernel_path(ops, {x: low.values[x].shape for x in _loaded(sa, sb)})
+        shapes = {x: low.values[x].shape for x in _loaded(sa, sb)}
+        low.gemm_choices[n.name].path = kernel_path(ops, shapes, _packed_path(low, k, shapes))
     return k
+
+
+SKINNY_PACKED_PATH = "skinny_packed"  # kernel_path where 2..SKINNY_M rows run vtc_skinny_packed on W packed once
+
+
+def _packed_path(low, k: Kernel, shapes: dict) -> str:
+    """The path gemm kernel k runs where the call plan passes it its weight packed once (``_weight_packing``): a
+    constant of the graph (or a view of one) as the kernel's B, packed as ``generate`` asks: SKINNY_PACKED_PATH
+    (vtc_skinny_packed) or "panels" (the micro-kernel's panels, B not packed per call); "" where nothing is."""
+    from vtc.codegen.cpp import _Emitter
+
+    g = k.gemm
+    if g.pack_b is not None or g.dtype != torch.float32 or g.b.op != "load":
+        return ""
+    em = _Emitter(k)  # (k has no inputs yet: their shapes and some pointer names for the spec functions)
+    em.shapes.update(shapes)
+    em.ptr.update({x: f"b{i}" for i, x in enumerate(sorted(shapes))})
+    _, _, skinny, spec = _weight_packing(em, g)
+    if spec is None:
+        return ""
+    consts = {v.name for v in low.graph.consts}
+    r = low.plan.realized.get(spec[0]) if low.plan.is_virtual(spec[0]) else None
+    if spec[0] not in consts and (r is None or r.strided is None or r.strided.source not in consts):
+        return ""  # a runtime B: the kernel reads it as without a packed copy
+    return SKINNY_PACKED_PATH if spec is skinny else "panels"
 
 
 def _loaded(*scalars: Scalar) -> set[str]:
@@ -946,7 +1005,7 @@ def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows:
     tm, tn = -(-m // MC_ROWS), -(-n // nc)
     nt = threads if parallel_worth(batch, m, n, k) and threads > 1 else 1
     if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m)):
-        if not (m >= n and m >= 2 * nt * MR):  # else M is split
+        if not (m >= n and m >= 2 * nt * (32 if weight_rows and WT_SPLIT_NR else MR)):  # else M is split
             tn = -(-tn // nt) * nt
     return tn
 
@@ -1010,6 +1069,7 @@ def _panels_pad_less(m: int) -> bool:
     than weight_rows on Zen 5, and at 64 / 128 rows 2-8% slower."""
     return -(-m // MR) * MR < -(-m // 32) * 32
 
+WT_SPLIT_NR = True  # weight_rows' M split over the threads in multiples of NR (its A^T panels), not of MR
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
 
 
@@ -1030,7 +1090,7 @@ def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
     return coeffs
 
 
-def kernel_path(g: GemmOperands, shapes: dict) -> str:
+def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
     """The loops the generated kernel of g runs on AVX-512 (``generate``), for the report:
 
     - "dot": M < WT_MIN_M and B = W^T of a row-major weight: dot products against W's rows (``_dot_path``);
@@ -1041,10 +1101,15 @@ def kernel_path(g: GemmOperands, shapes: dict) -> str:
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
-    - "panels": both operands packed into panels (Goto's algorithm).
+    - "panels": both operands packed into panels (Goto's algorithm);
+    - `packed` (``_packed_path``) where the call plan passes B packed once: SKINNY_PACKED_PATH at 2..SKINNY_M rows
+      (``vtc_skinny_packed``, instead of "dot" or "weight_rows"), "panels" (instead of "weight_rows" at rows
+      that the 12-row tiles pad less, ``_panels_pad_less``).
     """
     if g.pack_b is not None or g.dtype != torch.float32:
         return "panels"
+    if packed:
+        return packed
     nv = g.vars[2]
     cb = _plain(g.b, g, shapes)
     if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
@@ -1129,6 +1194,26 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
             f"{ind}#endif"]
 
 
+def _weight_packing(em, g: GemmOperands) -> tuple:
+    """(lazy, spec, skinny, packed_weight) of ``generate``: ``_lazy_b``, ``_packed_spec``, ``_skinny_spec`` (where
+    spec is None) and the spec the call plan packs once (vtc.runtime.packed), or None.
+
+    None where the weight_rows path runs (it packs no B); weight_rows rows on a constant W of at most
+    WT_PACKED_MAX_BYTES: the panels on W packed once where they pad M less (the C tests the pointer, so a
+    size-generic kernel or a runtime W still reads W in place); 2..SKINNY_M rows: vtc_skinny_packed where
+    ``_skinny_packed_rows``."""
+    wt = _wt_operands(g, em.shapes)
+    lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
+    spec = _packed_spec(em, g, lazy)
+    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
+    m = g.m
+    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
+    packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
+    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):  # (one row: the dot path reads W at stream rate)
+        packed_weight = skinny
+    return lazy, spec, skinny, packed_weight
+
+
 def generate(k: Kernel) -> str:
     """The C++ source of gemm kernel k (with both preludes).
 
@@ -1156,20 +1241,11 @@ def generate(k: Kernel) -> str:
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
-    lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
-    spec = _packed_spec(em, g, lazy)
-    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
-    # what the call plan packs once (vtc.runtime.packed); none where the weight_rows path runs (it packs no B).
-    # The C lines do not depend on M (a size-generic kernel, vtc.runtime.generic, has one text across WT_MAX_M)
-    # weight_rows rows on a constant W of at most WT_PACKED_MAX_BYTES: the panels on W packed once where the call
-    # plan passes it (the C tests the pointer, so a size-generic kernel or a runtime W still reads W in place)
-    wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(M)
-    if spec is None or (wt and WT_MIN_M <= M <= WT_MAX_M and not wt_packed):
+    lazy, spec, skinny, packed_weight = _weight_packing(em, g)
+    if packed_weight is None:
         g.__dict__.pop("packed_weight", None)
     else:
-        g.packed_weight = spec
-    if skinny is not None and SKINNY_PACKED_MIN_M <= M < WT_MIN_M:  # (one row: the dot path reads W at stream rate)
-        g.packed_weight = skinny
+        g.packed_weight = packed_weight
     if spec is not None or skinny is not None:  # B packed once by the caller, passed after the buffers with PACKED_FLAG set
         lines += [f"  const float* __restrict wpk = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{len(buffer_order(k))}] : nullptr;",
                   f"  nthreads &= ~{PACKED_FLAG};"]
@@ -1181,7 +1257,7 @@ def generate(k: Kernel) -> str:
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *([] if not wt else [
-            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None else ''};  // the weight_rows path (kernel_path)",
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None or skinny is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
               if stream else []),
             "#if defined(__AVX512F__)",
@@ -1201,10 +1277,20 @@ def generate(k: Kernel) -> str:
           if EQUAL_BLOCKS else []),
         # equal work per thread: split the larger of M and N into a multiple of nt; also where the threads would
         # share B's column blocks while B is the larger operand (N > M): each would pack all of B, so N is split
+        *([] if not (wt and WT_SPLIT_NR) else [
+            "  int64_t mr = VTC_MR, nr = VTC_NR;  // the granularity of an M / N split",
+            "#if defined(__AVX512F__)",
+            "  if (wt_rows) { mr = VTC_NR; nr = VTC_MR; }  // weight_rows: A^T's NR-column panels, W's MR-row strips",
+            "#endif"]),
         f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
-        "    if (M >= N && M >= 2 * nt * VTC_MR) {",
-        "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;",
+        *(["    if (M >= N && M >= 2 * nt * mr) {",
+           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;"]
+          if wt and WT_SPLIT_NR else [
+           "    if (M >= N && M >= 2 * nt * VTC_MR) {",
+           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;"]),
         "    } else {",
+        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;"
+        if wt and WT_SPLIT_NR else
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
@@ -1362,6 +1448,18 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
 
 SKINNY_PACKED = True  # the dot path's weight (B = W^T, 2 <= M < WT_MIN_M) packed once into packed_panels (docs/gemm.md)
 SKINNY_PACKED_MIN_M = 2
+SKINNY_PACKED_MAX_M = SKINNY_M  # up to here: WT_MIN_M..SKINNY_M rows instead of weight_rows, on a W of at least
+SKINNY_PACKED_WT_MIN_BYTES = 1 << 19  # this size (a smaller W, read in place from L2, was as fast or faster)
+
+
+def _skinny_packed_rows(m: int, w_bytes: int) -> bool:
+    """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (below
+    them the dot path), and WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at least
+    SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024 0.170 ->
+    0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15)."""
+    if m < SKINNY_PACKED_MIN_M or m > SKINNY_PACKED_MAX_M:
+        return False
+    return m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
 
 def _skinny_spec(em, g: GemmOperands) -> tuple | None:
