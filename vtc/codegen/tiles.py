@@ -83,6 +83,17 @@ template <class F> static inline __attribute__((always_inline)) vtc_v16 vtc_map1
   for (int l = 0; l < 16; ++l) a[l] = f(a[l], b[l]);
   __builtin_memcpy(&v, a, 64); return v;
 }
+// dst[a * ld + b] = (float)src[a + stride * b] for bfloat16 src (the bits shifted up: exact), a, b < 16: 16 row loads
+// of 16 bfloat16, each widened in a vector register, then the float transpose (vtc.codegen.low_tiles)
+typedef uint16_t vtc_h16 __attribute__((vector_size(32)));
+typedef uint32_t vtc_u16 __attribute__((vector_size(64)));
+static inline void vtc_tile_transpose16_bf16(float* __restrict dst, int64_t ld, const uint16_t* __restrict src, int64_t stride) {
+  vtc_v16 r[16];
+  for (int i = 0; i < 16; ++i) { vtc_h16 h; __builtin_memcpy(&h, src + stride * i, 32);
+    const vtc_u16 w = __builtin_convertvector(h, vtc_u16) << 16; __builtin_memcpy(&r[i], &w, 64); }
+%s
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + ld * i, &r[i], 64);
+}
 static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   vtc_v16 r[16];
   vtc_tile_transpose16_regs(r, src, stride);
@@ -92,6 +103,10 @@ static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const
 static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   for (int b = 0; b < 16; ++b)
     for (int a = 0; a < 16; ++a) dst[a * ld + b] = src[a + stride * b];
+}
+static inline void vtc_tile_transpose16_bf16(float* __restrict dst, int64_t ld, const uint16_t* __restrict src, int64_t stride) {
+  for (int b = 0; b < 16; ++b)
+    for (int a = 0; a < 16; ++a) { const uint32_t w = (uint32_t)src[a + stride * b] << 16; __builtin_memcpy(dst + a * ld + b, &w, 4); }
 }
 #endif
 """
@@ -138,7 +153,7 @@ def _transpose8x16() -> str:
     return PRELUDE_8X16 % (_butterfly((1, 2, 4), 8), ", ".join(map(str, perm)))
 
 
-PRELUDE = PRELUDE % _butterfly() + _transpose8x16()
+PRELUDE = PRELUDE % (_butterfly(), _butterfly()) + _transpose8x16()
 
 
 def _unconditional_loads(k: Kernel) -> list[Scalar]:
