@@ -70,7 +70,14 @@ static inline __attribute__((always_inline)) void vtc_tile_transpose16_regs(vtc_
 }
 // the register form's other ops (tiles._register_block): a float broadcast, and a scalar function applied lane by
 // lane (written through a local array, compiled to vector code in registers where the function vectorises)
-static inline vtc_v16 vtc_splat16(float c) { return (vtc_v16){c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
+static inline vtc_v16 vtc_tile_splat16(float c) { return (vtc_v16){c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
+// a where: the lanes of a where the comparison's mask m (all ones / zeros per lane, as a vector comparison gives)
+// is set, of b elsewhere (bitwise: no vector ?:, which older clang lacks)
+typedef int32_t vtc_i16 __attribute__((vector_size(64)));
+static inline vtc_v16 vtc_select16(vtc_i16 m, vtc_v16 a, vtc_v16 b) {
+  vtc_i16 x, y; __builtin_memcpy(&x, &a, 64); __builtin_memcpy(&y, &b, 64);
+  const vtc_i16 r = (x & m) | (y & ~m); vtc_v16 v; __builtin_memcpy(&v, &r, 64); return v;
+}
 template <class F> static inline __attribute__((always_inline)) vtc_v16 vtc_map16(vtc_v16 v, F f) {
   alignas(64) float a[16]; __builtin_memcpy(a, &v, 64);
   #pragma omp simd
@@ -393,7 +400,7 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
             return names[id(x)]
         op, args = x.op, x.args
         if op in ("const", "load"):  # a constant, or a float of the row (not moving along it): broadcast
-            return f"vtc_splat16({em.scalar(x)})"
+            return f"vtc_tile_splat16({em.scalar(x)})"
         if op == "binary" and args[0] in _VECTOR_OPS:
             c = f"({vec(args[1])} {_VECTOR_OPS[args[0]]} {vec(args[2])})"
         elif op == "binary" and args[0] in _COMPARISONS:
@@ -407,7 +414,7 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
             f = _UNARY_FMT[args[0]].format(x="z_", t="float")
             c = f"vtc_map16({vec(args[1])}, [](float z_) {{ return {f}; }})"
         else:  # where: a vector select on the comparison's mask
-            c = f"({vec(args[0])} ? {vec(args[1])} : {vec(args[2])})"
+            c = f"vtc_select16({vec(args[0])}, {vec(args[1])}, {vec(args[2])})"
         if uses.get(id(x), 0) > 1:
             names[id(x)] = f"e{len(body)}"
             body.append(f"          const auto e{len(body)} = {c};")
