@@ -43,6 +43,18 @@ def _transpose_add(n: int):
     return Fn(lambda m, x, y: x.transpose(0, 1) + y, "transpose_add"), (randn(side, side, seed=1), randn(side, side, seed=2))
 
 
+def _transpose_relu(n: int):
+    side = int(round(n ** 0.5))
+    return Fn(lambda m, x, y: torch.relu(x.transpose(0, 1) + y), "transpose_relu"), (
+        randn(side, side, seed=1), randn(side, side, seed=2))
+
+
+def _transpose_where(n: int):
+    side = int(round(n ** 0.5))
+    return Fn(lambda m, x, y: torch.where(x.transpose(0, 1) > y, x.transpose(0, 1), y * 2), "transpose_where"), (
+        randn(side, side, seed=1), randn(side, side, seed=2))
+
+
 def _permute_softmax(n: int):
     s = 128 if n <= MB // 4 else 1024
     t = n // (8 * s)
@@ -132,8 +144,10 @@ _CHAINS = {
     "rms_norm": (_rms_norm, "RMSNorm (Llama's) over rows of 4096 (no movement)"),
     "argmax": (_argmax, "argmax over rows of 4096 (no movement)"),
     "permute_argmax": (_permute_argmax, "permute -> argmax over a strided dim of 4096"),
+    "transpose_relu": (_transpose_relu, "transpose -> add -> relu (a unary op after the transposed read)"),
+    "transpose_where": (_transpose_where, "transpose -> where(x.t() > y, x.t(), 2 y)"),
 }
-_ASKED = {"layer_norm", "rms_norm", "argmax", "permute_argmax"}  # run only when named (or with --workloads all)
+_ASKED = {"layer_norm", "rms_norm", "argmax", "permute_argmax", "transpose_relu", "transpose_where"}  # run only when named (or with --workloads all)
 _QUICK = {"transpose_add", "rope_mul", "window_partition_ln"}  # 1 MB ones in a plain run
 _QUICKER = {"transpose_add", "rope_mul"}  # 1 MB ones in --quick
 

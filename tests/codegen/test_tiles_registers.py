@@ -1,6 +1,6 @@
 """Transposed tiles, full blocks in registers (``vtc.codegen.tiles.REGISTERS``, ``_register_block``): in a band of
 16 full rows, each transposed operand's 16 x 16 block is transposed into 16 vectors that stay in registers and
-each row's result is +, -, *, / of them and the other operands' row vectors (or per-row floats), stored as one
+each row's result is +, -, *, / of them (other ops: test_tiles_registers_ops.py) and the other operands' row vectors (or per-row floats), stored as one
 vector; the last rows and a tile's last columns go through the 1 KB buffer as before.  Against eager on sizes
 below a tile, with edge tiles, non-contiguous inputs, broadcasts, two outputs; the form checks (``REGS``) fail on
 the code before (no ``vtc_tile_transpose16_regs``).
@@ -42,11 +42,14 @@ def test_full_blocks_in_registers(shape, op):
     assert (REGS in src) == tiled and (BUFFER in src) == tiled, src  # the buffer: last rows and columns
 
 
-def test_div_of_an_abs_stays_in_the_buffer_form():
-    """abs has no vector operator form here: the whole kernel keeps the buffer form (and is right)."""
+def test_div_of_an_abs_in_registers_a_cast_in_the_buffer():
+    """abs is applied lane by lane in the register form (session 15; before, the whole kernel kept the buffer);
+    a cast through int32 has no vector form here: the whole kernel keeps the buffer form (and is right)."""
     g = gen(81)
     x, y = rand((40, 33), g), rand((33, 40), g)
     src = _src(check(lambda x, y: OPS["div"](x.t(), y), (x, y), **POINTWISE_TOL))
+    assert REGS in src and "std::abs(z_)" in src, src
+    src = _src(check(lambda x, y: (x.t() * 3).to(torch.int32).to(torch.float32) + y, (x, y), **POINTWISE_TOL))
     assert REGS not in src and BUFFER in src, src
 
 

@@ -68,6 +68,39 @@ static inline __attribute__((always_inline)) void vtc_tile_transpose16_regs(vtc_
   for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src + stride * i, 64);
 %s
 }
+// the register form's other ops (tiles._register_block): a float broadcast, and a scalar function applied lane by
+// lane (written through a local array, compiled to vector code in registers where the function vectorises)
+static inline vtc_v16 vtc_tile_splat16(float c) { return (vtc_v16){c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c}; }
+// a where: the lanes of a where the comparison's mask m (all ones / zeros per lane, as a vector comparison gives)
+// is set, of b elsewhere (bitwise: no vector ?:, which older clang lacks)
+typedef int32_t vtc_i16 __attribute__((vector_size(64)));
+static inline vtc_v16 vtc_select16(vtc_i16 m, vtc_v16 a, vtc_v16 b) {
+  vtc_i16 x, y; __builtin_memcpy(&x, &a, 64); __builtin_memcpy(&y, &b, 64);
+  const vtc_i16 r = (x & m) | (y & ~m); vtc_v16 v; __builtin_memcpy(&v, &r, 64); return v;
+}
+template <class F> static inline __attribute__((always_inline)) vtc_v16 vtc_map16(vtc_v16 v, F f) {
+  alignas(64) float a[16]; __builtin_memcpy(a, &v, 64);
+  #pragma omp simd
+  for (int l = 0; l < 16; ++l) a[l] = f(a[l]);
+  __builtin_memcpy(&v, a, 64); return v;
+}
+template <class F> static inline __attribute__((always_inline)) vtc_v16 vtc_map16_2(vtc_v16 v, vtc_v16 w, F f) {
+  alignas(64) float a[16], b[16]; __builtin_memcpy(a, &v, 64); __builtin_memcpy(b, &w, 64);
+  #pragma omp simd
+  for (int l = 0; l < 16; ++l) a[l] = f(a[l], b[l]);
+  __builtin_memcpy(&v, a, 64); return v;
+}
+// dst[a * ld + b] = (float)src[a + stride * b] for bfloat16 src (the bits shifted up: exact), a, b < 16: 16 row loads
+// of 16 bfloat16, each widened in a vector register, then the float transpose (vtc.codegen.low_tiles)
+typedef uint16_t vtc_h16 __attribute__((vector_size(32)));
+typedef uint32_t vtc_u16 __attribute__((vector_size(64)));
+static inline void vtc_tile_transpose16_bf16(float* __restrict dst, int64_t ld, const uint16_t* __restrict src, int64_t stride) {
+  vtc_v16 r[16];
+  for (int i = 0; i < 16; ++i) { vtc_h16 h; __builtin_memcpy(&h, src + stride * i, 32);
+    const vtc_u16 w = __builtin_convertvector(h, vtc_u16) << 16; __builtin_memcpy(&r[i], &w, 64); }
+%s
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(dst + ld * i, &r[i], 64);
+}
 static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   vtc_v16 r[16];
   vtc_tile_transpose16_regs(r, src, stride);
@@ -77,6 +110,10 @@ static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const
 static inline void vtc_tile_transpose16(float* __restrict dst, int64_t ld, const float* __restrict src, int64_t stride) {
   for (int b = 0; b < 16; ++b)
     for (int a = 0; a < 16; ++a) dst[a * ld + b] = src[a + stride * b];
+}
+static inline void vtc_tile_transpose16_bf16(float* __restrict dst, int64_t ld, const uint16_t* __restrict src, int64_t stride) {
+  for (int b = 0; b < 16; ++b)
+    for (int a = 0; a < 16; ++a) { const uint32_t w = (uint32_t)src[a + stride * b] << 16; __builtin_memcpy(dst + a * ld + b, &w, 4); }
 }
 #endif
 """
@@ -123,7 +160,7 @@ def _transpose8x16() -> str:
     return PRELUDE_8X16 % (_butterfly((1, 2, 4), 8), ", ".join(map(str, perm)))
 
 
-PRELUDE = PRELUDE % _butterfly() + _transpose8x16()
+PRELUDE = PRELUDE % (_butterfly(), _butterfly()) + _transpose8x16()
 
 
 def _unconditional_loads(k: Kernel) -> list[Scalar]:
@@ -273,7 +310,11 @@ def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, stream
     return lines + ["  }"]
 
 
-_VECTOR_OPS = ("add", "sub", "mul", "div")  # binary ops that C's vector extensions take as operators
+_VECTOR_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/"}  # binary ops that C's vector extensions take as operators
+_COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}  # a where's condition
+# float binary ops without a vector operator: applied lane by lane (vtc_map16_2) with the scalar form's C
+_MAPPED_BINARY = {"max", "min", "pow", "atan2", "fmod", "remainder", "div_floor", "div_trunc"}
+_NOT_FLOAT_UNARY = {"not", "bitnot"}
 
 
 def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) -> list[str]:
@@ -283,22 +324,32 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     in vector arithmetic, one 64-byte store; then ``continue`` (the buffer form below is for the last rows).
     The rows loop has a constant trip count, unrolled, so the 16 vectors stay in registers (harness
     ``bench/tiles_variants.cpp``: 5-10% faster than through the 1 KB buffer, 1 thread).  Only where every
-    store is a float32 row-contiguous store of +, -, *, / over float32 loads and constants (no other op has
-    a vector form here); [] otherwise, and where the compiler has no vector types (``VTC_TILE_REGS``)."""
+    store is a float32 row-contiguous store of a float32 expression of float32 loads and constants: +, -, *, /
+    as vector operators, a ``where`` whose condition compares two such expressions as a vector select, a
+    negation as a vector negation, any other float unary op (relu, abs, exp, sigmoid, ...) and max, min, pow, ...
+    lane by lane through ``vtc_map16`` / ``vtc_map16_2`` with the scalar form's C (gcc compiles those loops to
+    the same vector code in registers); [] otherwise, and where the compiler has no vector types
+    (``VTC_TILE_REGS``).  Each value used twice is computed once per row (``e{n}``)."""
     if not REGISTERS:
         return []
+    from vtc.codegen.cpp import _UNARY_FMT  # (cpp imports this module)
     transposed = {id(s): j for j, (s, *_) in enumerate(loads)}
     rows: dict[int, Scalar] = {}  # loads contiguous along the row, read as vectors
     seen: set[int] = set()
+    uses: dict[int, int] = {}
 
     def coefficient(buf: str, idx, along: str = inner) -> int | None:
         form = affine(linear_offset(idx, em.shapes[buf]))
         return None if form is None else form[1].get(along, 0)
 
-    def fits(x: Scalar) -> bool:
+    def fits(x: Scalar, condition: bool = False) -> bool:
+        uses[id(x)] = uses.get(id(x), 0) + 1
         if id(x) in seen:
             return True
         seen.add(id(x))
+        if condition:  # a where's condition: a comparison of two float32 expressions
+            return (x.op == "binary" and x.args[0] in _COMPARISONS and all(y.dtype == torch.float32 for y in x.args[1:])
+                    and all(fits(y) for y in x.args[1:]))
         if x.dtype != torch.float32:
             return False
         if x.op == "const":
@@ -310,7 +361,14 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
             if c == 1:
                 rows[id(x)] = x
             return c == 0 or (c == 1 and coefficient(x.args[0], x.args[1], row) is not None)
-        return x.op == "binary" and x.args[0] in _VECTOR_OPS and all(fits(y) for y in x.args[1:])
+        if x.op == "binary":
+            return (x.args[0] in _VECTOR_OPS or x.args[0] in _MAPPED_BINARY) and all(
+                y.dtype == torch.float32 and fits(y) for y in x.args[1:])
+        if x.op == "unary":
+            return x.args[0] not in _NOT_FLOAT_UNARY and x.args[1].dtype == torch.float32 and fits(x.args[1])
+        if x.op == "where":
+            return fits(x.args[0], True) and fits(x.args[1]) and fits(x.args[2])
+        return False
 
     if not all(st.buffer.dtype == torch.float32 and st.when is None and coefficient(st.buffer.name, st.index) == 1
                and coefficient(st.buffer.name, st.index, row) is not None and fits(st.value) for st in k.stores):
@@ -320,7 +378,6 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     for j, (s, c, coeffs, stride) in enumerate(loads):
         out += [f"        vtc_v16 v{j}[{T}];",
                 f"        vtc_tile_transpose16_regs(v{j}, {em.ptr[s.args[0]]} + ({origin(c, coeffs, 'ta0', 'q')}), {stride});"]
-        em.temps[id(s)] = f"v{j}[r_]"
     # each row-contiguous operand and output from the block's first row: a base pointer and its row stride (one
     # register each, the rows at constant displacements; row by row, gcc kept 32 row pointers on the stack)
     bases = [(f"p{n}", x.args[0], x.args[1]) for n, x in enumerate(rows.values())]
@@ -331,11 +388,43 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
         out.append(f"        {qual}float* {name} = {em.ptr[buf]} + {em.linear(buf, idx)};")
     out += [f"        #pragma GCC unroll {T}", f"        for (int r_ = 0; r_ < {T}; ++r_) {{",
             f"          const int64_t {row} = ta0 + r_;  // for the loads that do not move along the row"]
+    names: dict[int, str] = {id(s): f"v{j}[r_]" for j, (s, *_) in enumerate(loads)}
     for (name, buf, idx), x in zip(bases, rows.values()):
         out.append(f"          vtc_v16 l{name[1:]}; __builtin_memcpy(&l{name[1:]}, {name} + r_ * {coefficient(buf, idx, row)}, 64);")
-        em.temps[id(x)] = f"l{name[1:]}"
-    for n, st in enumerate(k.stores):
-        out.append(f"          const vtc_v16 s{n} = {em.scalar(st.value)};")
+        names[id(x)] = f"l{name[1:]}"
+    body: list[str] = []
+
+    def vec(x: Scalar) -> str:
+        """x as a vector expression of the row (a comparison: a vector mask); a value used twice gets a temp."""
+        if id(x) in names:
+            return names[id(x)]
+        op, args = x.op, x.args
+        if op in ("const", "load"):  # a constant, or a float of the row (not moving along it): broadcast
+            return f"vtc_tile_splat16({em.scalar(x)})"
+        if op == "binary" and args[0] in _VECTOR_OPS:
+            c = f"({vec(args[1])} {_VECTOR_OPS[args[0]]} {vec(args[2])})"
+        elif op == "binary" and args[0] in _COMPARISONS:
+            c = f"({vec(args[1])} {_COMPARISONS[args[0]]} {vec(args[2])})"
+        elif op == "binary":
+            f = em.binary(args[0], "p_", "q_", torch.float32, torch.float32)
+            c = f"vtc_map16_2({vec(args[1])}, {vec(args[2])}, [](float p_, float q_) {{ return {f}; }})"
+        elif op == "unary" and args[0] == "neg":
+            c = f"(-{vec(args[1])})"
+        elif op == "unary":
+            f = _UNARY_FMT[args[0]].format(x="z_", t="float")
+            c = f"vtc_map16({vec(args[1])}, [](float z_) {{ return {f}; }})"
+        else:  # where: a vector select on the comparison's mask
+            c = f"vtc_select16({vec(args[0])}, {vec(args[1])}, {vec(args[2])})"
+        if uses.get(id(x), 0) > 1:
+            names[id(x)] = f"e{len(body)}"
+            body.append(f"          const auto e{len(body)} = {c};")
+            return names[id(x)]
+        return c
+
+    values = [vec(st.value) for st in k.stores]
+    out += body
+    for n, v in enumerate(values):
+        out.append(f"          const vtc_v16 s{n} = {v};")
     out += [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
             for n, st in enumerate(k.stores)]
     em.forget()
