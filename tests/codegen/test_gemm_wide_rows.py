@@ -89,16 +89,16 @@ def test_every_thread_count_covers_the_output_once(m, k, n):
 @avx512
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_call_per_column_block_of_wide_nc(m):
-    """The kernel's loops (session 15): the block is WIDE_NC columns and WIDE_KC rows, one vtc_ukr_rows call
-    per block and slice over all its nb columns, WIDE_U rows of B per pass.  Fails before: 128-column blocks,
-    vtc_ukr_rows<m, 8, 16> per 128 columns."""
+    """The kernel's loops (session 15): blocks of WIDE_NC columns (KC slices of WIDE_BLOCK / min(N, WIDE_NC) rows,
+    128 at least), one vtc_ukr_rows call per block and slice over all its nb columns, WIDE_U rows of B per pass.
+    Fails before: 128-column blocks, vtc_ukr_rows<m, 8, 16> per 128 columns."""
     g = gen(36)
     a, b = rand((m, 300), g), rand((300, 129), g)
     c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
     assert_matches_eager(c, lambda a, b: a @ b, (a, b), **GEMM_TOL)
     (src,) = _gemm_sources(c)
     body = src.split('extern "C"')[1]
-    assert f"nc = {gemm.WIDE_NC}; kc = {gemm.WIDE_KC};" in body
+    assert f"nc = {gemm.WIDE_NC}; kc = std::max<int64_t>(128, {gemm.WIDE_BLOCK} / std::min<int64_t>(N, nc));" in body
     assert f"vtc_ukr_rows<{m}, {gemm.WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > 0, nb);" in body
     assert body.count("vtc_ukr_rows<") == 1
 
@@ -106,9 +106,10 @@ def test_one_call_per_column_block_of_wide_nc(m):
 @pytest.mark.parametrize("m", [1, 2])
 def test_odd_sizes_across_the_blocks_and_the_row_groups(m):
     """N across 16-column tails and the 2048-column block (2049, 4097: a last block of 1 column), K below,
-    at and across WIDE_U (1, 3, 7, 9) and across KC slices (127, 4097); one compiled function, several kernels."""
+    at and across WIDE_U (1, 3, 7, 9) and across KC slices (127, 4097); N <= 128 (vtc_ukr_rows_narrow: 16 / 32 /
+    64 / 128 columns of registers, K not a multiple of their row sets); one compiled function, several kernels."""
     g = gen(37)
-    shapes = [(1, 4097), (3, 17), (7, 2049), (9, 33), (127, 1), (4097, 45)]
+    shapes = [(1, 4097), (3, 17), (7, 2049), (9, 33), (127, 1), (4097, 45), (77, 64), (5, 128), (1031, 100)]
     ins = tuple(t for k, n in shapes for t in (rand((m, k), g), rand((k, n), g)))
     fn = lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2))
     c = compile_cpu(fn, ins, gemm="vtc")

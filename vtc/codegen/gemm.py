@@ -532,6 +532,73 @@ __attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64
 }
 
 #if defined(__AVX512F__)
+// vtc_ukr_rows for cols <= 16 * V (a narrow B: its rows are short runs, read one after the other): C's R x V
+// vectors held in registers over all kc rows, in S = 4 / 2 / 1 sets on alternate rows at V = 1-2 / 4 / 8 (one
+// set's FMA chains would be too few to hide their latency); B's rows loaded whole where cols = 16 V (and at V = 8
+// prefetched PD rows ahead), masked past cols otherwise
+template <bool B> struct vtc_flag { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
+
+template <int R, int V, int PD>
+static inline void vtc_ukr_rows_narrow(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
+                                       float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  constexpr int S = V <= 2 ? 4 : V == 4 ? 2 : 1;
+  __mmask16 mk[V];
+  #pragma GCC unroll 8
+  for (int v = 0; v < V; ++v)
+    mk[v] = (__mmask16)(cols - 16 * v >= 16 ? 0xFFFFu : cols - 16 * v <= 0 ? 0u : (1u << (cols - 16 * v)) - 1u);
+  __m512 acc[S][R][V];
+  #pragma GCC unroll 4
+  for (int s = 0; s < S; ++s)
+    #pragma GCC unroll 2
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[s][r][v] = _mm512_setzero_ps();
+  const int64_t ks = kc / S * S;
+  auto rows = [&](auto full) {  // rows [0, ks), S at a time; full: a tag type whose value says cols == 16 V
+    for (int64_t p = 0; p < ks; p += S)
+      #pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        const float* __restrict bp = b + (p + s) * ldb;
+        if constexpr (decltype(full)::value && V == 8 && PD > 0) {
+          if (p + s + PD < kc)
+            #pragma GCC unroll 8
+            for (int v = 0; v < V; ++v) _mm_prefetch((const char*)(bp + PD * ldb + 16 * v), _MM_HINT_T0);
+        }
+        __m512 av[R];
+        #pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[(p + s) * VTC_MR + r]);
+        #pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          const __m512 bv = decltype(full)::value ? _mm512_loadu_ps(bp + 16 * v) : _mm512_maskz_loadu_ps(mk[v], bp + 16 * v);
+          #pragma GCC unroll 2
+          for (int r = 0; r < R; ++r) acc[s][r][v] = _mm512_fmadd_ps(av[r], bv, acc[s][r][v]);
+        }
+      }
+  };
+  if (cols == 16 * V) rows(vtc_flag<true>{}); else rows(vtc_flag<false>{});
+  for (int64_t p = ks; p < kc; ++p) {  // the last kc % S rows, into the first set
+    __m512 av[R];
+    #pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
+    #pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512 bv = _mm512_maskz_loadu_ps(mk[v], b + p * ldb + 16 * v);
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) acc[0][r][v] = _mm512_fmadd_ps(av[r], bv, acc[0][r][v]);
+    }
+  }
+  #pragma GCC unroll 2
+  for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      #pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[0][r][v] = _mm512_add_ps(acc[0][r][v], acc[s][r][v]);
+      float* cr = c + r * ldc + 16 * v;
+      if (add) acc[0][r][v] = _mm512_add_ps(acc[0][r][v], _mm512_maskz_loadu_ps(mk[v], cr));
+      _mm512_mask_storeu_ps(cr, mk[v], acc[0][r][v]);
+    }
+}
+
 // c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * ldb + j] for r < R, j < cols: R (1 or 2) skinny rows against a
 // row-major B read in place, as ONNX Runtime's one-row kernel does it: U rows of B per pass over all the columns
 // (U long sequential streams, what the hardware prefetchers follow), the R rows of C loaded, U FMAs added and
@@ -541,6 +608,13 @@ __attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64
 template <int R, int U>
 __attribute__((noinline)) static void vtc_ukr_rows(int64_t kc, const float* __restrict a, const float* __restrict b,
                                                    int64_t ldb, float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  if (cols <= 128) {  // a narrow block: C in registers (vtc_ukr_rows_narrow)
+    if (cols <= 16) vtc_ukr_rows_narrow<R, 1, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else if (cols <= 32) vtc_ukr_rows_narrow<R, 2, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else if (cols <= 64) vtc_ukr_rows_narrow<R, 4, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else vtc_ukr_rows_narrow<R, 8, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    return;
+  }
   const int64_t jfull = cols / 16 * 16;
   const __mmask16 mt = (__mmask16)((1u << (cols - jfull)) - 1u);
   int64_t p = 0;
@@ -1519,8 +1593,10 @@ DOT_PF = 128  # floats ahead along each weight row the dot path prefetches at 2+
 WIDE_ROWS = True  # M <= WIDE_ROWS_M rows against a row-major B read in place: vtc_ukr_rows (U long streams of B's rows)
 WIDE_ROWS_M = 2
 WIDE_U = 8  # rows of B per pass over the block's columns (C read and written back once per U rows)
-WIDE_NC, WIDE_KC = 2048, 128  # the path's column block (C's rows stay in L1) and KC slice (A packed per slice: kc only
-#                               sets the A pack's size, C is read back per U rows anyway; kc * nc as the skinny 2048 x 128)
+WIDE_NC = 2048  # the path's column block (C's rows stay in L1)
+WIDE_BLOCK = SKINNY_KC * SKINNY_NC  # kc x min(N, WIDE_NC) floats at most (the skinny block's 2048 x 128, B's unused
+#                                     scratch): kc only sets how much of A is packed at once (C is read back per U
+#                                     rows), but a narrow B (vtc_ukr_rows_narrow) prefetches within a slice only
 
 
 def _wide_rows_applies(em, g: GemmOperands) -> bool:
@@ -1536,7 +1612,8 @@ def _wide_rows_blocking(em, g: GemmOperands) -> list[str]:
     if not _wide_rows_applies(em, g):
         return []
     return ["#if defined(__AVX512F__)",
-            f"  nc = {WIDE_NC}; kc = {WIDE_KC};  // vtc_ukr_rows over whole column blocks (_wide_rows)",
+            f"  nc = {WIDE_NC}; kc = std::max<int64_t>(128, {WIDE_BLOCK} / std::min<int64_t>(N, nc));"
+            "  // vtc_ukr_rows over whole column blocks (_wide_rows)",
             "#endif"]
 
 
