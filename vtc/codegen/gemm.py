@@ -1623,7 +1623,7 @@ def _wide_rows(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     ending the KC slice; else nothing.  The blocks are WIDE_NC columns (``_wide_rows_blocking``).  Reading B by
     long runs along its rows is what counts: vtc_ukr's 32-column panels (128 bytes of a row per k step, then a
     jump of B's row stride) ran a 1 x 4096 @ 4096 x 4096 product at ~11 GB/s of B, 128-column runs with C in
-    registers (sessions 13-14) at ~25, this at ~35-40 (docs/gemm.md, session 15)."""
+    registers (sessions 13-14) at ~25, this at ~33-44 on Zen 5 (docs/gemm.md, session 15)."""
     if not _wide_rows_applies(em, g):
         return []
     return [f"{ind}{{",
