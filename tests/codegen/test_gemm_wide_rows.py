@@ -1,10 +1,11 @@
 """One or two rows of A against a row-major B read in place (vtc.codegen.gemm ``_wide_rows``, ``vtc_ukr_rows``).
 
-At M <= WIDE_ROWS_M the kernel walks B's rows 128 columns at a time (eight vectors of each row per k step,
-masked past N) instead of vtc_ukr's 32-column panels.  Compared with torch at odd sizes: N across 16 / 32 /
-128-column edges (1, 3, 17, 127, 128, 129, 300), K across the skinny KC slice (2051: two slices, the second
-adding to what the first stored), a B that is a column slice (row stride != N), a batched product (decode's
-probabilities @ V) and 1-4 threads on the same kernel.
+At M <= WIDE_ROWS_M the kernel cuts N into blocks of up to WIDE_NC columns (whole blocks per thread) and per
+block runs vtc_ukr_rows: WIDE_U rows of B per pass over all the block's columns, C read back and stored per pass
+(masked past N, the last K % WIDE_U rows one pass each).  Compared with torch at odd sizes: N across 16-column
+and block edges (1, 3, 17, 127, 129, 300, 2049, 4097), K across WIDE_U and the KC slice (1, 3, 7, 9, 127, 2051,
+4097: slices after the first add to what it stored), a B that is a column slice (row stride != N), a batched
+product (decode's probabilities @ V), an epilogue, and 1-4 threads on the same kernel.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from vtc.runtime import cbuild
 from .util import assert_matches_eager, call_gemm_kernel, compile_cpu, gen, kernels, rand
 
 GEMM_TOL = dict(rtol=1e-4, atol=1e-3)  # float32 sums over K up to 2051 of products of magnitude <= 4
+LONG_TOL = dict(rtol=1e-4, atol=4e-3)  # K up to 4097
 
 avx512 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not has_avx512(),
                             reason="the path is AVX-512 only")
@@ -71,9 +73,11 @@ def test_rows_off_is_the_panel_path(monkeypatch):
     assert not any("vtc_ukr_rows<" in s.split('extern "C"')[1] for s in _gemm_sources(c))
 
 
-@pytest.mark.parametrize("m,k,n", [(1, 4096, 1100), (2, 2051, 257)])
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 1100), (2, 2051, 257), (1, 4097, 4097), (2, 1031, 1000), (1, 600, 2100)])
 def test_every_thread_count_covers_the_output_once(m, k, n):
-    """Above the parallel threshold (N split across threads: 128-column blocks), 1-4 threads on one kernel."""
+    """Above the parallel threshold (N split across the threads in equal blocks of at most WIDE_NC columns rounded
+    to 32, the last one narrower and not a multiple of 16: 1345 / 929 columns at N = 4097, 488 / 296 / 232 at
+    N = 1000), K not a multiple of WIDE_U or of the slice, 1-4 threads on one kernel."""
     g = gen(35)
     a, b = rand((m, k), g), rand((k, n), g)
     c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
@@ -81,4 +85,46 @@ def test_every_thread_count_covers_the_output_once(m, k, n):
     lib = cbuild.build(gemm.generate(k_), name="gemm_wide_rows")
     want = a @ b
     for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **GEMM_TOL)
+        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **LONG_TOL)
+
+
+@avx512
+@pytest.mark.parametrize("m", [1, 2])
+def test_one_call_per_column_block_of_wide_nc(m):
+    """The kernel's loops (session 15): blocks of WIDE_NC columns (KC slices of WIDE_BLOCK / min(N, WIDE_NC) rows,
+    128 at least), one vtc_ukr_rows call per block and slice over all its nb columns, WIDE_U rows of B per pass.
+    Fails before: 128-column blocks, vtc_ukr_rows<m, 8, 16> per 128 columns."""
+    g = gen(36)
+    a, b = rand((m, 300), g), rand((300, 129), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    assert_matches_eager(c, lambda a, b: a @ b, (a, b), **GEMM_TOL)
+    (src,) = _gemm_sources(c)
+    body = src.split('extern "C"')[1]
+    assert f"nc = {gemm.WIDE_NC}; kc = std::max<int64_t>(128, {gemm.WIDE_BLOCK} / std::min<int64_t>(N, nc));" in body
+    assert f"vtc_ukr_rows<{m}, {gemm.WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > 0, nb);" in body
+    assert body.count("vtc_ukr_rows<") == 1
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_odd_sizes_across_the_blocks_and_the_row_groups(m):
+    """N across 16-column tails and the 2048-column block (2049, 4097: two or three equal blocks, the last 993 /
+    1345 columns), K below, at and across WIDE_U (1, 3, 7, 9, 127) and over three KC slices of 100 rows (300 x
+    2049); N <= 128 (vtc_ukr_rows_narrow: 16 / 32 / 64 / 128 columns of registers, K not a multiple of their row
+    sets: 4097 x 45, 77 x 64, 5 x 128, 1031 x 100); one compiled function, several kernels."""
+    g = gen(37)
+    shapes = [(1, 4097), (3, 17), (7, 2049), (300, 2049), (9, 33), (127, 1), (4097, 45), (77, 64), (5, 128), (1031, 100)]
+    ins = tuple(t for k, n in shapes for t in (rand((m, k), g), rand((k, n), g)))
+    fn = lambda *xs: tuple(xs[i] @ xs[i + 1] for i in range(0, len(xs), 2))
+    c = compile_cpu(fn, ins, gemm="vtc")
+    assert_matches_eager(c, fn, ins, **LONG_TOL)
+
+
+def test_an_epilogue_and_a_second_slice():
+    """relu(x @ b + bias) over two KC slices at one row (K = 1000, N = 300: slices of 500 rows): the epilogue reads
+    what the slices accumulated."""
+    g = gen(38)
+    x, b, bias = rand((1, 1000), g), rand((1000, 300), g), rand((300,), g)
+    fn = lambda x, b, bias: torch.relu(x @ b + bias)
+    c = compile_cpu(fn, (x, b, bias), gemm="vtc")
+    assert_matches_eager(c, fn, (x, b, bias), **GEMM_TOL)
+

@@ -591,61 +591,143 @@ __attribute__((noinline)) static void vtc_ukr_edge(int rows, int64_t cols, int64
 }
 
 #if defined(__AVX512F__)
-// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * ldb + j] for r < R, j < cols <= 16 * V: R (1 or 2) skinny
-// rows against a row-major B read in place, V vectors of each B row per k step (a 512-byte run of the row, not
-// vtc_ukr's 128 bytes: far fewer jumps of a row stride, and R * V independent accumulators); masked past cols
+// vtc_ukr_rows for cols <= 16 * V (a narrow B: its rows are short runs, read one after the other): C's R x V
+// vectors held in registers over all kc rows, in S = 4 / 2 / 1 sets on alternate rows at V = 1-2 / 4 / 8 (one
+// set's FMA chains would be too few to hide their latency); B's rows loaded whole where cols = 16 V (and at V = 8
+// prefetched PD rows ahead), masked past cols otherwise
+template <bool B> struct vtc_flag { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
+
 template <int R, int V, int PD>
-__attribute__((noinline)) static void vtc_ukr_rows(int64_t kc, const float* __restrict a, const float* __restrict b,
-                                                   int64_t ldb, float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+static inline void vtc_ukr_rows_narrow(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
+                                       float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  constexpr int S = V <= 2 ? 4 : V == 4 ? 2 : 1;
   __mmask16 mk[V];
-  #pragma GCC unroll 16
+  #pragma GCC unroll 8
   for (int v = 0; v < V; ++v)
     mk[v] = (__mmask16)(cols - 16 * v >= 16 ? 0xFFFFu : cols - 16 * v <= 0 ? 0u : (1u << (cols - 16 * v)) - 1u);
-  __m512 acc[R][V];
-  #pragma GCC unroll 16
-  for (int v = 0; v < V; ++v)
+  __m512 acc[S][R][V];
+  #pragma GCC unroll 4
+  for (int s = 0; s < S; ++s)
     #pragma GCC unroll 2
-    for (int r = 0; r < R; ++r) acc[r][v] = _mm512_setzero_ps();
-  if (cols == 16 * V) {
-    for (int64_t p = 0; p < kc; ++p) {
-      const float* __restrict bp = b + p * ldb;
-      if constexpr (PD > 0) {
-        if (p + PD < kc)
-          #pragma GCC unroll 16
-          for (int v = 0; v < V; ++v) _mm_prefetch((const char*)(bp + PD * ldb + 16 * v), _MM_HINT_T0);
-      }
-      __m512 av[R];
-      #pragma GCC unroll 2
-      for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
-      #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) {
-        const __m512 bv = _mm512_loadu_ps(bp + 16 * v);
+    for (int r = 0; r < R; ++r)
+      #pragma GCC unroll 8
+      for (int v = 0; v < V; ++v) acc[s][r][v] = _mm512_setzero_ps();
+  const int64_t ks = kc / S * S;
+  auto rows = [&](auto full) {  // rows [0, ks), S at a time; full: a tag type whose value says cols == 16 V
+    for (int64_t p = 0; p < ks; p += S)
+      #pragma GCC unroll 4
+      for (int s = 0; s < S; ++s) {
+        const float* __restrict bp = b + (p + s) * ldb;
+        if constexpr (decltype(full)::value && V == 8 && PD > 0) {
+          if (p + s + PD < kc)
+            #pragma GCC unroll 8
+            for (int v = 0; v < V; ++v) _mm_prefetch((const char*)(bp + PD * ldb + 16 * v), _MM_HINT_T0);
+        }
+        __m512 av[R];
         #pragma GCC unroll 2
-        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(av[r], bv, acc[r][v]);
+        for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[(p + s) * VTC_MR + r]);
+        #pragma GCC unroll 8
+        for (int v = 0; v < V; ++v) {
+          const __m512 bv = decltype(full)::value ? _mm512_loadu_ps(bp + 16 * v) : _mm512_maskz_loadu_ps(mk[v], bp + 16 * v);
+          #pragma GCC unroll 2
+          for (int r = 0; r < R; ++r) acc[s][r][v] = _mm512_fmadd_ps(av[r], bv, acc[s][r][v]);
+        }
       }
-    }
-  } else {
-    for (int64_t p = 0; p < kc; ++p) {
-      const float* __restrict bp = b + p * ldb;
-      __m512 av[R];
+  };
+  if (cols == 16 * V) rows(vtc_flag<true>{}); else rows(vtc_flag<false>{});
+  for (int64_t p = ks; p < kc; ++p) {  // the last kc % S rows, into the first set
+    __m512 av[R];
+    #pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
+    #pragma GCC unroll 8
+    for (int v = 0; v < V; ++v) {
+      const __m512 bv = _mm512_maskz_loadu_ps(mk[v], b + p * ldb + 16 * v);
       #pragma GCC unroll 2
-      for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
-      #pragma GCC unroll 16
-      for (int v = 0; v < V; ++v) {
-        const __m512 bv = _mm512_maskz_loadu_ps(mk[v], bp + 16 * v);
-        #pragma GCC unroll 2
-        for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fmadd_ps(av[r], bv, acc[r][v]);
-      }
+      for (int r = 0; r < R; ++r) acc[0][r][v] = _mm512_fmadd_ps(av[r], bv, acc[0][r][v]);
     }
   }
   #pragma GCC unroll 2
   for (int r = 0; r < R; ++r)
-    #pragma GCC unroll 16
+    #pragma GCC unroll 8
     for (int v = 0; v < V; ++v) {
+      #pragma GCC unroll 4
+      for (int s = 1; s < S; ++s) acc[0][r][v] = _mm512_add_ps(acc[0][r][v], acc[s][r][v]);
       float* cr = c + r * ldc + 16 * v;
-      if (add) acc[r][v] = _mm512_add_ps(acc[r][v], _mm512_maskz_loadu_ps(mk[v], cr));
-      _mm512_mask_storeu_ps(cr, mk[v], acc[r][v]);
+      if (add) acc[0][r][v] = _mm512_add_ps(acc[0][r][v], _mm512_maskz_loadu_ps(mk[v], cr));
+      _mm512_mask_storeu_ps(cr, mk[v], acc[0][r][v]);
     }
+}
+
+// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * ldb + j] for r < R, j < cols: R (1 or 2) skinny rows against a
+// row-major B read in place, as ONNX Runtime's one-row kernel does it: U rows of B per pass over all the columns
+// (U long sequential streams, what the hardware prefetchers follow), the R rows of C loaded, U FMAs added and
+// stored back per 16 columns (C stays in L1: the caller's blocks are at most 2048 columns).  vtc_ukr's 32-column
+// panels, or a block of C in registers over all of K, read each B row in 128- / 512-byte runs a row stride apart:
+// a new page per k step.  The first pass stores without reading C where !add; masked past cols.
+template <int R, int U>
+__attribute__((noinline)) static void vtc_ukr_rows(int64_t kc, const float* __restrict a, const float* __restrict b,
+                                                   int64_t ldb, float* __restrict c, int64_t ldc, bool add, int64_t cols) {
+  if (cols <= 128) {  // a narrow block: C in registers (vtc_ukr_rows_narrow)
+    if (cols <= 16) vtc_ukr_rows_narrow<R, 1, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else if (cols <= 32) vtc_ukr_rows_narrow<R, 2, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else if (cols <= 64) vtc_ukr_rows_narrow<R, 4, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    else vtc_ukr_rows_narrow<R, 8, 16>(kc, a, b, ldb, c, ldc, add, cols);
+    return;
+  }
+  const int64_t jfull = cols / 16 * 16;
+  const __mmask16 mt = (__mmask16)((1u << (cols - jfull)) - 1u);
+  int64_t p = 0;
+  for (; p + U <= kc; p += U) {
+    __m512 av[U][R];
+    #pragma GCC unroll 16
+    for (int u = 0; u < U; ++u)
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) av[u][r] = _mm512_set1_ps(a[(p + u) * VTC_MR + r]);
+    const float* __restrict bp = b + p * ldb;
+    const bool load = add || p > 0;
+    for (int64_t j = 0; j < jfull; j += 16) {
+      __m512 acc[R];
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) acc[r] = load ? _mm512_loadu_ps(c + r * ldc + j) : _mm512_setzero_ps();
+      #pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) {
+        const __m512 bv = _mm512_loadu_ps(bp + u * ldb + j);
+        #pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(av[u][r], bv, acc[r]);
+      }
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(c + r * ldc + j, acc[r]);
+    }
+    if (mt) {
+      __m512 acc[R];
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) acc[r] = load ? _mm512_maskz_loadu_ps(mt, c + r * ldc + jfull) : _mm512_setzero_ps();
+      #pragma GCC unroll 16
+      for (int u = 0; u < U; ++u) {
+        const __m512 bv = _mm512_maskz_loadu_ps(mt, bp + u * ldb + jfull);
+        #pragma GCC unroll 2
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(av[u][r], bv, acc[r]);
+      }
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(c + r * ldc + jfull, mt, acc[r]);
+    }
+  }
+  for (; p < kc; ++p) {  // the last kc % U rows, one pass each
+    __m512 av[R];
+    #pragma GCC unroll 2
+    for (int r = 0; r < R; ++r) av[r] = _mm512_set1_ps(a[p * VTC_MR + r]);
+    const float* __restrict bp = b + p * ldb;
+    const bool load = add || p > 0;
+    for (int64_t j = 0; j < cols; j += 16) {
+      const __mmask16 m = j < jfull ? (__mmask16)0xFFFFu : mt;
+      const __m512 bv = _mm512_maskz_loadu_ps(m, bp + j);
+      #pragma GCC unroll 2
+      for (int r = 0; r < R; ++r) {
+        const __m512 acc = load ? _mm512_maskz_loadu_ps(m, c + r * ldc + j) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(c + r * ldc + j, m, _mm512_fmadd_ps(av[r], bv, acc));
+      }
+    }
+  }
 }
 
 // vtc_ukr with A read in place (LDA) for `rows` <= VTC_MR rows as a sum of 12, 8, 4, 2 and 1-row kernels
@@ -1097,7 +1179,8 @@ def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
     - "packed_dot": M <= SKINNY_M, N and K as in vtc.codegen.gemm_dot, B with unit stride along k through any
       mapping: B^T and A packed as rows, then the dot products;
     - "b_rows": M <= SKINNY_M and B with unit stride along n: the micro-kernel reads B's rows in place (at M <= 2
-      ``vtc_ukr_rows``, 128 columns of each row per k step: ``_wide_rows``);
+      ``vtc_ukr_rows``: WIDE_U rows of B per pass over a block of up to WIDE_NC columns, C accumulated in L1:
+      ``_wide_rows``);
     - "weight_rows": WT_MIN_M <= M <= WT_MAX_M, B = W^T and A a plain strided operand: the kernel computes
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
@@ -1256,6 +1339,7 @@ def generate(k: Kernel) -> str:
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
+        *_wide_rows_blocking(em, g),
         *([] if not wt else [
             f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None or skinny is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
@@ -1604,27 +1688,46 @@ def _direct_b(em, g: GemmOperands) -> tuple[str, str] | None:
 
 
 DOT_PF = 128  # floats ahead along each weight row the dot path prefetches at 2+ rows of A (0: none)
-WIDE_ROWS = True  # M <= WIDE_ROWS_M rows against a row-major B read in place: vtc_ukr_rows (512-byte runs of B's rows)
+WIDE_ROWS = True  # M <= WIDE_ROWS_M rows against a row-major B read in place: vtc_ukr_rows (U long streams of B's rows)
 WIDE_ROWS_M = 2
-WIDE_PD = 16  # rows of B ahead whose runs are prefetched (T0)
-WIDE_V = 8  # vectors of B's row per k step (128 columns: the skinny nc, 4 * NR)
+WIDE_U = 8  # rows of B per pass over the block's columns (C read and written back once per U rows)
+WIDE_NC = 2048  # the path's column block (C's rows stay in L1)
+WIDE_BLOCK = SKINNY_KC * SKINNY_NC  # kc x min(N, WIDE_NC) floats at most (the skinny block's 2048 x 128, B's unused
+#                                     scratch): kc only sets how much of A is packed at once (C is read back per U
+#                                     rows), but a narrow B (vtc_ukr_rows_narrow) prefetches within a slice only
+
+
+def _wide_rows_applies(em, g: GemmOperands) -> bool:
+    """Whether generate's kernel for g has the vtc_ukr_rows loops (``_wide_rows``)."""
+    return (WIDE_ROWS and isinstance(g.m, int) and g.m <= WIDE_ROWS_M and g.pack_b is None
+            and _direct_b(em, g) is not None)
+
+
+def _wide_rows_blocking(em, g: GemmOperands) -> list[str]:
+    """The C lines that set the column block and KC slice of the vtc_ukr_rows loops (on AVX-512, where they run),
+    before the thread split: each thread then takes whole blocks of up to WIDE_NC columns (N / nt where N is
+    smaller), so its streams of B's rows are as long as they can be; nothing where the path does not apply."""
+    if not _wide_rows_applies(em, g):
+        return []
+    return ["#if defined(__AVX512F__)",
+            f"  nc = {WIDE_NC}; kc = std::max<int64_t>(128, {WIDE_BLOCK} / std::min<int64_t>(N, nc));"
+            "  // vtc_ukr_rows over whole column blocks (_wide_rows)",
+            "#endif"]
 
 
 def _wide_rows(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     """Where B is read in place (``_direct_b``, AVX-512) and M <= WIDE_ROWS_M is a constant: per M block, A packed
-    as usual and vtc_ukr_rows over the block's columns WIDE_V * 16 at a time, ending the KC slice; else nothing.
-    vtc_ukr's 32-column panels walk B's rows 128 bytes at a time, a jump of B's row stride per k step: with one
-    or two rows of A there is too little arithmetic per jump (a 1 x 4096 @ 4096 x 4096 product ran at ~11 GB/s
-    of B)."""
-    if not WIDE_ROWS or not isinstance(g.m, int) or g.m > WIDE_ROWS_M:
+    as usual and one vtc_ukr_rows call over the block's columns (WIDE_U rows of B per pass, C accumulated in L1),
+    ending the KC slice; else nothing.  The blocks are WIDE_NC columns (``_wide_rows_blocking``).  Reading B by
+    long runs along its rows is what counts: vtc_ukr's 32-column panels (128 bytes of a row per k step, then a
+    jump of B's row stride) ran a 1 x 4096 @ 4096 x 4096 product at ~11 GB/s of B, 128-column runs with C in
+    registers (sessions 13-14) at ~25, this at ~33-44 on Zen 5 (docs/gemm.md, session 15)."""
+    if not _wide_rows_applies(em, g):
         return []
-    v = WIDE_V
     return [f"{ind}{{",
             *[ind + x for x in block],
             *_pack_a(em, g, ind + "  "),
-            f"{ind}  for (int64_t jr = 0; jr < nb; jr += {16 * v})",
-            f"{ind}    vtc_ukr_rows<{g.m}, {v}, {WIDE_PD}>(kb, ap, bsrc + jr, ldb, ct + jr, LDC, k0 > 0, "
-            f"std::min<int64_t>({16 * v}, nb - jr));",
+            f"{ind}  vtc_ukr_rows<{g.m}, {WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > 0, nb);",
             f"{ind}}}",
             f"{ind}}}",
             f"{ind}continue;"]
