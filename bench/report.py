@@ -219,21 +219,22 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): a call of a one-kernel plan calls its kernel
-directly and a pooled output is a detach() of a tensor the pool keeps
-(docs/call_cost.md); a transposed 16 x 16 block stays in vector registers
-and a roll's two pieces run row by row; a Linear's x @ W^T at 2-11 rows
-(and at 17-128 rows where 12-row tiles pad less, swin's 49) runs on W
-packed once; argmax / argmin are generated reductions.  The unit and model
-cells moved within this machine's run-to-run spread: llama3_decode_b1 (vtc
-1.04 -> 1.37 ms here) and swin_t_model (25.1 -> 29.3) measured the same in
-the old and the new tree in alternating A/Bs right after
-(bench/units_side_by_side.py, 2 threads: llama3_decode_b1 1.07-1.21 ms
-against 1.13-1.15, swin_t_model 24.6-25.3 against 24.5-25.5, ONNX Runtime
-29.9-31.4 there).  Where vtc loses or ties:
+last run (the same AMD EPYC): a one-row a @ b reads B's rows as long
+streams (MLAS's M = 1 scheme); x @ W^T at 12-16 rows runs on W packed once
+and weight_rows splits M by its 32-row panels over 2 threads; transposed
+blocks stay in registers under unary ops and where, bf16 transposed reads
+are widened in registers; a bf16 GEMM takes its bias / activation as its
+epilogue and bf16 / fp16 depthwise convolutions are generated; a parameter
+replaced after compiling (p.data = t, module.to) is seen at the next call
+(one address test per weight and call).  The prefill units stay
+GEMM-bound and tie OpenVINO: llama3_prefill_b1 read 0.99x here (17.5 vs
+17.3 ms median; 1.01x last run), and an alternating A/B of the old
+(fef7dc5) and the new tree right after, 2 threads, load 1.0, measured the
+same in both (bench/units_side_by_side.py, vtc-greedy 15.9-16.2 ms against
+OpenVINO's 16.1-16.5: 1.01-1.03x).  Where vtc loses or ties:
 swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of 64
-vector lanes and epilogues over mapped A operands (0.92x against
-OpenVINO); the prefill units stay GEMM-bound (1.01-1.03x).
+vector lanes and epilogues over mapped A operands (0.93x against
+OpenVINO).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
