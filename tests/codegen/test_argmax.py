@@ -15,7 +15,7 @@ import torch
 
 from vtc.codegen.cpp import generate
 
-from .util import assert_all_generated, assert_no_movement, case_seed, compile_cpu, gen, kernels
+from .util import assert_all_generated, assert_no_movement, case_seed, compile_cpu, gen, kernels, torch_threads
 
 NAN, INF = float("nan"), float("inf")
 
@@ -132,12 +132,8 @@ def test_rows_over_two_threads():
     """Enough work for the parallel row loop (cpp.PARALLEL_MIN_WORK): the same answer on 2 threads."""
     g = gen(41)
     x = _ties((96, 1024), g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         c = _check(lambda x: (x.argmax(-1), x.t().argmin(-1)), (x,))
-    finally:
-        torch.set_num_threads(before)
     assert all("#pragma omp parallel for" in generate(k) for k in kernels(c))
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from vtc.codegen.cpp import generate
 
 from .test_low_precision_kernels import assert_ulps
-from .util import compile_cpu, gen, kernels, rand, steps
+from .util import compile_cpu, gen, kernels, rand, steps, torch_threads
 
 ATOL = 1e-4
 LOW = [torch.bfloat16, torch.float16]
@@ -27,13 +27,8 @@ CASES = [(3, 1, 7, 3, 1, 1, 1), (17, 1, 13, 3, 2, 1, 1), (127, 1, 7, 5, 1, 2, 1)
 
 def _check(fn, inputs, exact, vector: bool = True, threads: int | None = None):
     c = compile_cpu(fn, inputs)
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got, want = c(*inputs), fn(*inputs)
-    finally:
-        torch.set_num_threads(before)
     assert [s.node.op for s in steps(c, "run")] == [], "ran through torch"
     ks = kernels(c)
     assert [k.kind for k in ks] == ["pointwise"]

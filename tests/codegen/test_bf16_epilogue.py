@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from vtc.codegen import gemm_bf16
 
-from .util import compile_cpu, gen, kernels, rand, report, steps
+from .util import compile_cpu, gen, kernels, rand, report, steps, torch_threads
 
 BF16_TOL = dict(rtol=1.6e-2, atol=1e-1)
 BF = torch.bfloat16
@@ -27,13 +27,8 @@ pytestmark = pytest.mark.skipif(bool(gemm_bf16.support()), reason=f"no bf16 GEMM
 def _one_kernel(fn, inputs, out_dtype=BF, threads: int | None = None):
     """fn compiled (gemm="vtc") is one bf16 GEMM kernel and nothing through torch; matches eager."""
     c = compile_cpu(fn, inputs, gemm="vtc")
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         got, want = c(*inputs), fn(*inputs)
-    finally:
-        torch.set_num_threads(before)
     assert got.dtype == out_dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, **BF16_TOL)
     ks = kernels(c)

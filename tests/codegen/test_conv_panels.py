@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from vtc.codegen import conv_panels
 
 from .util import (case_seed, ROW_TOL, assert_all_generated, assert_matches_eager, assert_no_movement, compile_cpu, gen,
-                   kernels, rand, report, run_gemm_built_for)
+                   kernels, rand, report, run_gemm_built_for, torch_threads)
 
 # (batch, in channels, out channels, kernel, padding, dilation, groups, height, width)
 TAPS = [
@@ -82,9 +82,7 @@ def test_other_convolutions_pack_b_by_columns(front):
 @pytest.mark.parametrize("k", [1, 3])
 def test_two_threads_take_equal_chunks_of_pixels(k):
     """Batch 1: the pixels cut in two chunks (1600 -> 800 + 800), one per thread; batch 3: whole images."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         for b, hw in ((1, 40), (3, 17)):
             g = gen(b * 10 + k)
             weight = rand((20, 16, k, k), g)
@@ -96,8 +94,6 @@ def test_two_threads_take_equal_chunks_of_pixels(k):
             x = rand((b, 16, hw, hw), g)
             compiled = compile_cpu(fn, (x,), gemm="vtc")
             assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("march", ["haswell", "x86-64"])

@@ -21,7 +21,8 @@ from vtc.codegen.cpp import buffer_order
 from vtc.codegen.gemm import generate as generate_gemm
 from vtc.runtime import cbuild
 
-from .util import assert_matches_eager, compile_cpu, gen, kernels, rand, report, run_gemm_built_for, steps
+from .util import (assert_matches_eager, compile_cpu, gen, kernels, rand, report, run_gemm_built_for, steps,
+                   torch_threads)
 
 # float32 sums over K up to 300 of products of magnitude <= 4, in another order than torch's
 GEMM_TOL = dict(rtol=1e-4, atol=2e-4)
@@ -481,12 +482,8 @@ def test_a_few_rows_over_a_large_weight_are_split_over_the_threads(m, n, k, spli
     with torch.no_grad():
         lin.weight.copy_(rand((n, k), g) / k ** 0.5)
     x = rand((m, k), g)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the split itself checked against eager
-    try:
+    with torch_threads(2):  # the split itself checked against eager
         c = _check(lin, (x,), gemm="vtc")
-    finally:
-        torch.set_num_threads(before)
     (kern,) = _gemm_kernels(c)
     line = next(ln for ln in generate_gemm(kern).splitlines() if "const int nt = " in ln)
     cond = line.split("const int nt = ")[1].split(" && nthreads")[0]

@@ -15,7 +15,7 @@ import vtc
 from vtc.codegen import conv_t, gemm
 from vtc.runtime import cbuild, packed
 
-from .util import call_gemm_kernel, compile_cpu, gen, kernels, rand
+from .util import call_gemm_kernel, compile_cpu, gen, kernels, rand, torch_threads
 
 avx512 = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                             reason="W packed once is the AVX-512 kernel's layout")
@@ -51,9 +51,7 @@ def test_twelve_to_sixteen_rows_run_on_w_packed_once(shape, threads):
     m, k, n = shape
     lin = _linear(k, n, m + k + n, bias=m % 2 == 0)
     x = rand((m, k), gen(n))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
             assert _paths(compiled) == [gemm.SKINNY_PACKED_PATH]
@@ -63,8 +61,6 @@ def test_twelve_to_sixteen_rows_run_on_w_packed_once(shape, threads):
             torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
             # the reference path passes no packed W: the kernel's weight_rows loops
             torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **_tol(k))
-    finally:
-        torch.set_num_threads(before)
 
 
 @avx512

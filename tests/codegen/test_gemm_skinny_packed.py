@@ -18,7 +18,7 @@ import vtc
 from vtc.codegen import conv_t, gemm
 from vtc.runtime import packed
 
-from .util import gen, kernels, rand, run_gemm_built_for
+from .util import gen, kernels, rand, run_gemm_built_for, torch_threads
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="the packed skinny path is AVX-512 only")
@@ -52,9 +52,7 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
     m, k, n = shape
     lin = _linear(k, n, m + k + n, bias=m % 2 == 1)
     x = rand((m, k), gen(n))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
             assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
@@ -64,8 +62,6 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
                 change(lin.weight)
                 torch.testing.assert_close(compiled(x), lin(x), **_tol(k))  # stale panels: off by the change
             torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **_tol(k))
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_the_kernel_text_and_the_spec():

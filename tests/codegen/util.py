@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import zlib
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
@@ -12,6 +13,19 @@ import vtc
 POINTWISE_TOL = dict(rtol=1e-5, atol=1e-5)
 ROW_TOL = dict(rtol=1e-4, atol=1e-4)
 
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's thread count (which generated kernels take as theirs) set to n inside the block, the old count
+    restored after; None leaves it as it is."""
+    before = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 def gen(seed: int) -> torch.Generator:
     """A CPU generator with this seed."""
@@ -93,9 +107,7 @@ def gemm_paths(compiled) -> list[str]:
 def check_conv_bias_relu_on_two_threads(cases, form: str, **conv_args) -> None:
     """relu(conv2d(x, W, bias, **conv_args)) compiled and run on two threads for each (batch, out channels, in
     channels, kernel size, height, width) of `cases`: matches eager and the convolution takes kernel path `form`."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         for b, o, c, k, h, w in cases:
             g = gen(b * 100 + o)
             weight, bias = rand((o, c, k, k), g), rand((o,), g)
@@ -107,8 +119,6 @@ def check_conv_bias_relu_on_two_threads(cases, form: str, **conv_args) -> None:
             compiled = compile_cpu(fn, (x,))
             assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
             assert gemm_paths(compiled) == [form]
-    finally:
-        torch.set_num_threads(before)
 
 
 def executor(compiled):

@@ -15,7 +15,7 @@ import vtc
 from vtc.codegen import conv_bcast, conv_t
 from vtc.runtime import packed
 
-from tests.codegen.util import ROW_TOL, errors_in_threads, gen, rand
+from tests.codegen.util import ROW_TOL, errors_in_threads, gen, rand, torch_threads
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="the broadcast form is taken on AVX-512 targets only")
@@ -98,9 +98,7 @@ def test_threads_share_the_packed_weight_while_it_changes():
     the weight of its round (the kernel never reads a buffer freed by another thread's re-pack)."""
     m = _conv_bn_relu(64, 96, 6)
     xs = [rand((1, 64, 7, 7), gen(20 + k)) for k in range(4)]
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         with torch.no_grad():
             compiled = vtc.compile(m, (xs[0],))
             compiled(xs[0])
@@ -115,8 +113,6 @@ def test_threads_share_the_packed_weight_while_it_changes():
 
                 assert errors_in_threads(work, 4) == []
                 m[0].weight.mul_(-1.5)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_switched_off_packs_per_call(monkeypatch):

@@ -15,7 +15,7 @@ import vtc
 from vtc.codegen import conv_t, gemm
 from vtc.runtime import packed
 
-from tests.codegen.util import ROW_TOL, errors_in_threads, gen, kernels, rand
+from tests.codegen.util import ROW_TOL, errors_in_threads, gen, kernels, rand, torch_threads
 
 pytestmark = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
                                 reason="B packed once is the AVX-512 kernel's layout")
@@ -66,9 +66,7 @@ def test_linear_weight_packed_once_and_again_after_each_in_place_change(shape, t
     m, k, n = shape
     lin = _linear(k, n, m + k + n)
     x = rand((m, k), gen(n))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
             assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["panels"]
@@ -81,8 +79,6 @@ def test_linear_weight_packed_once_and_again_after_each_in_place_change(shape, t
                 torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
                 # the reference path (each step through run_step) packs per call inside the kernel: the same values
                 torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **ROW_TOL)
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_a_row_major_weight_is_packed_once():
@@ -156,9 +152,7 @@ def test_weight_rows_rows_run_the_panels_on_a_small_weight_packed_once(shape, th
     m, k, n = shape
     lin = _linear(k, n, m + k + n)
     x = rand((m, k), gen(n))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         with torch.no_grad():
             compiled = vtc.compile(lin, (x,), gemm="vtc")
             assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["panels"]  # what ran (weight_rows before)
@@ -170,8 +164,6 @@ def test_weight_rows_rows_run_the_panels_on_a_small_weight_packed_once(shape, th
                 change(lin.weight)
                 torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
             torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **ROW_TOL)
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("m", [32, 64, 96, 128])
@@ -217,9 +209,7 @@ def test_threads_share_the_packed_weight_while_it_changes():
     every result is the weight of its round."""
     lin = _linear(512, 160, 15)
     xs = [rand((144, 512), gen(30 + k)) for k in range(4)]
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         with torch.no_grad():
             compiled = vtc.compile(lin, (xs[0],), gemm="vtc")
             compiled(xs[0])
@@ -234,5 +224,3 @@ def test_threads_share_the_packed_weight_while_it_changes():
 
                 assert errors_in_threads(work, 4) == []
                 lin.weight.mul_(-1.5)
-    finally:
-        torch.set_num_threads(before)
