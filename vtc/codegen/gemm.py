@@ -51,7 +51,7 @@ every decision with both estimates for the report.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -307,13 +307,22 @@ def _constant_b(low, b: Value) -> bool:
 
     if b.dtype != torch.float32 or not all(isinstance(d, int) for d in b.shape) or not has_avx512():
         return False
-    consts = {v.name for v in low.graph.consts}
-    if b.name in consts:
+    whole, st = _of_a_constant(low, b.name)
+    if whole:
         return len(b.shape) == 2
-    r = low.plan.realized.get(b.name) if low.plan.is_virtual(b.name) else None
-    st = r.strided if r is not None else None
-    return (st is not None and st.source in consts and st.offset is not None
+    return (st is not None and st.offset is not None
             and (len(b.shape) == 2 or st.strides[0] == 0 or b.shape[0] == 1))
+
+
+def _of_a_constant(low, name: str) -> tuple[bool, Any]:
+    """(whether value `name` is a constant of the graph, the strided view of a constant it is (the plan's
+    realization of a virtual value) or None)."""
+    consts = {v.name for v in low.graph.consts}
+    if name in consts:
+        return True, None
+    r = low.plan.realized.get(name) if low.plan.is_virtual(name) else None
+    st = r.strided if r is not None else None
+    return False, st if st is not None and st.source in consts else None
 
 
 def _unit_stride(low, b: Value) -> str:
@@ -430,9 +439,8 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
     _, _, skinny, spec = _weight_packing(em, g)
     if spec is None:
         return ""
-    consts = {v.name for v in low.graph.consts}
-    r = low.plan.realized.get(spec[0]) if low.plan.is_virtual(spec[0]) else None
-    if spec[0] not in consts and (r is None or r.strided is None or r.strided.source not in consts):
+    whole, st = _of_a_constant(low, spec[0])
+    if not whole and st is None:
         return ""  # a runtime B: the kernel reads it as without a packed copy
     return SKINNY_PACKED_PATH if spec is skinny else "panels"
 
@@ -1361,21 +1369,16 @@ def generate(k: Kernel) -> str:
           if EQUAL_BLOCKS else []),
         # equal work per thread: split the larger of M and N into a multiple of nt; also where the threads would
         # share B's column blocks while B is the larger operand (N > M): each would pack all of B, so N is split
+        "  int64_t mr = VTC_MR, nr = VTC_NR;  // the granularity of an M / N split",
         *([] if not (wt and WT_SPLIT_NR) else [
-            "  int64_t mr = VTC_MR, nr = VTC_NR;  // the granularity of an M / N split",
             "#if defined(__AVX512F__)",
             "  if (wt_rows) { mr = VTC_NR; nr = VTC_MR; }  // weight_rows: A^T's NR-column panels, W's MR-row strips",
             "#endif"]),
         f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
-        *(["    if (M >= N && M >= 2 * nt * mr) {",
-           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;"]
-          if wt and WT_SPLIT_NR else [
-           "    if (M >= N && M >= 2 * nt * VTC_MR) {",
-           "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + VTC_MR - 1) / VTC_MR * VTC_MR; tm = (M + mc - 1) / mc;"]),
+        "    if (M >= N && M >= 2 * nt * mr) {",
+        "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;",
         "    } else {",
-        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;"
-        if wt and WT_SPLIT_NR else
-        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + VTC_NR - 1) / VTC_NR * VTC_NR; tn = (N + nc - 1) / nc;",
+        "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
         "  const int64_t units = BATCH * tn * tm;",
