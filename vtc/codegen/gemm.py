@@ -1897,19 +1897,11 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
         return []
     bv, mv, nv = g.vars
     inner = ind + "    "
-    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
     if value.op != "acc":
-        em.forget()
-        # computed once per row (a batch norm's w / sqrt(var + eps) per element took a third of a 1x1 conv)
-        lines += em.hoist_invariant([value], {nv}, ind + "  ")
-        temps = em.hoist([value], inner)
-        lines += [f"{ind}  #pragma omp simd",
-                  f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
-                  *_loop_var(nv, "n0 + jj", inner),
-                  f"{inner}const float acc_{ACC} = ct[ii * LDC + jj];",
-                  *temps,
-                  f"{inner}ct[ii * LDC + jj] = {em.scalar(value)};",
-                  f"{ind}  }}"]
+        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
+                             lambda: f"ct[ii * LDC + jj] = {em.scalar(value)}")
+    else:
+        lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
     for st in pushes:
         run = _column_run(st.when, nv, g.n)
         idx, when, cols, col = st.index, st.when, "jj = 0; jj < nb", [*_loop_var(nv, "n0 + jj", inner)]
@@ -1926,6 +1918,27 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
                   f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
                   f"{ind}  }}"]
     return lines + [f"{ind}}}"]
+
+
+def block_values(em, value: Scalar, gvars: tuple, ind: str, acc: str, store: Callable[[], str]) -> list[str]:
+    """C opening a loop over the rows ii < mb of a finished block (its first element at (m0, n0)) that evaluates
+    `value` of the GEMM's sum (``acc_`` read from `acc`) for every column jj < nb and runs `store()` (a C
+    statement, made after the value's temporaries are named); the row loop's brace is left open.  The terms
+    that do not depend on the column are computed once per row (a batch norm's w / sqrt(var + eps) per element
+    took a third of a 1x1 conv).  The float32 GEMM's and the bf16 GEMM's epilogues (vtc.codegen.gemm_bf16)."""
+    _, mv, nv = gvars
+    inner = ind + "    "
+    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
+    em.forget()
+    lines += em.hoist_invariant([value], {nv}, ind + "  ")
+    temps = em.hoist([value], inner)
+    return lines + [f"{ind}  #pragma omp simd",
+                    f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
+                    *_loop_var(nv, "n0 + jj", inner),
+                    f"{inner}const float acc_{ACC} = {acc};",
+                    *temps,
+                    f"{inner}{store()};",
+                    f"{ind}  }}"]
 
 
 def _column_run(when: Expr | None, nv: str, n: int) -> tuple[int, int] | None:

@@ -396,27 +396,14 @@ def _epilogue(em, k, bt: str, ind: str) -> list[str]:
     """C storing kernel k's value (a fused bias, activation, residual, scale, cast: the pointwise kernel that
     finishes the GEMM, vtc.codegen.lower) over a finished block of float32 sums: rows ii < mb, columns jj < nb of
     `sums` (row stride lds), the block's first element at (m0, n0) of batch `bt`; rounded once at the store."""
-    from vtc.codegen.gemm import ACC, _loop_var
+    from vtc.codegen.gemm import block_values
 
-    g = k.gemm
     st = k.stores[0]
-    _, mv, nv = g.vars
-    inner = ind + "    "
+    lines = block_values(em, st.value, k.gemm.vars, ind, "sums[ii * lds + jj]",
+                         lambda: f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
+                                 f"{em.stored(st.value, st.buffer.dtype)}")
     em.forget()
-    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
-    lines += em.hoist_invariant([st.value], {nv}, ind + "  ")  # a per-row term computed once per row
-    temps = em.hoist([st.value], inner)
-    lines += [f"{ind}  #pragma omp simd",
-              f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
-              *_loop_var(nv, "n0 + jj", inner),
-              f"{inner}const float acc_{ACC} = sums[ii * lds + jj];",
-              *temps,
-              f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
-              f"{em.stored(st.value, st.buffer.dtype)};",
-              f"{ind}  }}",
-              f"{ind}}}"]
-    em.forget()
-    return lines
+    return lines + [f"{ind}}}"]
 
 
 def _split(lines_m: str) -> list[str]:
