@@ -12,7 +12,7 @@ import vtc
 from vtc.codegen.cpp import generate
 
 from .test_attention import attention_kernels
-from .util import gen, rand
+from .util import gen, rand, torch_threads
 
 TOL = dict(rtol=1e-4, atol=2e-5)
 
@@ -142,3 +142,66 @@ def test_key_rows_off_gives_the_same_result():
         assert "kt0" not in generate(k)
     finally:
         flash.KEY_ROWS = True
+
+
+# (window, batch, windows per side, heads, head dim, shift, threads): a [N, N, heads] bias read with a key stride
+# of `heads`: 3 and 5 heads (a transpose one float at a time), 17 (a 16 x 16 register transpose per 16 rows
+# and a last column), 7 x 7, 5 x 5 and 3 x 3 windows (N = 49, 25, 9 keys: rows of the transposed buffer that
+# are not whole vectors), with and without the shift mask, 1 and 2 threads
+STRIDED = [
+    (7, 1, 2, 3, 32, 0, 1),
+    (7, 2, 2, 3, 32, 3, 2),
+    (5, 2, 2, 17, 8, 0, 2),
+    (3, 1, 4, 5, 16, 1, 1),
+]
+
+
+@pytest.mark.parametrize("case", STRIDED, ids=lambda c: "w{}_b{}_n{}_h{}_d{}_shift{}_t{}".format(*c))
+def test_strided_bias_is_transposed_once_per_call(case):
+    """A bias read with a key stride above 1 (Swin-T's [N * N, heads] gather read through its permute) is
+    transposed once per call into rows along the key (``kx<j>_``, flash.KEY_ROWS_T) and staged by register
+    transposes like a unit-stride row, not gathered element by element in every tile (before: the
+    ``gathered`` loop ``kt0[t][q] = b[lk0[q] + o_]``); the result matches eager."""
+    window, b, per_side, heads, d, shift, threads = case
+    g = gen(window * 1000 + heads * 10 + shift)
+    side = window * per_side
+    m = WindowAttention(side, window, heads, d, shift, g, "nnh").eval()
+    x = rand((b, side, side, heads * d), g)
+    with torch_threads(threads):
+        c = vtc.compile(m, (x,))
+        with torch.no_grad():
+            got, want = c(x), m(x)
+    torch.testing.assert_close(got, want, **TOL)
+    (k,) = attention_kernels(c)
+    src = generate(k)
+    j = 1 if shift else 0  # the mask's rows come first
+    assert f"kx{j}_" in src and "aligned_alloc" in src and f"std::free(kx{j}_)" in src, src
+    assert "gathered" not in src, src
+    assert f"kt{j}[t][q]" in re.search(r"st\[t\]\[q\] = (.*);", src).group(1)
+
+
+def test_strided_bias_of_one_window_stays_gathered():
+    """One window (the loads read as many floats as the buffer holds): the buffer is not transposed (that
+    would cost as much as the loads it saves); the gathered rows match eager, and KEY_ROWS_T = False (the
+    A/B switch) gathers them too."""
+    from vtc.codegen import flash
+
+    g = gen(11)
+    m = WindowAttention(7, 7, 3, 16, 0, g, "nnh").eval()
+    x = rand((1, 7, 7, 48), g)
+    c = vtc.compile(m, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(c(x), m(x), **TOL)
+    (k,) = attention_kernels(c)
+    assert "kx0_" not in generate(k) and "gathered" in generate(k)
+    m = WindowAttention(14, 7, 3, 16, 3, g, "nnh").eval()
+    x = rand((1, 14, 14, 48), g)
+    flash.KEY_ROWS_T = False
+    try:
+        c = vtc.compile(m, (x,))
+        with torch.no_grad():
+            torch.testing.assert_close(c(x), m(x), **TOL)
+        (k,) = attention_kernels(c)
+        assert "kx0_" not in generate(k) and "gathered" in generate(k)
+    finally:
+        flash.KEY_ROWS_T = True

@@ -490,10 +490,23 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         em.forget()
         rows = flash.key_row_loads(k.score, em) if flash.KEY_ROWS else []
         types = []  # of the row bases: 32-bit where the buffer allows (a gather of 16 lanes, not 8)
-        for j, (x, base, _) in enumerate(rows):
-            types.append("int" if math.prod(em.shapes[x.args[0]]) < 1 << 31 else "int64_t")
+        around: tuple[list[str], list[str]] = ([], [])  # a strided buffer transposed once per call
+        ptrs, strides = [], []
+        served = math.prod(k.domain) * k.r_extent  # floats that a row load reads per call
+        for j, (x, base, c) in enumerate(rows):
+            size = math.prod(em.shapes[x.args[0]])
+            types.append("int" if size < 1 << 31 else "int64_t")
             decls.append(f"alignas(64) {types[-1]} lk{j}[{flash.QUERY_TILE}];")
-            fill.append(f"      lk{j}[q] = {base};")
+            ptr = em.ptr[x.args[0]]
+            if flash.KEY_ROWS_T and c > 1 and isinstance(size, int) and isinstance(served, int) and 2 * size <= served:
+                pre, post = flash.transposed_rows(ptr, c, size, f"kx{j}_")
+                around = (around[0] + pre, post + around[1])
+                fill.append(f"      lk{j}[q] = (({base}) % {c}) * {-(-size // c)} + ({base}) / {c};")
+                ptr, c = f"kx{j}_", 1
+            else:
+                fill.append(f"      lk{j}[q] = {base};")
+            ptrs.append(ptr)
+            strides.append(c)
         lanes = (decls, fill)
 
         def forget(per_lane: bool) -> None:
@@ -512,8 +525,8 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             forget(True)
             mask = (em.hoist([mask], "      ", within_temps=False), em.scalar(mask))
         em.forget()
-        key_rows = [(em.ptr[x.args[0]], c, it) for (x, _, c), it in zip(rows, types)]
-        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes, key_rows=key_rows)
+        key_rows = list(zip(ptrs, strides, types))
+        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes, key_rows=key_rows, around=around)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)

@@ -90,6 +90,11 @@ LANE_TERMS = True  # the score chain's per-query loads (cache_position[i1]) read
 # per-lane ``i0 % heads``); a load with a key stride above 1 (a [N, N, heads] bias read through a permute) is
 # gathered over the lanes from a row base computed once per tile (docs/prefill.md: Swin-T)
 KEY_ROWS = True
+# a key row load with a key stride c > 1 (Swin's [N * N, heads] relative-position bias read through its permute):
+# the buffer (static, at most half as many floats as the loads it serves) is transposed once per call into
+# [c][N / c] rows, so that each lane's row is contiguous along the key and staged by register transposes (as
+# c = 1) instead of gathered element by element in every tile (docs/prefill.md: session 16)
+KEY_ROWS_T = True
 
 
 def decode_key_block(k) -> int:
@@ -404,6 +409,27 @@ def key_row_loads(score: Scalar, em) -> list[tuple[Scalar, str, int]]:
     return out
 
 
+def transposed_rows(p: str, c: int, n: int, name: str) -> tuple[list[str], list[str]]:
+    """C lines before and after a tiled kernel's loop that hold in `name` buffer `p` (n floats) transposed as
+    a [c][m] matrix, m = ceil(n / c): name[(o % c) * m + o / c] = p[o], so that p[b + c * r] (b >= 0, within
+    p) is name[(b % c) * m + b / c + r], a row along r.  16 x 16 blocks by register transposes, the rest one
+    float at a time."""
+    m = -(-n // c)
+    return [
+        f"  float* {name} = (float*)std::aligned_alloc(64, sizeof(float) * {(c * m + 15) // 16 * 16});",
+        f"  for (int64_t a0 = 0; a0 < {m}; a0 += {LANES}) {{  // {name}[j][a] = {p}[a * {c} + j]",
+        f"    for (int64_t j0 = 0; j0 < {c}; j0 += {LANES}) {{",
+        f"      if (a0 + {LANES} <= {n // c} && j0 + {LANES} <= {c}) {{",
+        f"        vtc_flash_transpose16({p} + a0 * {c} + j0, {c}, {name} + j0 * {m} + a0, {m});",
+        "        continue;",
+        "      }",
+        f"      for (int64_t a = a0; a < std::min<int64_t>(a0 + {LANES}, {m}); ++a)",
+        f"        for (int64_t j = j0; j < std::min<int64_t>(j0 + {LANES}, {c}); ++j)",
+        f"          {name}[j * {m} + a] = a * {c} + j < {n} ? {p}[a * {c} + j] : 0.0f;",
+        "    }",
+        "  }"], [f"  std::free({name});"]
+
+
 def _stage_key_rows(rows: list[tuple[str, int, str]], ind: str) -> list[str]:
     """C lines filling ``kt<j>[t][q]`` = p[lk<j>[q] + c * (r0 + t)] for each (p, c, type of lk) of `rows`, the
     block's keys t < nk and the task's lanes q < nr: with c = 1 16 rows of 16 keys read as vectors (a masked
@@ -433,13 +459,13 @@ def _stage_key_rows(rows: list[tuple[str, int, str]], ind: str) -> list[str]:
 
 
 def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], []),
-               key_rows: list[tuple[str, int, str]] = ()) -> list[str]:
+               key_rows: list[tuple[str, int, str]] = (), around=([], [])) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
     (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``;
     `lanes`: (declarations, lines that set lane q's entries) of the per-query terms that the score and mask
     expressions read as ``lq<j>[q]``, filled once per task; `key_rows`: (pointer, key stride, C type of the
     row bases) of the loads that they read as ``kt<j>[t][q]`` (``key_row_loads``; lane q's row base in
-    ``lk<j>[q]``, among `lanes`)."""
+    ``lk<j>[q]``, among `lanes`); `around`: C lines before and after the loop over the tiles (``transposed_rows``)."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
@@ -507,6 +533,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
 
     kg = ACCUMULATORS  # keys per step of the one-vector micro-kernel (a multiple of the others' steps)
     lines = [
+        *around[0],
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {heads // g} * {chunks}; ++blk) {{",
         f"    const int64_t i0 = blk / {chunks} * {g};  // the group's first head",
@@ -644,6 +671,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[q][e] * inv;",
         "    }",
         "  }",
+        *around[1],
     ]
     # queries beyond nr in a PV step read rows of ov / st that exist (qt_n is a multiple of qg)
     assert qt_n % qg == 0 and KEY_BLOCK % kg == 0, (qt_n, qg, kg)
