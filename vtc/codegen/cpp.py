@@ -47,7 +47,7 @@ from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
 from vtc.codegen.low_tiles import staged_loads
-from vtc.codegen import stream
+from vtc.codegen import row_stage, stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
@@ -148,6 +148,7 @@ class _Emitter:
             self.ptr.setdefault(b.name, f"b{len(self.ptr)}")
         self.shapes = {b.name: b.shape for b in [*k.inputs, *_outputs(k)]}
         self.temps: dict[int, str] = {}
+        self.pinned: dict[int, str] = {}  # temps that forget() keeps (a row staged once: vtc.codegen.row_stage)
         self.index_temps: dict[Expr, str] = {}  # index-tensor loads read once per row (see hoist_index_loads)
 
     # -- index expressions ----------------------------------------------------
@@ -344,6 +345,7 @@ class _Emitter:
 
     def forget(self) -> None:
         self.temps.clear()
+        self.temps.update(self.pinned)
 
     def hoist_index_loads(self, k: Kernel, loop_var: str, indent: str) -> list[str]:
         """Temps for the index-tensor loads (a gather's row index) that do not change along `loop_var`.
@@ -848,6 +850,9 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     # scaled by the store pass
     if stored:
         stored_at = f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
+    staged = None if stored or low_precision(k) else row_stage.staged_row(k)
+    if staged is not None:  # a row read through piece choices (a concat along r): computed once per row
+        lines += row_stage.stage_lines(staged, em, k.r_extent, ctype(staged.dtype))
     for phase in k.phases:
         for red in phase:
             t = ctype(red.dtype)
@@ -884,4 +889,5 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     lines += em.hoist([s.value for s in once], "    ")
     lines += [_store(em, s, "    ") for s in once]
     lines.append("  }")
+    em.pinned.clear()
     return stream.fenced(lines) if streamed else lines
