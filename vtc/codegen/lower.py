@@ -51,7 +51,7 @@ from vtc.index.expr import Expr, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization, chain_of
-from vtc.virtual.movement import bind, delinearize
+from vtc.virtual.movement import bind, delinearize, linear_index
 
 OUTPUT, INDEX = "<output>", "<index>"
 KV = "#kv"  # reader suffix: an attention kernel reading K or V (once per query row, so producers stay physical)
@@ -266,6 +266,13 @@ class Lowering:
         A GEMM's output whose one reader is a float32 pointwise kernel of the same shape that reads it
         only at its own output index (through inlined pointwise ops; not a depthwise convolution's
         shifted taps) is never stored: the GEMM kernel stores that kernel's value of its accumulator.
+
+        The reader may also have another shape of as many elements, reading the GEMM's output through a
+        view that keeps the row-major order (a Linear on [batch, tokens, d]: view -> addmm -> view ->
+        gelu): its element at the GEMM's (row, col) is the one at the same row-major offset
+        (``_reader_index``), and it is fused when its reads of the GEMM's output, composed through the view's
+        mapping, land on that (row, col) again.  Its other operands (a bias [d], a residual, per-token terms)
+        are read at that index too.
         """
         out: dict[str, Node] = {}
         for g in self.graph.nodes:
@@ -276,7 +283,8 @@ class Lowering:
             # a bf16 GEMM (vtc.codegen.gemm_bf16) takes a bf16 or float32 epilogue reading any dtype
             low = o.dtype == torch.bfloat16 and node is not None and node.outputs[0].dtype in (torch.bfloat16,
                                                                                                torch.float32)
-            if node is None or (node.outputs[0].dtype != torch.float32 and not low) or node.outputs[0].shape != o.shape:
+            if (node is None or (node.outputs[0].dtype != torch.float32 and not low)
+                    or _numel(node.outputs[0].shape) != _numel(o.shape)):
                 continue
             if self._reads_only_at_its_index(o.name, node) and (low or not self._reads_low_precision(node)):
                 out[node.name] = g
@@ -329,7 +337,8 @@ class Lowering:
         taps, no movement in between), so that the reads can come from a GEMM's accumulator."""
         idx = out_vars(self.values[name].shape)
         probe = K.acc("epilogue_probe", self.values[name].dtype)
-        value = self._pointwise(node, idx, {(name, idx): probe})
+        value = self._pointwise(node, _reader_index(idx, self.values[name].shape, node.outputs[0].shape),
+                                {(name, idx): probe})
         return not any(s.op == "load" and s.args[0] == name for s in scalars_under([value]))
 
     def gemm_kernel(self, n: Node) -> Kernel:
@@ -342,9 +351,10 @@ class Lowering:
         # a bf16 GEMM's result as eager has it: rounded to bf16 before the pointwise ops read it
         acc = K.cast(st.value, st.buffer.dtype) if st.buffer.dtype in LOW_PRECISION else st.value
         memo = {(st.buffer.name, st.index): acc}
-        value = self._pointwise(node, st.index, memo)
         o = node.outputs[0]
-        k.stores = [Store(Buffer(o.name, o.shape, o.dtype), st.index, K.cast(value, o.dtype))]
+        idx = _reader_index(st.index, st.buffer.shape, o.shape)  # node's element at the GEMM's (row, col)
+        value = self._pointwise(node, idx, memo)
+        k.stores = [Store(Buffer(o.name, o.shape, o.dtype), idx, K.cast(value, o.dtype))]
         k.source_nodes = [*k.source_nodes, node.name]
         return k
 
@@ -655,6 +665,21 @@ def _low_precision(n: Node) -> bool:
     read float32, the bf16 GEMM physical or strided bf16 operands only).  An attention kernel does: it reads such
     operands (a bf16 mask, K cast to float32) through the general emitter, which converts."""
     return any(v.dtype in LOW_PRECISION for v in [*n.inputs, *n.outputs])
+
+
+def _numel(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _reader_index(idx: tuple[Expr, ...], shape: tuple[int, ...], reader: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The index, in a tensor of shape `reader`, of the element at the same row-major offset as `idx` in one of
+    `shape` (the same numel): a GEMM epilogue's element of its reader through a view (``_epilogues``)."""
+    if tuple(reader) == tuple(shape):
+        return idx
+    return delinearize(linear_index(idx, shape), reader)
 
 
 def _ident(name: str) -> str:
