@@ -47,6 +47,7 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scal
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
 from vtc.codegen.pool import POOL_OPS, pool_taps
+from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
 from vtc.index.expr import Expr, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
@@ -233,9 +234,30 @@ class Lowering:
                     self.inline.add(o)  # it reads nothing: free to recompute
                 elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
                       and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])
-                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n))):
+                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n)
+                               and not self._widened_into_f32_gemm(n, kernels[0]))):
                     self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
                     # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
+
+    def _widened_into_f32_gemm(self, n: Node, reader: str) -> bool:
+        """True when pointwise node n is a cast of one bfloat16 / float16 tensor to float32 (``x.float()``) that is
+        the A operand (through virtual movement ops) of the float32 GEMM `reader` with at most SKINNY_M rows
+        (decode): its A pack reads the 16-bit elements and widens them (``vtc_from_bf16``), so the float32 copy is
+        never stored.  Not B: a weight's cast read in B's pack loses the fast B paths (1 x 768 -> 3072: 0.24 ->
+        1.6 ms); not more rows: A's float32 paths (read in place, ...) were faster than the widening pack
+        (128 x 768 -> 3072: 2.43-2.54 -> 2.73-2.75 ms; docs/gemm.md, "3-D Linear epilogues")."""
+        from vtc.codegen.gemm import SKINNY_M, _operands
+        from vtc.codegen.gemm_inline import behind_virtual_movement
+
+        g = self._nodes.get(reader)
+        if not (g is not None and g.op in GEMM_OPS and g.outputs[0].dtype == torch.float32
+                and getattr(n.target, "_opname", None) in ("_to_copy", "to", "convert_element_type")
+                and len(n.inputs) == 1 and n.inputs[0].dtype in LOW_PRECISION
+                and n.outputs[0].dtype == torch.float32):
+            return False
+        a, _ = _operands(g, bind(g.target, g.args, g.kwargs))
+        x = behind_virtual_movement(self, a)
+        return x is not None and x.name == n.outputs[0].name and a.shape[-2] <= SKINNY_M
 
     def _recomputed(self, n: Node, reader: str) -> bool:
         """True when GEMM `reader` would compute pointwise node n's value more than once in its A pack (once per
@@ -342,8 +364,15 @@ class Lowering:
         return not any(s.op == "load" and s.args[0] == name for s in scalars_under([value]))
 
     def gemm_kernel(self, n: Node) -> Kernel:
-        """The generated GEMM of matmul or convolution node n (without its epilogue)."""
-        return conv_kernel(self, n) if n.op == CONV_OP else gemm_kernel(self, n)
+        """The generated GEMM of matmul or convolution node n (without its epilogue).  A float32 GEMM whose pack
+        reads a bfloat16 / float16 tensor through an inlined cast (``_widened_into_f32_gemm``) gets the C
+        conversions (vecmath.LOW_PRECISION_PRELUDE, guarded against a second definition) with its helpers."""
+        k = conv_kernel(self, n) if n.op == CONV_OP else gemm_kernel(self, n)
+        g = k.gemm
+        if g.dtype == torch.float32 and any(s.op == "load" and s.dtype in LOW_PRECISION
+                                            for s in scalars_under([g.a, g.b])):
+            g.runtime += LOW_PRECISION_PRELUDE
+        return k
 
     def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
         """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
