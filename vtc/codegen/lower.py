@@ -34,6 +34,7 @@ report.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -306,7 +307,7 @@ class Lowering:
             low = o.dtype == torch.bfloat16 and node is not None and node.outputs[0].dtype in (torch.bfloat16,
                                                                                                torch.float32)
             if (node is None or (node.outputs[0].dtype != torch.float32 and not low)
-                    or _numel(node.outputs[0].shape) != _numel(o.shape)):
+                    or math.prod(node.outputs[0].shape) != math.prod(o.shape)):
                 continue
             if self._reads_only_at_its_index(o.name, node) and (low or not self._reads_low_precision(node)):
                 out[node.name] = g
@@ -694,13 +695,6 @@ def _low_precision(n: Node) -> bool:
     read float32, the bf16 GEMM physical or strided bf16 operands only).  An attention kernel does: it reads such
     operands (a bf16 mask, K cast to float32) through the general emitter, which converts."""
     return any(v.dtype in LOW_PRECISION for v in [*n.inputs, *n.outputs])
-
-
-def _numel(shape) -> int:
-    out = 1
-    for s in shape:
-        out *= s
-    return out
 
 
 def _reader_index(idx: tuple[Expr, ...], shape: tuple[int, ...], reader: tuple[int, ...]) -> tuple[Expr, ...]:
