@@ -34,6 +34,7 @@ report.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -47,11 +48,12 @@ from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scal
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
 from vtc.codegen.pool import POOL_OPS, pool_taps
+from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
 from vtc.index.expr import Expr, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization, chain_of
-from vtc.virtual.movement import bind, delinearize
+from vtc.virtual.movement import bind, delinearize, linear_index
 
 OUTPUT, INDEX = "<output>", "<index>"
 KV = "#kv"  # reader suffix: an attention kernel reading K or V (once per query row, so producers stay physical)
@@ -233,9 +235,30 @@ class Lowering:
                     self.inline.add(o)  # it reads nothing: free to recompute
                 elif (len(kernels) == 1 and (not kernels[0].endswith(KV) or is_cheap(n)) and not self._tapped(o)
                       and not (n.op == CONV_OP and self._packs(kernels[0])) and not self._recomputed(n, kernels[0])
-                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n))):
+                      and not (self.kind.get(kernels[0]) == "gemm" and _low_precision(n)
+                               and not self._widened_into_f32_gemm(n, kernels[0]))):
                     self.inline.add(o)  # one kernel reads it (an attention kernel's K/V only if cheap; a
                     # depthwise convolution not into a GEMM's pack loop, which evaluates it element by element)
+
+    def _widened_into_f32_gemm(self, n: Node, reader: str) -> bool:
+        """True when pointwise node n is a cast of one bfloat16 / float16 tensor to float32 (``x.float()``) that is
+        the A operand (through virtual movement ops) of the float32 GEMM `reader` with at most SKINNY_M rows
+        (decode): its A pack reads the 16-bit elements and widens them (``vtc_from_bf16``), so the float32 copy is
+        never stored.  Not B: a weight's cast read in B's pack loses the fast B paths (1 x 768 -> 3072: 0.24 ->
+        1.6 ms); not more rows: A's float32 paths (read in place, ...) were faster than the widening pack
+        (128 x 768 -> 3072: 2.43-2.54 -> 2.73-2.75 ms; docs/gemm.md, "3-D Linear epilogues")."""
+        from vtc.codegen.gemm import SKINNY_M, _operands
+        from vtc.codegen.gemm_inline import behind_virtual_movement
+
+        g = self._nodes.get(reader)
+        if not (g is not None and g.op in GEMM_OPS and g.outputs[0].dtype == torch.float32
+                and getattr(n.target, "_opname", None) in ("_to_copy", "to", "convert_element_type")
+                and len(n.inputs) == 1 and n.inputs[0].dtype in LOW_PRECISION
+                and n.outputs[0].dtype == torch.float32):
+            return False
+        a, _ = _operands(g, bind(g.target, g.args, g.kwargs))
+        x = behind_virtual_movement(self, a)
+        return x is not None and x.name == n.outputs[0].name and a.shape[-2] <= SKINNY_M
 
     def _recomputed(self, n: Node, reader: str) -> bool:
         """True when GEMM `reader` would compute pointwise node n's value more than once in its A pack (once per
@@ -266,6 +289,13 @@ class Lowering:
         A GEMM's output whose one reader is a float32 pointwise kernel of the same shape that reads it
         only at its own output index (through inlined pointwise ops; not a depthwise convolution's
         shifted taps) is never stored: the GEMM kernel stores that kernel's value of its accumulator.
+
+        The reader may also have another shape of as many elements, reading the GEMM's output through a
+        view that keeps the row-major order (a Linear on [batch, tokens, d]: view -> addmm -> view ->
+        gelu): its element at the GEMM's (row, col) is the one at the same row-major offset
+        (``_reader_index``), and it is fused when its reads of the GEMM's output, composed through the view's
+        mapping, land on that (row, col) again.  Its other operands (a bias [d], a residual, per-token terms)
+        are read at that index too.
         """
         out: dict[str, Node] = {}
         for g in self.graph.nodes:
@@ -276,7 +306,8 @@ class Lowering:
             # a bf16 GEMM (vtc.codegen.gemm_bf16) takes a bf16 or float32 epilogue reading any dtype
             low = o.dtype == torch.bfloat16 and node is not None and node.outputs[0].dtype in (torch.bfloat16,
                                                                                                torch.float32)
-            if node is None or (node.outputs[0].dtype != torch.float32 and not low) or node.outputs[0].shape != o.shape:
+            if (node is None or (node.outputs[0].dtype != torch.float32 and not low)
+                    or math.prod(node.outputs[0].shape) != math.prod(o.shape)):
                 continue
             if self._reads_only_at_its_index(o.name, node) and (low or not self._reads_low_precision(node)):
                 out[node.name] = g
@@ -329,12 +360,20 @@ class Lowering:
         taps, no movement in between), so that the reads can come from a GEMM's accumulator."""
         idx = out_vars(self.values[name].shape)
         probe = K.acc("epilogue_probe", self.values[name].dtype)
-        value = self._pointwise(node, idx, {(name, idx): probe})
+        value = self._pointwise(node, _reader_index(idx, self.values[name].shape, node.outputs[0].shape),
+                                {(name, idx): probe})
         return not any(s.op == "load" and s.args[0] == name for s in scalars_under([value]))
 
     def gemm_kernel(self, n: Node) -> Kernel:
-        """The generated GEMM of matmul or convolution node n (without its epilogue)."""
-        return conv_kernel(self, n) if n.op == CONV_OP else gemm_kernel(self, n)
+        """The generated GEMM of matmul or convolution node n (without its epilogue).  A float32 GEMM whose pack
+        reads a bfloat16 / float16 tensor through an inlined cast (``_widened_into_f32_gemm``) gets the C
+        conversions (vecmath.LOW_PRECISION_PRELUDE, guarded against a second definition) with its helpers."""
+        k = conv_kernel(self, n) if n.op == CONV_OP else gemm_kernel(self, n)
+        g = k.gemm
+        if g.dtype == torch.float32 and any(s.op == "load" and s.dtype in LOW_PRECISION
+                                            for s in scalars_under([g.a, g.b])):
+            g.runtime += LOW_PRECISION_PRELUDE
+        return k
 
     def with_epilogue(self, k: Kernel, node: Node) -> Kernel:
         """GEMM kernel k storing pointwise node's output, its reads of the GEMM result taken from the accumulator."""
@@ -342,9 +381,10 @@ class Lowering:
         # a bf16 GEMM's result as eager has it: rounded to bf16 before the pointwise ops read it
         acc = K.cast(st.value, st.buffer.dtype) if st.buffer.dtype in LOW_PRECISION else st.value
         memo = {(st.buffer.name, st.index): acc}
-        value = self._pointwise(node, st.index, memo)
         o = node.outputs[0]
-        k.stores = [Store(Buffer(o.name, o.shape, o.dtype), st.index, K.cast(value, o.dtype))]
+        idx = _reader_index(st.index, st.buffer.shape, o.shape)  # node's element at the GEMM's (row, col)
+        value = self._pointwise(node, idx, memo)
+        k.stores = [Store(Buffer(o.name, o.shape, o.dtype), idx, K.cast(value, o.dtype))]
         k.source_nodes = [*k.source_nodes, node.name]
         return k
 
@@ -655,6 +695,14 @@ def _low_precision(n: Node) -> bool:
     read float32, the bf16 GEMM physical or strided bf16 operands only).  An attention kernel does: it reads such
     operands (a bf16 mask, K cast to float32) through the general emitter, which converts."""
     return any(v.dtype in LOW_PRECISION for v in [*n.inputs, *n.outputs])
+
+
+def _reader_index(idx: tuple[Expr, ...], shape: tuple[int, ...], reader: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The index, in a tensor of shape `reader`, of the element at the same row-major offset as `idx` in one of
+    `shape` (the same numel): a GEMM epilogue's element of its reader through a view (``_epilogues``)."""
+    if tuple(reader) == tuple(shape):
+        return idx
+    return delinearize(linear_index(idx, shape), reader)
 
 
 def _ident(name: str) -> str:
