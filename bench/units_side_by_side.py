@@ -71,10 +71,10 @@ def main(names: list[str], systems: list[str], rounds: int) -> None:
             times = time_side_by_side(fns, rounds, clk)
         for agg in ("min", "median"):
             ms = {s: t[f"{agg}_ms"] for s, t in times.items()}
-            best = min(v for s, v in ms.items() if not s.startswith("vtc"))
-            print(f"{name:20s} {agg:6s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) +
-                  "   best other / vtc: " + " ".join(f"{best / v:.2f}x" for s, v in ms.items() if s.startswith("vtc")),
-                  flush=True)
+            others = [v for s, v in ms.items() if not s.startswith("vtc")]
+            ratios = ("   best other / vtc: " + " ".join(f"{min(others) / v:.2f}x" for s, v in ms.items()
+                                                       if s.startswith("vtc"))) if others else ""
+            print(f"{name:20s} {agg:6s} " + "  ".join(f"{s} {v:.3f}" for s, v in ms.items()) + ratios, flush=True)
 
 
 if __name__ == "__main__":
