@@ -316,13 +316,19 @@ def _constant_b(low, b: Value) -> bool:
 
 def _of_a_constant(low, name: str) -> tuple[bool, Any]:
     """(whether value `name` is a constant of the graph, the strided view of a constant it is (the plan's
-    realization of a virtual value) or None)."""
-    consts = {v.name for v in low.graph.consts}
+    realization of a virtual value) or None).  A constant that is an inference tensor counts as neither: the call
+    plan does not pack it once (it has no version counter to see an in-place change by,
+    vtc.runtime.packed.conv_weight_why_not), so the kernel reads it as it reads a runtime B."""
+    consts = {v.name: v.data for v in low.graph.consts}
     if name in consts:
-        return True, None
+        data = consts[name]
+        return not (isinstance(data, torch.Tensor) and data.is_inference()), None
     r = low.plan.realized.get(name) if low.plan.is_virtual(name) else None
     st = r.strided if r is not None else None
-    return False, st if st is not None and st.source in consts else None
+    if st is None or st.source not in consts:
+        return False, None
+    data = consts[st.source]
+    return False, None if isinstance(data, torch.Tensor) and data.is_inference() else st
 
 
 def _unit_stride(low, b: Value) -> str:

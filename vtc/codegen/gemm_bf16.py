@@ -73,8 +73,11 @@ BF16_OPS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.b
 VTC_GFLOPS = 150.0  # the vdpbf16ps panel kernel
 TORCH_GFLOPS = 1200.0  # oneDNN's AMX kernels (scaled by the measured torch_speed where the CPU has no AMX)
 # (GB/s of B, GFLOPS) for M <= SKINNY_M: the dot path costs the larger of the two (reading the weight hides the
-# arithmetic up to ~4 rows), torch's their sum
-SKINNY = {"dot": (39.0, 160.0), "torch": (23.0, 1000.0)}
+# arithmetic up to ~4 rows), torch's their sum.  The dot path's rates are Zen 5's (1 thread, CPU time, x @ W^T
+# of a bf16 nn.Linear, docs/gemm.md session 16): 1 / 4 rows of a 4096 x 4096 weight 0.67 / 1.08 ms (~50-57 GB/s
+# of W from memory), 8 / 12 / 16 rows of a 1024 x 4096 one 0.17 / 0.28 / 0.41 ms (~330-390 GFLOPS, W from L3);
+# the Intel figures before them (39, 160) kept torch on 8-16 rows that the generated kernel ran 1.3-2x faster
+SKINNY = {"dot": (57.0, 330.0), "torch": (23.0, 1000.0)}
 SKINNY_M = 16
 
 
