@@ -74,3 +74,26 @@ def test_pushed_v_projection_is_packed_once_and_still_checked(shape, segments, t
         bad[s // 2] = t  # one past the cache: the range check still stops the call
         with pytest.raises(IndexError):
             c(x, cache, bad)
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "per_element"])
+@pytest.mark.parametrize("shape", [(40, 256, 2, 64, 100), (37, 200, 3, 16, 64), (256, 300, 4, 32, 300)],
+                         ids=["hd64", "hd16", "hd32"])
+def test_pushed_store_copies_runs_of_a_head(shape, runs, monkeypatch):
+    """The pushed store of the V projection (column jc to head jc / hd, element jc % hd of the row at the token's
+    position) copies each head's hd columns as one vector run (``gemm._store_runs``), not element by element
+    with a division and a remainder per column (before: the kernel's text had ``jc % hd``)."""
+    from vtc.codegen import gemm
+
+    monkeypatch.setattr(gemm, "PUSH_RUNS", runs)
+    s, d, kv, hd, t = shape
+    model, inputs = _case(s, d, kv, hd, t, seed=s + hd)
+    with torch.no_grad():
+        c = vtc.compile(model, inputs)
+        got, want = c(*inputs), model(*inputs)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    mms = [s.kernel.step.kernel for s in c._first.executor.steps
+           if s.kind == "kernel" and getattr(s.kernel.step.kernel, "gemm", None) is not None]
+    assert len(mms) == 1
+    src = gemm.generate(mms[0])
+    assert (f"(jc % {hd})" not in src and "jh = " in src) if runs else f"(jc % {hd})" in src, src[-1500:]
