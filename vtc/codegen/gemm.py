@@ -1917,6 +1917,20 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
             idx, when = tuple(subs(e, {nv: jc + lo}) for e in idx), None
             cols = f"jj = std::max<int64_t>(0, {lo} - n0); jj < std::min<int64_t>(nb, {hi} - n0)"
             col = [f"{inner}const int64_t jc = n0 + jj - {lo};"] if hi - lo > 1 else []
+        runs = _store_runs(idx, st.buffer, run) if PUSH_RUNS else None
+        if runs is not None:  # runs of d columns that land on consecutive elements: one vector copy each
+            d, base = runs
+            lo, hi = run
+            lines += [f"{ind}  for (int64_t jj = std::max<int64_t>(0, {lo} - n0), jend = std::min<int64_t>(nb, {hi} - n0); jj < jend;) {{",
+                      f"{inner}const int64_t jh = (n0 + jj - {lo}) / {d}, je0 = (n0 + jj - {lo}) % {d};",
+                      f"{inner}const int64_t len = std::min<int64_t>({d} - je0, jend - jj);",
+                      f"{inner}{ctype(st.buffer.dtype)}* __restrict dst = {em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, base)} + je0;",
+                      f"{inner}const float* __restrict src = ct + ii * LDC + jj;",
+                      f"{inner}#pragma omp simd",
+                      f"{inner}for (int64_t e = 0; e < len; ++e) dst[e] = ({ctype(st.buffer.dtype)})src[e];",
+                      f"{inner}jj += len;",
+                      f"{ind}  }}"]
+            continue
         store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = "
                  f"({ctype(st.buffer.dtype)})ct[ii * LDC + jj];")
         lines += [f"{ind}  for (int64_t {cols}; ++jj) {{",
@@ -1924,6 +1938,35 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
                   f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
                   f"{ind}  }}"]
     return lines + [f"{ind}}}"]
+
+
+PUSH_RUNS = True  # a pushed store whose columns land in runs of d consecutive elements copies each run as a vector
+
+
+def _store_runs(idx: tuple, buf: Buffer, run: tuple[int, int] | None) -> tuple[int, tuple] | None:
+    """(d, index at the run's start) where pushed store index `idx` (of the column var jc over [0, hi - lo)) lands
+    columns jc = d * jh + je, je < d, on consecutive elements of `buf` (the V projection pushed into a KV cache:
+    jc % hd and jc / hd, d = hd): the index with jc replaced by d * jh (jh the C variable of the run); None
+    where no such d (a divisor of the columns' count that the index divides or takes the remainder by) does it."""
+    from vtc.index.expr import walk
+
+    if run is None or run[1] - run[0] < 16:
+        return None
+    n = run[1] - run[0]
+    off = linear_offset(idx, buf.shape)
+    if "jc" not in free_vars(off):
+        return None
+    ds = sorted({e.args[1] for e in walk(off) if e.op in ("mod", "floordiv") and isinstance(e.args[1], int)
+                 and "jc" in free_vars(e.args[0])}, reverse=True)
+    for d in ds:
+        if d < 16 or n % d:
+            continue
+        jh, je = var("jh", n // d), var("je", d)
+        at = subs(off, {"jc": jh * d + je})
+        if "jc" in free_vars(at) or subs(at, {"je": lift(0)}) + je != at:
+            continue  # jc left over, or not one element per column along je
+        return d, tuple(subs(lift(e), {"jc": jh * d}) for e in idx)
+    return None
 
 
 def block_values(em, value: Scalar, gvars: tuple, ind: str, acc: str, store: Callable[[], str]) -> list[str]:

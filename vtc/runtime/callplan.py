@@ -311,9 +311,9 @@ class CallPlan:
                    if self.made.get(b.name) != types[k] and self.typed.get(b.name) != types[k]]
         strided = [k for k, b in enumerate(ck.inputs)
                    if self.made.get(b.name) != types[k] and self.typed.get(b.name) == types[k]]
-        weight = self._packed_conv_weight(ck)  # a conv_bcast kernel's W^T packed once, passed after the buffers
-        if weight is not None and ck.step.checks:  # pragma: no cover - a convolution's kernel has no index checks
-            self.why_not_packed[name], weight = "the kernel has index range checks", None
+        # a conv_bcast kernel's W^T or a GEMM's B packed once, passed after the buffers (also to a kernel with
+        # index range checks: a GEMM whose stores are pushed into a KV cache at run-time positions)
+        weight = self._packed_conv_weight(ck)
         fused, other = _split_checks(ck) if checked_caller() is not None else ([], ck.step.checks)
         self.counts["checks_in_c"] += len(fused)
         self.counts["checks_in_python"] += len(other)
@@ -350,13 +350,20 @@ class CallPlan:
             flag = conv_bcast.PACKED_FLAG
 
             def kernel_packed(slots: Slots) -> None:  # the kernel's buffers, then its weight packed once
+                for c, i in python_checks:
+                    check_range(c, slots[i])
                 tensors = take(slots)
                 if strided or checked:
                     tensors = _contiguous_checked(name, tensors, strided, checked)
                 made = [a() for a in allocs]
                 st = weight()  # held while the kernel runs: another thread's re-pack never frees it under it
-                fn(pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], st[2]),
-                   get_threads() | flag)
+                ptrs = pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], st[2])
+                if not fused:
+                    fn(ptrs, get_threads() | flag)
+                elif call_checked(kernel_address, ptrs, get_threads() | flag, table, nchecks) >= 0:
+                    for check, row in fused:  # the kernel did not run
+                        check.run(tensors[row[0]])
+                    raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")
                 for i, t in zip(outs, made):
                     slots[i] = t
             return kernel_packed
