@@ -57,6 +57,7 @@ PACK_COLS = 256  # im2col columns packed at a time (a multiple of every NR; 4-5%
 #   for 3x3 32->32 and 1x1 128->128 at 40x40, batch 16, 1 thread: bench/results/gemmspeed-2026-11-29.json)
 RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
+PREFETCH_NEXT = True  # a 1x1's pack prefetches each input row's next block of columns into L2
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
 
@@ -398,8 +399,12 @@ class Im2colPack:
                f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
         if self.flat:
             if run:
-                return out + [f"{i2}const int64_t cv_q = n0 + jr;", f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);",
-                              f"{ind}}}"]
+                # the same input row's lines of the next block of columns, into L2 while this block is used
+                ahead = ([f"{ind}{{ const int64_t cv_q = n0 + je; const char* pf = (const char*)({run});",
+                          f"{ind}  for (int64_t l = 0; l < (je - jb) * 4; l += 64) __builtin_prefetch(pf + l, 0, 2); }}"]
+                         if PREFETCH_NEXT else [])
+                return ahead + out + [f"{i2}const int64_t cv_q = n0 + jr;",
+                                      f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);", f"{ind}}}"]
             temps = em.hoist([s], i3)
             return out + [f"{i2}for (int64_t jj = 0; jj < len; ++jj) {{", f"{i3}const int64_t cv_q = n0 + jr + jj;",
                           *temps, f"{i3}dst[jj] = {em.scalar(s)};", f"{i2}}}",
