@@ -76,3 +76,21 @@ def test_prefetches_can_be_switched_off(monkeypatch):
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
     src = _sources(compiled)
     assert "cv_shift[TAPS - 1]" not in src and "__builtin_prefetch(pf + l" not in src
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_inlined_producer_rows_prefetch_their_input(batch):
+    """A 1x1 over cat(x, silu(bn(z))) with the BN + SiLU inlined into the pack (C3k2's projection over its
+    cat): the rows of both pieces prefetch their input's next block, the inlined piece its load of z."""
+    g = gen(batch + 40)
+    w = rand((9, 11, 1, 1), g)
+    post = _bn_silu(g, 5)
+
+    def fn(x, z):
+        return F.conv2d(torch.cat([x, post(z)], 1), w)
+
+    x, z = rand((batch, 6, 17, 19), g), rand((batch, 5, 17, 19), g)
+    compiled = compile_cpu(fn, (x, z), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (x, z), **ROW_TOL)
+    assert [kn.kind for kn in kernels(compiled)] == ["gemm"]  # the BN + SiLU inlined into the pack
+    assert _sources(compiled).count("__builtin_prefetch(pf + l, 0, 2)") == 2
