@@ -94,3 +94,50 @@ def test_inlined_producer_rows_prefetch_their_input(batch):
     assert_matches_eager(compiled, fn, (x, z), **ROW_TOL)
     assert [kn.kind for kn in kernels(compiled)] == ["gemm"]  # the BN + SiLU inlined into the pack
     assert _sources(compiled).count("__builtin_prefetch(pf + l, 0, 2)") == 2
+
+
+# (batch, channels, kernel (kh, kw), padding (ph, pw), dilation (dh, 1), height, width)
+WIDE_DW = [
+    (1, 384, (5, 5), (2, 2), (1, 1), 28, 28),  # EfficientViT's aggregation conv
+    (2, 7, (5, 5), (2, 2), (1, 1), 9, 13),  # odd sizes: the last chunk past the plane
+    (1, 5, (5, 5), (1, 2), (1, 1), 6, 11),  # fewer output rows than input rows
+    (16, 3, (7, 7), (3, 3), (1, 1), 5, 4),  # taps wider than the plane
+    (1, 4, (3, 5), (2, 2), (2, 1), 8, 17),  # dilation along the height
+    (1, 6, (1, 16), (0, 8), (1, 1), 3, 21),  # 16 taps across, the widest it takes
+    (1, 512, (3, 3), (1, 1), (1, 1), 28, 28),  # EfficientViT's MBConv depthwise
+    (16, 9, (3, 3), (1, 1), (1, 1), 7, 7),  # ShuffleNet's stage-4 depthwise, batch 16
+]
+
+
+@pytest.mark.parametrize("case", WIDE_DW, ids=lambda c: "b{}c{}k{}x{}p{}x{}d{}_{}x{}".format(
+    c[0], c[1], *c[2], *c[3], c[4][0], c[5], c[6]))
+def test_wide_depthwise_shifts_two_loads_per_tap_row(case):
+    b, c, (kh, kw), pad, dil, h, w = case
+    g = gen(case_seed(case, 313))
+    weight, bias = rand((c, 1, kh, kw), g), rand((c,), g)
+    post = _bn_silu(g, c)
+
+    def fn(x):
+        return post(F.conv2d(x, weight, bias, 1, pad, dil, c))
+
+    x = rand((b, c, h, w), g)
+    compiled = compile_cpu(fn, (x,), plan="all")
+    if 2 * pad[1] == kw - 1:  # output rows as long as input rows: the flat form
+        assert "_mm512_alignr_epi32" in _sources(compiled)
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+
+
+def test_wide_depthwise_after_a_channel_shuffle():
+    """A channel shuffle in front: each plane's pointer picked per channel, the taps as before."""
+    from .util import channel_shuffle
+
+    g = gen(77)
+    weight = rand((12, 1, 5, 5), g)
+
+    def fn(x):
+        return F.conv2d(channel_shuffle(x, 3), weight, None, 1, 2, 1, 12)
+
+    x = rand((2, 12, 10, 10), g)
+    compiled = compile_cpu(fn, (x,), plan="all")
+    assert "_mm512_alignr_epi32" in _sources(compiled)
+    assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
