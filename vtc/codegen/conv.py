@@ -57,6 +57,7 @@ PACK_COLS = 256  # im2col columns packed at a time (a multiple of every NR; 4-5%
 #   for 3x3 32->32 and 1x1 128->128 at 40x40, batch 16, 1 thread: bench/results/gemmspeed-2026-11-29.json)
 RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
+PREFETCH_NEXT = True  # a 1x1's pack prefetches each input row's next block of columns into L2
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
 
@@ -397,11 +398,17 @@ class Im2colPack:
                f"{i2}float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
                f"{i2}const int64_t len = std::min<int64_t>(nb - jr, VTC_NR);"]
         if self.flat:
+            # the same input row's lines of the next block of columns, into L2 while this block is used (of the
+            # load an inlined producer reads, where it has one with unit stride along the pixels)
+            src = run or next((a for a in (self._plain_run(em, q) for q in _loads(s)) if a), "")
+            ahead = ([f"{ind}{{ const int64_t cv_q = n0 + je; const char* pf = (const char*)({src});",
+                      f"{ind}  for (int64_t l = 0; l < (je - jb) * 4; l += 64) __builtin_prefetch(pf + l, 0, 2); }}"]
+                     if PREFETCH_NEXT and src else [])
             if run:
-                return out + [f"{i2}const int64_t cv_q = n0 + jr;", f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);",
-                              f"{ind}}}"]
+                return ahead + out + [f"{i2}const int64_t cv_q = n0 + jr;",
+                                      f"{i2}vtc_conv_run(dst, {run}, VTC_NR, 0, len);", f"{ind}}}"]
             temps = em.hoist([s], i3)
-            return out + [f"{i2}for (int64_t jj = 0; jj < len; ++jj) {{", f"{i3}const int64_t cv_q = n0 + jr + jj;",
+            return ahead + out + [f"{i2}for (int64_t jj = 0; jj < len; ++jj) {{", f"{i3}const int64_t cv_q = n0 + jr + jj;",
                           *temps, f"{i3}dst[jj] = {em.scalar(s)};", f"{i2}}}",
                           f"{i2}for (int64_t jj = len; jj < VTC_NR; ++jj) dst[jj] = 0.0f;", f"{ind}}}"]
         ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
@@ -503,6 +510,18 @@ class Im2colPack:
         if not any(atom.op == "var" and atom.args[0] == along for atom in terms):
             return ""
         return f"{em.ptr[buf]} + {em.index(lin)}"
+
+
+def _loads(s: K.Scalar) -> list[K.Scalar]:
+    """The loads in scalar s (not through index tensors), outermost first."""
+    out, todo = [], [s]
+    while todo:
+        q = todo.pop(0)
+        if q.op == "load":
+            out.append(q)
+        else:
+            todo.extend(a for a in q.args if isinstance(a, K.Scalar))
+    return out
 
 
 def piece_cases(s: K.Scalar, inner: set[str], limit: int = MAX_CASES) -> list[tuple[list, K.Scalar]] | None:

@@ -38,6 +38,8 @@ PANEL_NC = 1024  # most columns of a thread's chunk (then cut into equal chunks,
 SUB = 256  # columns of B packed at a time (a multiple of every NR) on the packing path
 EPI_COLS = 128  # columns of C that the epilogue runs over at a time where B is read in place
 KC_DIRECT = 512  # reduction block where B is read in place (A micro-panels of 12 x 512 floats stay in L1)
+PREFETCH_STRIPS = 2  # where B is read in place: each input channel's leading lines this many NR-column strips
+#                      ahead are prefetched (0: none)
 
 RUNTIME = r"""
 #ifndef VTC_CONV_DIRECT_RUNTIME
@@ -200,6 +202,14 @@ def _direct_strips(direct: tuple, pack, em, ind: str) -> list[str]:
              f"{ind}    cv_m0[t] = cv_masks.rows[hq * {kh} + a] & cv_masks.cols[hq * {kw} + b];",
              f"{ind}    cv_m1[t] = cv_masks.rows[(hq + 1) * {kh} + a] & cv_masks.cols[(hq + 1) * {kw} + b];",
              f"{ind}  }}"]
+    if PREFETCH_STRIPS:  # the last tap's two lines of each channel PREFETCH_STRIPS strips ahead: the lines
+        #                   the strips after this one read first (the earlier taps read them again later)
+        lines += [f"{ind}  for (int64_t ci = 0; ci < kb / TAPS; ++ci) {{",
+                  f"{ind}    const char* pf = (const char*)(xr + ci * hw + n0 + cv_shift[TAPS - 1] + "
+                  f"{PREFETCH_STRIPS} * VTC_NR);",
+                  f"{ind}    _mm_prefetch(pf, _MM_HINT_T0); _mm_prefetch(pf + 64, _MM_HINT_T0);",
+                  f"{ind}    if (VTC_NR > 16) _mm_prefetch(pf + 127, _MM_HINT_T0);",
+                  f"{ind}  }}"]
     lines += [f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // the strip's input in L1, A from L1 / L2",
               f"{ind}    vtc_ukr_taps_edge<TAPS>((int)std::min<int64_t>(VTC_MR, mb - ir), nb, kb / TAPS, ap + ir * kb,",
               f"{ind}                            xr + n0, hw, cv_shift, cv_m0, cv_m1, ct + ir * LDC, LDC, k0 > 0);"]

@@ -89,6 +89,8 @@ PREFETCH_ROWS = 2  # rows form: the input rows of the output row this many ahead
 #   model a plane's rows come from memory, not cache (ShuffleNetV2 in one call, 1 thread, load 8-10, median: the
 #   stem pool 165 -> 80 us, the stride-2 depthwise convolutions 2-6 us each less)
 FLAT_EPILOGUE = True  # False: a flat plane's stores run row by row too (a switch for side-by-side timing)
+ALIGN_MIN_KW = 3  # flat form, float32 convolutions at least this wide (up to 16 taps across, no width dilation): a tap
+#   row is two loads, its columns shifted out of them (valignd), the padding a masked FMA (0 for the old form)
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
 IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
 
@@ -301,7 +303,7 @@ def _cases(em, cases, leaves, emit, ind: str, dtype: torch.dtype = torch.float32
 
 def _mask_table(name: str, n: int, body: list[str], ctype: str = "__mmask16") -> list[str]:
     """A function-local table of n masks filled once (thread-safe static initialisation) by `body`."""
-    kind = "Masks" if ctype == "__mmask16" else "Masks_" + ctype
+    kind = ("Masks" if ctype == "__mmask16" else "Masks_" + ctype) + ("" if name == "masks" else "_" + name)
     return [f"  struct {kind} {{ {ctype} m[{n}]; }};",
             f"  static const {kind} {name} = [] {{",
             f"    {kind} tab{{}};",
@@ -330,6 +332,9 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
         f"    tab.m[c * {taps} + t] = (__mmask16)m;",
         "  }"])
 
+    if ALIGN_MIN_KW and dtype == torch.float32 and dw.combine == "fma" and dd == 1 and ALIGN_MIN_KW <= kw <= 16:
+        return _flat_aligned(k, em, dw, total, cases, leaves)
+
     def emit(row: int, ind: str) -> list[str]:
         return [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
                 f"{ind}  const __mmask16* mk = masks.m + c * {taps};",
@@ -344,6 +349,66 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
 
     body = [f"    alignas(64) float tmp[{chunks * 16}];",
             *_cases(em, cases, leaves, emit, "    ", dtype),
+            *(_flat_epilogue(k, em, total, n, "    ") or _epilogue(k, em, total, "0", str(oh), "    "))]
+    return tables, body
+
+
+def _flat_aligned(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves):
+    """The flat form of a wide float32 depthwise convolution (``ALIGN_MIN_KW``): per 16 output positions and
+    tap row, two loads of the input (unmasked where both lie inside the plane's memory), tap column b their
+    concatenation shifted by b (``valignd``), added by an FMA masked to the lanes whose tap is inside the
+    input; two accumulators (even / odd columns).  The old form's one masked load per tap cost more than the
+    FMAs (5x5 over 384 planes of 28x28, alone: 263 -> 190 us, docs/gemm.md)."""
+    (oh, ow), (h, w) = dw.out_hw, dw.in_hw
+    kh, kw = dw.kernel
+    (ph, pw), dh = dw.pad, dw.dil[0]
+    n, size = oh * ow, h * w
+    chunks = -(-n // 16)
+    offs = [(a * dh - ph) * w - pw for a in range(kh)]  # tap (a, 0)'s offset from the output position
+    tables = _mask_table("rmask", chunks * kh, [
+        f"for (int64_t p = 0; p < {n}; ++p)  // lanes inside the plane whose tap row a is inside the input",
+        f"  for (int64_t a = 0; a < {kh}; ++a)",
+        f"    if (p / {ow} + a * {dh} - {ph} >= 0 && p / {ow} + a * {dh} - {ph} < {h}) "
+        f"tab.m[p / 16 * {kh} + a] |= (__mmask16)(1u << (p % 16));"])
+    tables += _mask_table("cmask", chunks * kw, [
+        f"for (int64_t p = 0; p < {n}; ++p)  // ... whose tap column b is inside the input",
+        f"  for (int64_t b = 0; b < {kw}; ++b)",
+        f"    if (p % {ow} + b - {pw} >= 0 && p % {ow} + b - {pw} < {w}) "
+        f"tab.m[p / 16 * {kw} + b] |= (__mmask16)(1u << (p % 16));"])
+    offs_c = "{" + ", ".join(str(o) for o in offs) + "}"
+    tables += _mask_table("lmask", chunks * kh * 2, [
+        f"const int64_t off[{kh}] = {offs_c};",
+        f"for (int64_t c = 0; c < {chunks}; ++c)  // the lanes of tap row a's two loads inside the plane's memory",
+        f"  for (int64_t a = 0; a < {kh}; ++a)",
+        "    for (int64_t l = 0; l < 32; ++l) {",
+        "      const int64_t q = c * 16 + off[a] + l;",
+        f"      if (q >= 0 && q < {size}) tab.m[(c * {kh} + a) * 2 + l / 16] |= (__mmask16)(1u << (l % 16));",
+        "    }"])
+
+    def emit(row: int, ind: str) -> list[str]:
+        i2, i3 = ind + "  ", ind + "    "
+        out = [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
+               f"{i2}const float* __restrict s = src + c * 16;",
+               f"{i2}__m512 acc = bias, acc1 = _mm512_setzero_ps();"]
+        for a in range(kh):
+            out += [f"{i2}if (const __mmask16 ra = rmask.m[c * {kh} + {a}]) {{",
+                    f"{i3}const __mmask16 l0 = lmask.m[(c * {kh} + {a}) * 2], l1 = lmask.m[(c * {kh} + {a}) * 2 + 1];",
+                    f"{i3}__m512 v0, v1;",
+                    f"{i3}if ((__mmask16)(l0 & l1) == (__mmask16)0xFFFF) {{ v0 = _mm512_loadu_ps(s + ({offs[a]})); "
+                    f"v1 = _mm512_loadu_ps(s + ({offs[a] + 16})); }}",
+                    f"{i3}else {{ v0 = _mm512_maskz_loadu_ps(l0, s + ({offs[a]})); "
+                    f"v1 = _mm512_maskz_loadu_ps(l1, s + ({offs[a] + 16})); }}"]
+            for b in range(kw):
+                v = "v0" if b == 0 else (f"_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v1), "
+                                         f"_mm512_castps_si512(v0), {b}))")
+                acc = "acc1" if b % 2 else "acc"
+                out.append(f"{i3}{acc} = _mm512_mask3_fmadd_ps(_mm512_set1_ps(wt[{a * kw + b}]), {v}, {acc}, "
+                           f"ra & cmask.m[c * {kw} + {b}]);")
+            out.append(f"{i2}}}")
+        return out + [f"{i2}_mm512_store_ps(tmp + c * 16, _mm512_add_ps(acc, acc1));", f"{ind}}}"]
+
+    body = [f"    alignas(64) float tmp[{chunks * 16}];",
+            *_cases(em, cases, leaves, emit, "    "),
             *(_flat_epilogue(k, em, total, n, "    ") or _epilogue(k, em, total, "0", str(oh), "    "))]
     return tables, body
 
