@@ -172,3 +172,28 @@ def test_a_values_bytes_are_worked_out_without_making_a_tensor(monkeypatch):
     monkeypatch.setattr(torch, "empty", lambda *a, **k: made.append(a) or empty(*a, **k))
     assert [Value("x", (3, 5), d).nbytes for d in dtypes] == want
     assert not made
+
+
+def test_node_inputs_ask_pytree_only_about_other_containers(monkeypatch):
+    """Node.inputs (~1,500 calls per lowering of a decode step) asked pytree whether every leaf (each int of a
+    view's sizes, each Value) is a namedtuple; Values, plain containers and atoms are now walked without it, and
+    the result is pytree's leaves' Values in order, each once."""
+    import collections
+
+    import torch.utils._pytree as pytree
+
+    from vtc.ir.graph import Node, Value
+
+    a, b, c = (Value(n, (2,), torch.float32) for n in "abc")
+    nt = collections.namedtuple("nt", "p q")
+    node = Node("n", torch.ops.aten.view.default, (a, [1, 1, 8, 64], (b, a, None, 2.5, torch.float32)),
+                {"x": c, "y": [b, "s", True]}, (Value("o", (2,), torch.float32),), "movement")
+    asked = []
+    is_nt = pytree.is_namedtuple_class
+    monkeypatch.setattr(pytree, "is_namedtuple_class", lambda t: asked.append(t) or is_nt(t))
+    assert [v.name for v in node.inputs] == ["a", "b", "c"]
+    assert not asked
+    other = Node("m", torch.ops.aten.add.Tensor, (nt(c, [a]), torch.Size([2])), {"o": collections.OrderedDict(z=b)},
+                 (Value("o2", (2,), torch.float32),), "compute")
+    leaves = pytree.tree_leaves((other.args, other.kwargs))
+    assert [v.name for v in other.inputs] == [x.name for x in leaves if isinstance(x, Value)] == ["c", "a", "b"]

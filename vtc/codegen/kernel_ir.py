@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.index.expr import Expr
+from vtc.ir.graph import _itemsize
 
 # weak: a scalar that no kernel IR holds any more is forgotten (a strong table grew by ~85 scalars, their keys and
 # the index expressions they hold, with every new length of a DynamicCache decode loop, for the process's life)
@@ -135,7 +136,7 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
-        n = torch.empty((), dtype=self.dtype).element_size()
+        n = _itemsize(self.dtype)
         for s in self.shape:
             n *= s
         return n
