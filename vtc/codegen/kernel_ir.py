@@ -52,11 +52,7 @@ class Scalar:
             hit = _TABLE[key] = Scalar(op, args, dtype)
         return hit
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    # hash-consed: identity is equality, object's own __hash__ / __eq__ (C slots, not Python methods)
 
     def __repr__(self) -> str:
         return f"Scalar({self.op}, {self.args!r}, {self.dtype})"
