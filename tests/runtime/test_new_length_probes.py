@@ -211,3 +211,35 @@ def test_hash_consed_nodes_hash_and_compare_in_c():
     assert a is b and a == b and {a: 1}[b] == 1 and a != var("i", 4) and a != 1
     x = const(1.5, torch.float32)
     assert x is const(1.5, torch.float32) and x != const(2.5, torch.float32) and x != 1.5
+
+
+def test_arg_keys_of_exact_types_are_the_keys_of_the_general_walk():
+    """plan_keeping's and the probe memo's ``_arg_key`` takes the common exact types first (Values, tuples, lists,
+    ints...); the keys are those of the isinstance walk it falls back to (subclasses: namedtuples, torch.Size,
+    bool vs int, -0.0 vs 0.0), and a tensor still gives no key.  (A guard: this passes before the change too.)"""
+    import collections
+
+    from vtc.ir.graph import Value
+    from vtc.plan.virtualize import _arg_key, _NoKey
+
+    def general(a):
+        if isinstance(a, Value):
+            return ("%", a.name, tuple(a.shape), a.dtype)
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, *map(general, a))
+        if isinstance(a, dict):
+            return ("{", *((k, general(v)) for k, v in a.items()))
+        if isinstance(a, float):
+            return ("float", repr(a))
+        return (type(a).__name__, a)
+
+    v = Value("a", (1, 8, 64), torch.float32)
+    nt = collections.namedtuple("nt", "x y")
+    cases = [(v, [1, 1, 8, 64]), (v, -1, True, None, 2.5, -0.0, 0.0, float("nan"), "s", torch.float32),
+             {"dim": 1, "x": [v, (v, 3)], "d": torch.device("cpu")}, (nt(1, [v]),), (torch.Size([1, 2]), False, 0),
+             (torch.contiguous_format, torch.strided)]
+    for c in cases:
+        assert repr(_arg_key(c)) == repr(general(c))
+    assert _arg_key((True,)) != _arg_key((1,)) and _arg_key((-0.0,)) != _arg_key((0.0,))
+    with pytest.raises(_NoKey):
+        _arg_key((v, [torch.ones(1)]))
