@@ -30,15 +30,17 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen.cpp import MERGE_INNER_DIMS
+from vtc.codegen.lower import PROBED
+from vtc.codegen.ops import C_TYPES, POINTWISE, ROW, lookup
 from vtc.codegen.stream import STREAM_STORES
 from vtc.compiler import Specialization, warn_fallbacks
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report, fallback_ops
-from vtc.plan.virtualize import Plan, plan_keeping, plan_none
+from vtc.plan.virtualize import Plan, _arg_key, _NoKey, plan_keeping, plan_none
 from vtc.runtime.executor import Executor
-from vtc.runtime.generic import GenericKernels
+from vtc.runtime.generic import GenericKernels, codegen_switches
 
 MAX_MISSES = 256  # reasons kept (the latest): a decode loop brings a new size every step
 
@@ -75,6 +77,55 @@ class LoweringSummary:
                                        for f in PushSummary.__dataclass_fields__}))
 
 
+class ProbeMemo:
+    """``vtc.codegen.lower.Lowering._probe``'s answers by node signature, kept between the lowerings of one symbolic
+    graph at several sizes (set through ``vtc.codegen.lower.PROBED``).  The signature is everything a probe reads: the node's name,
+    its ATen target and the definition it looks up (a definition registered anew is another key), its arguments
+    with each Value as name, shape and dtype (Python scalars by type and value, floats by ``repr``; an argument of
+    any other type, such as a tensor, gives no key and the node is probed), its outputs' names, shapes and dtypes,
+    and the kind.  (Which extra outputs are read is checked before the memo.)  Only NotSupported answers and
+    successes are kept; any other exception (a defect of a definition) is raised again by probing again.
+
+    The owner keeps it only while the code generators' switches (``generic.codegen_switches``: module constants
+    such as ``ops.EXTREME_MAX_ELEMENTS`` that definitions read) and the C types are what they were, and calls
+    ``rotate`` once per size: an answer not asked for during the last two sizes is dropped, so a node whose shapes
+    change at every size does not make it grow.  An answer found keeps its first key (a key built per lookup and
+    stored anew would be ~900 more objects per size for the garbage collector to move to its oldest generation)."""
+
+    def __init__(self) -> None:
+        self.answers: dict = {}  # key -> (answer, the size count at which it was last asked for)
+        self.age = 0  # sizes so far (rotate)
+        self.hits = 0
+        self.probed = 0
+
+    def key(self, n: Node, kind: str):
+        table = POINTWISE if kind == "pointwise" else ROW
+        try:
+            return (n.name, n.target, lookup(table, n.target), kind, _arg_key(n.args), _arg_key(n.kwargs),
+                    tuple((o.name, tuple(o.shape), o.dtype) for o in n.outputs))
+        except _NoKey:
+            return None
+
+    def get(self, key):
+        hit = self.answers.get(key)
+        if hit is None:
+            return None
+        if hit[1] != self.age:
+            self.answers[key] = (hit[0], self.age)  # an existing key: the dict keeps its first key object
+        self.hits += 1
+        return hit[0]
+
+    def put(self, key, answer) -> None:
+        self.probed += 1
+        self.answers[key] = (answer, self.age)
+
+    def rotate(self) -> None:
+        self.age += 1
+        old = [k for k, (_, age) in self.answers.items() if age < self.age - 2]
+        for k in old:
+            del self.answers[k]
+
+
 class SizeSpecialization(Specialization):
     """A specialization of the symbolic graph at one size; its report is made when first read (2-3 ms and ~350
     objects per new length of the 4-layer Llama, which a decode loop never reads: ``Compiled.report`` is the
@@ -104,6 +155,8 @@ class DynamicSizes:
         self.why_not: deque[str] = deque(maxlen=MAX_MISSES)  # the latest inputs that did not fit, and why
         self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
         self.misses: deque[str] = deque(maxlen=MAX_MISSES)  # the latest kernels that found no template: why
+        self.probed = ProbeMemo()  # Lowering._probe's answers by node signature (vtc.codegen.lower.PROBED)
+        self._probed_under: tuple | None = None  # the code generators' switches and C types it holds answers under
 
     def _plan(self, graph: Graph) -> Plan:
         """The first size's plan from the planner; later sizes keep the same movement ops physical."""
@@ -143,9 +196,16 @@ class DynamicSizes:
         env = self.sg.bind(leaves)
         sizes = tuple(env[s] for s in self.sg.symbols)
         graph = self.sg.instantiate(env)
-        builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid, previous=self._sources)
         flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
         plain_stores = STREAM_STORES.set(False)  # likewise (see vtc.codegen.stream)
+        switches = codegen_switches()  # under the two settings above, as GenericKernels.build reads them
+        under = (switches, frozenset(C_TYPES.items()))
+        if under != self._probed_under:  # a definition may read a module constant: probe everything again
+            self.probed, self._probed_under = ProbeMemo(), under
+        self.probed.rotate()
+        probed = PROBED.set(self.probed)
+        builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid, previous=self._sources,
+                                 switches=switches)
         try:
             first = self.first_plan is None  # the planner's size: it keeps its whole lowering, to be looked into
             plan = self._plan(graph)
@@ -153,6 +213,7 @@ class DynamicSizes:
             executor = Executor(graph, plan, oracle=o["oracle"], backend=o["backend"], gemm=o["gemm"],
                                 kernel_builder=builder.build)
         finally:
+            PROBED.reset(probed)
             STREAM_STORES.reset(plain_stores)
             MERGE_INNER_DIMS.reset(flat_rows)
         if not first:

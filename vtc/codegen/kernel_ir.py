@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vtc.index.expr import Expr
+from vtc.ir.graph import _itemsize
 
 # weak: a scalar that no kernel IR holds any more is forgotten (a strong table grew by ~85 scalars, their keys and
 # the index expressions they hold, with every new length of a DynamicCache decode loop, for the process's life)
@@ -51,11 +52,7 @@ class Scalar:
             hit = _TABLE[key] = Scalar(op, args, dtype)
         return hit
 
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
+    # hash-consed: identity is equality, object's own __hash__ / __eq__ (C slots, not Python methods)
 
     def __repr__(self) -> str:
         return f"Scalar({self.op}, {self.args!r}, {self.dtype})"
@@ -135,7 +132,7 @@ class Buffer:
 
     @property
     def nbytes(self) -> int:
-        n = torch.empty((), dtype=self.dtype).element_size()
+        n = _itemsize(self.dtype)
         for s in self.shape:
             n *= s
         return n

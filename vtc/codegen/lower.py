@@ -35,6 +35,7 @@ report.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -140,13 +141,35 @@ class Lowering:
         self.why_torch[n.name] = why
 
     def _probe(self, n: Node, kind: str) -> None:
-        """Runs n's definition against placeholder loads, to find out whether it is supported."""
-        ctx = _ProbeCtx(n)
-        args = bind(n.target, n.args, n.kwargs)
+        """Runs n's definition against placeholder loads, to find out whether it is supported.
+
+        Under a ``PROBED`` memo (``vtc.dynamic``: one symbolic graph at many sizes), a node whose signature is the
+        one of a node probed before gets that node's answer (supported, or its NotSupported message)."""
         if kind == "pointwise":
             extra = [o for o in n.outputs[1:] if self.users.get(o.name) or o.name in self.outputs]
             if extra:
                 raise NotSupported(f"pointwise op whose extra output {extra[0].name} is used")
+        memo = PROBED.get()
+        key = memo.key(n, kind) if memo is not None else None
+        if key is not None:
+            hit = memo.get(key)
+            if hit is not None:
+                if hit is not _SUPPORTED:
+                    raise NotSupported(hit)
+                return
+            try:
+                self._run_probe(n, kind)
+            except NotSupported as e:
+                memo.put(key, str(e))
+                raise
+            memo.put(key, _SUPPORTED)
+            return
+        self._run_probe(n, kind)
+
+    def _run_probe(self, n: Node, kind: str) -> None:
+        ctx = _ProbeCtx(n)
+        args = bind(n.target, n.args, n.kwargs)
+        if kind == "pointwise":
             ctx.index = out_vars(n.outputs[0].shape)
             lookup(POINTWISE, n.target)(ctx, args, n.outputs[0])
         else:
@@ -673,6 +696,13 @@ class _Ctx:
         if not isinstance(x, Value) or len(x.shape) != 1:
             raise NotSupported(f"per-channel operand {x!r} is not a 1-D tensor")
         return K.cast(self._read(x, (self.index[dim],) if self.index else ()), dtype)
+
+
+_SUPPORTED = object()
+
+
+# answers of _probe by node signature, kept between lowerings (a vtc.dynamic.ProbeMemo: key, get, put)
+PROBED: ContextVar = ContextVar("vtc_probed", default=None)
 
 
 class _ProbeCtx(_Ctx):

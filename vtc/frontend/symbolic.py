@@ -130,8 +130,9 @@ class SymbolicGraph:
 
         The symbolic fx graph is read as it is (``graph_from_fx(concrete=...)``): no copy of it, whose nodes
         would be garbage in reference cycles after every new size."""
-        graph = graph_from_fx(self.gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec,
-                              concrete=_AtSizes(env))
+        at = _AtSizes(env, getattr(self, "_metas", None))
+        graph = graph_from_fx(self.gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec, concrete=at)
+        self._metas = at.metas  # this instantiation's meta tensors, for the next one
         graph.meta["sizes"] = {str(s): v for s, v in env.items()}
         return graph
 
@@ -139,8 +140,11 @@ class SymbolicGraph:
 class _AtSizes:
     """A symbolic fx graph's sizes and values at symbol values `env` (``graph_from_fx``'s `concrete`)."""
 
-    def __init__(self, env: dict[sympy.Symbol, int]) -> None:
+    def __init__(self, env: dict[sympy.Symbol, int], metas: dict | None = None) -> None:
         self.env = env
+        # (shape, dtype) -> a meta tensor (graph_from_fx reads only their shape and dtype): the previous
+        # instantiation's are taken again (most shapes of a decode step do not change), made ones added
+        self.before, self.metas = metas or {}, {}
         self.subs = {s: sympy.Integer(v) for s, v in env.items()}
         self.cache: dict[Any, Any] = {}
         self.sizes: dict[fx.Node, Any] = {}
@@ -177,7 +181,14 @@ class _AtSizes:
 
     def _concrete(self, val: Any) -> Any:
         if isinstance(val, torch.Tensor):
-            return torch.empty([self.arg(d) for d in val.shape], dtype=val.dtype, device="meta")
+            key = (tuple([self.arg(d) for d in val.shape]), val.dtype)
+            t = self.metas.get(key)
+            if t is None:
+                t = self.before.get(key)
+                if t is None:
+                    t = torch.empty(key[0], dtype=val.dtype, device="meta")
+                self.metas[key] = t
+            return t
         if isinstance(val, (list, tuple)):
             return type(val)(self._concrete(v) for v in val)
         return self.arg(val)

@@ -333,6 +333,7 @@ class GenericKernels:
     # of a decode step at a new cache length), so it is not generated again
     previous: dict = field(default_factory=dict)
     reused: int = 0  # kernels whose source came from `previous`
+    switches: tuple | None = None  # codegen_switches() now, when the caller has it (else build reads it)
 
     def _source(self, kernel) -> tuple[str, tuple | None]:
         """(C++ source, _SIZE_FREE key or None when its function is not found) of kernel IR `kernel`."""
@@ -401,7 +402,7 @@ class GenericKernels:
         from vtc.codegen.cpp import buffer_order
         from vtc.runtime.executor import CompiledKernel, build_kernels
 
-        switches = codegen_switches()
+        switches = self.switches if self.switches is not None else codegen_switches()
         if self.previous.get(_SWITCHES) != switches:  # a code generator's switch changed: generate everything
             self.previous.clear()
         made = {id(s): self._source(s.kernel) for s in ksteps}
