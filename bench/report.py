@@ -219,22 +219,21 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): a one-row a @ b reads B's rows as long
-streams (MLAS's M = 1 scheme); x @ W^T at 12-16 rows runs on W packed once
-and weight_rows splits M by its 32-row panels over 2 threads; transposed
-blocks stay in registers under unary ops and where, bf16 transposed reads
-are widened in registers; a bf16 GEMM takes its bias / activation as its
-epilogue and bf16 / fp16 depthwise convolutions are generated; a parameter
-replaced after compiling (p.data = t, module.to) is seen at the next call
-(one address test per weight and call).  The prefill units stay
-GEMM-bound and tie OpenVINO: llama3_prefill_b1 read 0.99x here (17.5 vs
-17.3 ms median; 1.01x last run), and an alternating A/B of the old
-(fef7dc5) and the new tree right after, 2 threads, load 1.0, measured the
-same in both (bench/units_side_by_side.py, vtc-greedy 15.9-16.2 ms against
-OpenVINO's 16.1-16.5: 1.01-1.03x).  Where vtc loses or ties:
-swin_t_model (not a goal workload) has 49-row GEMMs that fill 49 of 64
-vector lanes and epilogues over mapped A operands (0.93x against
-OpenVINO).
+last run (the same AMD EPYC): a Linear on [batch, tokens, d] takes its
+pointwise reader (residual add, activation) as its epilogue through the
+view; a bf16 x.float() is widened in a skinny GEMM's A pack; the V
+projection's store into the KV cache copies runs of a head's columns and
+gets its weight packed once; batch-16 convolutions prefetch their next
+input lines and depthwise convolutions 3-16 taps wide shift their tap rows
+in registers; Swin's strided bias is transposed once per call and a layer
+norm over a concat builds its row once.  The prefill units stay GEMM-bound
+and tie OpenVINO (llama3_prefill_b1 1.00x here, 0.99x last run): at 1
+thread, CPU time, vtc and OpenVINO measured level (31.4 ms min both), the
+GEMMs at ~88% of the FMA peak inside the unit.  On a loaded machine the
+libgomp threads' spin-wait between kernels costs vtc more than OpenVINO's
+TBB pool (docs/prefill.md, session 16).  Where vtc loses or ties:
+swin_t_model (not a goal workload; 84% of its time in GEMMs) read 0.96x
+against OpenVINO (0.93x last run).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
