@@ -74,7 +74,7 @@ import torch
 from vtc.codegen import decode_copy, flash
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
-from vtc.index.expr import Expr, free_vars, subs, var
+from vtc.index.expr import Expr, free_vars, var
 from vtc.index.mapping import out_vars
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -154,7 +154,7 @@ class AttentionKernel(Kernel):
                 continue
             o = var("blk", rows // n) * n + var("j", n)
             env = {"i0": o // per_head, "i1": o % per_head}
-            if all("j" not in _scalar_vars(_subst(x, env, {})) for x in (self.k, self.v)):
+            if all("j" not in _scalar_vars(K.substitute(x, env, {})) for x in (self.k, self.v)):
                 return n
         return 0
 
@@ -167,7 +167,7 @@ class AttentionKernel(Kernel):
             if heads % n:
                 continue
             env = {"i0": var("grp", heads // n) * n + var("j", n)}
-            if all("j" not in _scalar_vars(_subst(x, env, {})) for x in (self.k, self.v)):
+            if all("j" not in _scalar_vars(K.substitute(x, env, {})) for x in (self.k, self.v)):
                 return n
         return 1
 
@@ -391,24 +391,6 @@ def _scalar_vars(root: Scalar) -> set[str]:
                 out |= free_vars(e)
         elif s.op in ("iota", "pick"):
             out |= free_vars(s.args[0])
-    return out
-
-
-def _subst(s: Scalar, env: dict, memo: dict) -> Scalar:
-    """s with index variables replaced by expressions (in loads, index ramps and piece choices)."""
-    hit = memo.get(id(s))
-    if hit is not None:
-        return hit
-    if s.op == "load":
-        out = K.load(s.args[0], tuple(subs(e, env) for e in s.args[1]), s.dtype)
-    elif s.op == "iota":
-        out = K.iota(subs(s.args[0], env), s.dtype)
-    elif s.op == "pick":
-        out = Scalar.make("pick", (subs(s.args[0], env), _subst(s.args[1], env, memo), _subst(s.args[2], env, memo)),
-                          s.dtype)
-    else:
-        out = Scalar.make(s.op, tuple(_subst(a, env, memo) if isinstance(a, Scalar) else a for a in s.args), s.dtype)
-    memo[id(s)] = out
     return out
 
 

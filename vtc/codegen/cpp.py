@@ -39,7 +39,7 @@ from typing import Iterable
 import torch
 
 from vtc.codegen import depthwise
-from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under, substitute
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION
 from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE, PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
@@ -581,14 +581,13 @@ def _wrap_pieces(k: Kernel, d: int, s: int) -> list[Kernel]:
     [n - s, n) (read as i_d + s - n), each a kernel over its part of the dim whose variable i_d counts from 0."""
     import dataclasses
 
-    from vtc.codegen.attention import _subst
     from vtc.index.expr import subs, var
 
     n, name, out = k.domain[d], f"i{d}", []
     for lo, size in ((0, n - s), (n - s, s)):
         env = {name: var(name, size) + lo}
         memo: dict = {}
-        stores = [dataclasses.replace(st, index=tuple(subs(e, env) for e in st.index), value=_subst(st.value, env, memo),
+        stores = [dataclasses.replace(st, index=tuple(subs(e, env) for e in st.index), value=substitute(st.value, env, memo),
                                       when=None if st.when is None else subs(st.when, env)) for st in k.stores]
         out.append(dataclasses.replace(k, domain=k.domain[:d] + (size,) + k.domain[d + 1:], stores=stores))
     return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vtc.index.expr import Expr
+from vtc.index.expr import Expr, subs
 from vtc.ir.graph import _itemsize
 
 # weak: a scalar that no kernel IR holds any more is forgotten (a strong table grew by ~85 scalars, their keys and
@@ -115,6 +115,25 @@ def pick(p: Expr, a: Scalar, b: Scalar) -> Scalar:
     if p.is_const:
         return a if p.value else b
     return Scalar.make("pick", (p, a, b), a.dtype)
+
+
+def substitute(s: Scalar, env: dict, memo: dict) -> Scalar:
+    """s with index variables replaced by env's expressions (in loads, index ramps and piece choices); a piece
+    choice that this decides is replaced by its side.  `memo` maps id(scalar) -> result within one rewrite."""
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s.op == "load":
+        out = load(s.args[0], tuple(subs(e, env) for e in s.args[1]), s.dtype)
+    elif s.op == "iota":
+        out = iota(subs(s.args[0], env), s.dtype)
+    elif s.op == "pick":
+        out = pick(subs(s.args[0], env), substitute(s.args[1], env, memo), substitute(s.args[2], env, memo))
+    else:
+        out = Scalar.make(s.op, tuple(substitute(a, env, memo) if isinstance(a, Scalar) else a for a in s.args),
+                          s.dtype)
+    memo[id(s)] = out
+    return out
 
 
 def acc(name: str, dtype: torch.dtype) -> Scalar:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Kernel, Scalar, scalars_under
-from vtc.index.expr import free_vars, subs, var
+from vtc.index.expr import free_vars, var
 
 ROW_STAGE = True
 MAX_ROW = 8192  # floats of the staged row (32 KB of stack)
@@ -54,23 +54,6 @@ def _bounds(x: Scalar, n: int) -> list[int]:
     return sorted(c for c in out if 0 < c < n)
 
 
-def _shifted(s: Scalar, env: dict, memo: dict) -> Scalar:
-    """s with r replaced by env's expression; a piece choice that this decides is replaced by its side."""
-    hit = memo.get(id(s))
-    if hit is not None:
-        return hit
-    if s.op == "load":
-        out = K.load(s.args[0], tuple(subs(e, env) for e in s.args[1]), s.dtype)
-    elif s.op == "iota":
-        out = K.iota(subs(s.args[0], env), s.dtype)
-    elif s.op == "pick":
-        out = K.pick(subs(s.args[0], env), _shifted(s.args[1], env, memo), _shifted(s.args[2], env, memo))
-    else:
-        out = Scalar.make(s.op, tuple(_shifted(a, env, memo) if isinstance(a, Scalar) else a for a in s.args), s.dtype)
-    memo[id(s)] = out
-    return out
-
-
 def stage_lines(x: Scalar, em, r_extent: int, ctype: str) -> list[str]:
     """C lines of a row kernel's body that fill ``xs_[r]`` with x (before the passes): one loop per run of r
     over which every piece choice takes the same side (that side's loads only, vector code), and pin x to it
@@ -78,7 +61,7 @@ def stage_lines(x: Scalar, em, r_extent: int, ctype: str) -> list[str]:
     cuts = [0, *_bounds(x, r_extent), r_extent]
     lines = [f"    alignas(64) {ctype} xs_[{r_extent}];  // the row, its piece choices made once (ROW_STAGE)"]
     for lo, hi in zip(cuts, cuts[1:]):
-        part = _shifted(x, {"r": var("r", hi - lo) + lo}, {}) if len(cuts) > 2 else x
+        part = K.substitute(x, {"r": var("r", hi - lo) + lo}, {}) if len(cuts) > 2 else x
         em.forget()
         body = em.hoist([part], "      ")
         lines += ["    #pragma omp simd", f"    for (int64_t r = 0; r < {hi - lo}; ++r) {{", *body,
