@@ -317,6 +317,8 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
     (oh, ow), (h, w) = dw.out_hw, dw.in_hw
     kh, kw = dw.kernel
     (ph, pw), (dh, dd) = dw.pad, dw.dil
+    if ALIGN_MIN_KW and dtype == torch.float32 and dw.combine == "fma" and dd == 1 and ALIGN_MIN_KW <= kw <= 16:
+        return _flat_aligned(k, em, dw, total, cases, leaves)
     taps, n = kh * kw, oh * ow
     chunks = -(-n // 16)
     start, end = _finish(dw)
@@ -331,9 +333,6 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
         "    }",
         f"    tab.m[c * {taps} + t] = (__mmask16)m;",
         "  }"])
-
-    if ALIGN_MIN_KW and dtype == torch.float32 and dw.combine == "fma" and dd == 1 and ALIGN_MIN_KW <= kw <= 16:
-        return _flat_aligned(k, em, dw, total, cases, leaves)
 
     def emit(row: int, ind: str) -> list[str]:
         return [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",

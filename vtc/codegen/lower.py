@@ -43,8 +43,8 @@ import torch
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.attention import attention_kernel, find_attention, is_cheap
 from vtc.codegen.conv import CONV_OP, choose_conv, conv_kernel, is_depthwise
-from vtc.codegen.gemm import GEMM_OPS, GemmChoice, choose, gemm_kernel
-from vtc.codegen.gemm_inline import a_passes
+from vtc.codegen.gemm import GEMM_OPS, SKINNY_M, GemmChoice, _operands, choose, gemm_kernel
+from vtc.codegen.gemm_inline import a_passes, behind_virtual_movement
 from vtc.codegen.kernel_ir import Buffer, Kernel, Reduction, Scalar, Store, scalars_under
 from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
@@ -270,9 +270,6 @@ class Lowering:
         never stored.  Not B: a weight's cast read in B's pack loses the fast B paths (1 x 768 -> 3072: 0.24 ->
         1.6 ms); not more rows: A's float32 paths (read in place, ...) were faster than the widening pack
         (128 x 768 -> 3072: 2.43-2.54 -> 2.73-2.75 ms; docs/gemm.md, "3-D Linear epilogues")."""
-        from vtc.codegen.gemm import SKINNY_M, _operands
-        from vtc.codegen.gemm_inline import behind_virtual_movement
-
         g = self._nodes.get(reader)
         if not (g is not None and g.op in GEMM_OPS and g.outputs[0].dtype == torch.float32
                 and getattr(n.target, "_opname", None) in ("_to_copy", "to", "convert_element_type")

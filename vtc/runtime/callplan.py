@@ -361,9 +361,7 @@ class CallPlan:
                 if not fused:
                     fn(ptrs, get_threads() | flag)
                 elif call_checked(kernel_address, ptrs, get_threads() | flag, table, nchecks) >= 0:
-                    for check, row in fused:  # the kernel did not run
-                        check.run(tensors[row[0]])
-                    raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")
+                    _range_failed(name, fused, tensors)  # the kernel did not run
                 for i, t in zip(outs, made):
                     slots[i] = t
             return kernel_packed
@@ -378,11 +376,8 @@ class CallPlan:
             ptrs = pointers(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in made], *sizes)
             if not fused:
                 fn(ptrs, get_threads())
-            elif call_checked(kernel_address, ptrs, get_threads(), table, nchecks) >= 0:  # the kernel did not run
-                for check, row in fused:
-                    check.run(tensors[row[0]])  # raises the op's IndexError naming the value
-                raise RuntimeError(f"kernel {name}: a C range check failed and torch's passed")  # cannot be:
-                # both test lo <= i <= hi on the same int64s
+            elif call_checked(kernel_address, ptrs, get_threads(), table, nchecks) >= 0:
+                _range_failed(name, fused, tensors)  # the kernel did not run
             for i, t in zip(outs, made):
                 slots[i] = t
         kernel.parts = parts  # type: ignore[attr-defined]  # a plan of this one kernel: fast_call calls it directly
