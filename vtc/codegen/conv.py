@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from vtc.codegen import conv_bcast, conv_direct, conv_panels, conv_t, depthwise, kernel_ir as K
+from vtc.codegen import conv_bcast, conv_direct, conv_panels, conv_t, depthwise, kernel_ir as K, winograd
 from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
@@ -160,16 +160,19 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
         vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
 
+    # a 3x3 "same" one over 16..64 channels on a map of 16x16 or more: Winograd F(2x2, 3x3) (vtc.codegen.winograd)
+    wino = geo is not None and not winograd.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # a small map, one group: the output channels as vectors (vtc.codegen.conv_bcast; measured faster than the
     # dot form wherever both apply, docs/gemm.md)
-    bcast = geo is not None and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    bcast = geo is not None and not wino and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else (groups) with a long reduction: dot products, the weight read in place (vtc.codegen.conv_t)
-    dot = geo is not None and not bcast and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    dot = geo is not None and not wino and not bcast and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else a very short reduction over a large map (a stem): straight from the input, no im2col packed
     # (vtc.codegen.conv_direct)
-    direct = geo is not None and not dot and not bcast and \
+    direct = geo is not None and not dot and not bcast and not wino and \
         not conv_direct.why_not(geo, not low.plan.is_virtual(geo["w"].name))
-    form = conv_t.FORM if dot else conv_bcast.FORM if bcast else conv_direct.FORM if direct else "panels"
+    form = winograd.FORM if wino else conv_t.FORM if dot else conv_bcast.FORM if bcast else \
+        conv_direct.FORM if direct else "panels"
 
     def pick(choice: str, reason: str) -> GemmChoice:
         return GemmChoice(n.name, n.op, shape, choice, reason, round(vtc_us, 2), round(torch_us, 2),
@@ -233,6 +236,14 @@ def conv_kernel(low, n: Node) -> Kernel:
     if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
         if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
+            return kern
+        choice.path = "panels"
+    if choice is not None and choice.path == winograd.FORM:  # F(2x2, 3x3), where the weight and input allow
+        shapes = {v.name: v.shape for v in low.values.values()}
+        rows = conv_t.weight_rows(sa, shapes)
+        pack.taps = pack.direct(shapes)
+        if rows is not None and not free_vars(rows[1]) and pack.taps is not None:
+            kern.gemm.generate = winograd.generate
             return kern
         choice.path = "panels"
     if choice is not None and choice.path == conv_bcast.FORM:  # output channels as vectors, where the weight allows
