@@ -34,7 +34,9 @@ MAX_CHANNELS = 64  # input and output channels at most (measured at 32 -> 32; 64
 MIN_PIXELS = 256  # output pixels per image at least (16x16; below, the transforms' fixed costs and the
 #                   conv_bcast / conv_t forms of small maps)
 TILE_ROWS = 12  # tiles per GEMM micro-kernel (x 2 vectors of output channels: 24 accumulators)
-BAND_TILES = 128  # tiles per sub-band at most (V and Mx of 16 x 128 x 32 floats: 256 KB each, in L2)
+BAND_TILES = 64  # tiles per sub-band at most (V and Mx of 16 x 64 x 32 floats: 128 KB each, in L2; 1 thread, kernel
+#   alone, 3x3 32 -> 32 40x40 + BN + SiLU, medians: 24 111.1 us, 40 110.1, 60 100.5, 64 101.0, 96 101.8, 128 103.4-104.2,
+#   240 109.6; batch 16 64 vs 128: 1593 vs 1600 us)
 
 
 def why_not(geo: dict, weight_ok: bool) -> str:
