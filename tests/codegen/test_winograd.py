@@ -106,6 +106,38 @@ def test_c3k2_unit():
     assert paths.count(winograd.FORM) == 4, paths
 
 
+def test_input_a_slice_of_channels():
+    """The input is channels 16..47 of a 64-channel tensor (a chunk): one plain load, offset by 16 planes, images
+    64 planes apart."""
+    g = gen(45)
+    weight = rand((32, 32, 3, 3), g)
+    post = _bn_silu(g, 32)
+
+    def fn(x):
+        return post(F.conv2d(x[:, 16:48], weight, None, 1, 1))
+
+    x = rand((3, 64, 18, 21), g)
+    compiled = compile_cpu(fn, (x,), plan="greedy", gemm="auto")
+    for threads in (1, 2):
+        with torch_threads(threads):
+            assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
+    assert [q["path"] for q in report(compiled)["gemm"]] == [winograd.FORM]
+
+
+def test_input_through_a_cat_keeps_the_panels():
+    """A cat in front is two loads, not one plain one: the im2col is packed by runs through it instead."""
+    g = gen(46)
+    weight = rand((32, 32, 3, 3), g)
+
+    def fn(a, b):
+        return F.silu(F.conv2d(torch.cat((a, b), 1), weight, None, 1, 1))
+
+    a, b = rand((1, 16, 20, 20), g), rand((1, 16, 20, 20), g)
+    compiled = compile_cpu(fn, (a, b), plan="all", gemm="vtc")
+    assert_matches_eager(compiled, fn, (a, b), **ROW_TOL)
+    assert [q["path"] for q in report(compiled)["gemm"]] == ["panels"]
+
+
 @pytest.mark.parametrize("case", [
     (1, 32, 32, 3, 2, 1, 1, 40, 40),  # stride 2
     (1, 32, 32, 3, 1, 2, 1, 40, 40),  # dilation 2 (padding 2)
