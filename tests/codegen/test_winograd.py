@@ -144,8 +144,9 @@ def test_input_through_a_cat_keeps_the_panels():
     (1, 32, 32, 3, 1, 1, 2, 40, 40),  # two groups
     (1, 24, 32, 3, 1, 1, 1, 40, 40),  # 24 input channels
     (1, 32, 32, 3, 1, 1, 1, 12, 12),  # a small map
+    (1, 32, 32, 3, 1, 1, 1, 4, 200),  # a map of four rows
     (1, 128, 32, 3, 1, 1, 1, 40, 40),  # more input channels than MAX_CHANNELS
-], ids=["stride2", "dil2", "groups2", "c24", "12x12", "c128"])
+], ids=["stride2", "dil2", "groups2", "c24", "12x12", "4x200", "c128"])
 def test_other_convolutions_keep_their_paths(case):
     b, c, o, k, s, d, groups, h, w = case
     g = gen(case_seed(case, 877))

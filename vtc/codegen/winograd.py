@@ -21,8 +21,8 @@ magnitudes its float32 error against a float64 convolution reached 1.55x the con
 
 ``why_not`` says where it runs (``FORM`` in the report's ``GemmChoice.path``): an AVX-512 target, one group,
 a 3x3 kernel at stride 1, dilation 1, padding 1 (output as large as the input), input and output channels
-multiples of 16 up to ``MAX_CHANNELS``, at least ``MIN_PIXELS`` output pixels, a plain row-major weight and an
-input that is one plain load (vtc.codegen.conv.Im2colPack.direct, as the conv_taps path needs).
+multiples of 16 up to ``MAX_CHANNELS``, at least ``MIN_SIDE`` output rows and columns, a plain row-major
+weight and an input that is one plain load (vtc.codegen.conv.Im2colPack.direct, as the conv_taps path needs).
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from vtc.codegen import conv_t
 FORM = "winograd"  # GemmChoice.path of a convolution computed here
 ENABLED = True  # False: never taken (a switch for side-by-side timing)
 MAX_CHANNELS = 64  # input and output channels at most (measured at 32 -> 32; 64 tested)
-MIN_PIXELS = 256  # output pixels per image at least (16x16; below, the transforms' fixed costs and the
-#                   conv_bcast / conv_t forms of small maps)
+MIN_SIDE = 16  # output rows and columns at least (measured down to 16x16: 0.79x of conv_taps there; a map a few
+#               pixels high would compute half its tiles' rows for nothing, and small maps have conv_bcast / conv_t)
 TILE_ROWS = 12  # tiles per GEMM micro-kernel (x 2 vectors of output channels: 24 accumulators)
 BAND_TILES = 64  # tiles per sub-band at most (V and Mx of 16 x 64 x 32 floats: 128 KB each, in L2; 1 thread, kernel
 #   alone, 3x3 32 -> 32 40x40 + BN + SiLU, medians: 24 111.1 us, 40 110.1, 60 100.5, 64 101.0, 96 101.8, 128 103.4-104.2,
@@ -54,8 +54,8 @@ def why_not(geo: dict, weight_ok: bool) -> str:
     for what, c in (("input", geo["cg"]), ("output", geo["og"])):
         if c % 16 or c > MAX_CHANNELS:
             return f"{c} {what} channels: not a multiple of 16 up to {MAX_CHANNELS}"
-    if geo["oh"] * geo["ow"] < MIN_PIXELS:
-        return f"{geo['oh']}x{geo['ow']} output pixels < {MIN_PIXELS}"
+    if min(geo["oh"], geo["ow"]) < MIN_SIDE:
+        return f"{geo['oh']}x{geo['ow']} output pixels: fewer than {MIN_SIDE} rows or columns"
     if not weight_ok:
         return "the weight is not one plain row-major load"
     return ""
