@@ -14,8 +14,8 @@ channel) pair instead of 36 (2.25x fewer): per image, cut into sub-bands of ``SB
    sub-band's output rows, on which the kernel's epilogue (batch norm, SiLU, a residual, pushes into a cat:
    every store of the kernel) runs as in vtc.codegen.conv_t.
 
-The weight transform ``U[xi][c][o] = (G w[o, c] G^T)[xi]`` is made per call and thread (16 x C x M floats,
-a few microseconds at 32 x 32).  F(4x4, 3x3) (4x fewer products) was dropped: on random inputs of the tests'
+The weight transform ``U[xi][c][o] = (G w[o, c] G^T)[xi]`` is made per call and thread (16 x C x M floats;
+making it once per weight version instead measured no change at 32 x 32, docs/gemm.md).  F(4x4, 3x3) (4x fewer products) was dropped: on random inputs of the tests'
 magnitudes its float32 error against a float64 convolution reached 1.55x the convolution tests' tolerance
 (rtol = atol = 1e-4) where F(2x2, 3x3)'s stays at 0.14x of it (docs/gemm.md, session 17).
 
@@ -30,7 +30,7 @@ from vtc.codegen import conv_t
 
 FORM = "winograd"  # GemmChoice.path of a convolution computed here
 ENABLED = True  # False: never taken (a switch for side-by-side timing)
-MAX_CHANNELS = 64  # input and output channels at most (measured at 32 -> 32; 64 tested)
+MAX_CHANNELS = 64  # input and output channels at most (measured 16..64: 0.62-0.90x of conv_taps; 128 not measured)
 MIN_SIDE = 16  # output rows and columns at least (measured down to 16x16: 0.79x of conv_taps there; a map a few
 #               pixels high would compute half its tiles' rows for nothing, and small maps have conv_bcast / conv_t)
 TILE_ROWS = 12  # tiles per GEMM micro-kernel (x 2 vectors of output channels: 24 accumulators)
