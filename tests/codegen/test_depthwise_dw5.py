@@ -6,7 +6,8 @@ inside the input, read once per chunk of 16 outputs; a lane whose tap row is out
 there the tap lies outside the plane's memory and the loads are zero-filled.  Checked: 5x5 / 3x3 / 7x7 taps, odd
 plane sizes, fewer output rows than input rows, a height dilation, batch 1 and 3, one and two threads, NaN and
 inf in the neighbouring planes (which the row-outside lanes must not read), the stride-2 rows form beside it, and
-the switch back to the old masks.
+the switch back to the old masks.  Taps 5 or more wide sum into one accumulator per tap column (up to
+``FLAT_ACCUMULATORS``), so the FMAs of a chunk are short dependency chains.
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def test_depthwise_against_eager(case, threads):
     flat = case[3] == 1 and 2 * case[4][1] == case[2][1] - 1
     if flat and depthwise.FLAT_COLUMN_MASKS:  # one mask per tap column, read once per chunk (fails before)
         assert "cm0 = cmask.m[" in src and "ra & cmask.m" not in src
+        kw = case[2][1]
+        if kw >= 5:  # one FMA chain per tap column (fails before: two)
+            assert f"acc{min(kw, depthwise.FLAT_ACCUMULATORS) - 1} = _mm512_setzero_ps()" in src
 
 
 @pytest.mark.parametrize("threads", [1, 2])
