@@ -84,7 +84,7 @@ _UNARY_FMT = {
     "neg": "(-{x})", "exp": "vtc_exp({x})", "log": "vtc_log({x})", "tanh": "vtc_tanh({x})",
     "sigmoid": "vtc_sigmoid({x})", "relu": "vtc_relu({x})", "rsqrt": "(({t})1 / std::sqrt({x}))",
     "sqrt": "std::sqrt({x})", "abs": "std::abs({x})", "cos": "vtc_cos({x})", "sin": "vtc_sin({x})",
-    "erf": "vtc_erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "({x} * vtc_sigmoid({x}))",
+    "erf": "vtc_erf({x})", "reciprocal": "(({t})1 / {x})", "silu": "vtc_silu({x})",
     "floor": "std::floor({x})", "ceil": "std::ceil({x})", "expm1": "std::expm1({x})", "log1p": "std::log1p({x})",
     "exp2": "std::exp2({x})", "log2": "std::log2({x})", "sign": "vtc_sign({x})", "tan": "std::tan({x})",
     "atan": "std::atan({x})", "round": "std::nearbyint({x})", "trunc": "std::trunc({x})",

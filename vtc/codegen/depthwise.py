@@ -91,6 +91,14 @@ PREFETCH_ROWS = 2  # rows form: the input rows of the output row this many ahead
 FLAT_EPILOGUE = True  # False: a flat plane's stores run row by row too (a switch for side-by-side timing)
 ALIGN_MIN_KW = 3  # flat form, float32 convolutions at least this wide (up to 16 taps across, no width dilation): a tap
 #   row is two loads, its columns shifted out of them (valignd), the padding a masked FMA (0 for the old form)
+FLAT_COLUMN_MASKS = True  # aligned flat form: each FMA masked by its tap column's lanes alone, a chunk's kw column
+#   masks read once per chunk; a lane whose tap row is outside the input reads 0 from the zero-filled loads (the
+#   plane is exactly h rows of w: a tap inside the columns is outside the rows iff it is outside the plane's memory).
+#   False: the tap row's and column's masks ANDed per FMA (session 16), a scalar load, AND and kmov per FMA:
+#   5x5 over 384 planes of 28x28 alone, 1 thread, 207 -> 150 us median (docs/gemm.md, session 17)
+FLAT_ACCUMULATORS = 8  # aligned flat form, taps at least 5 wide: tap column b adds to accumulator b % min(kw, this)
+#   (narrower: two), so a chunk's FMAs form kw short dependency chains, not two long ones (5x5 over 384 x 28x28 alone,
+#   1 thread: 144 -> 129 us median with 5 chains; 7x7 over 232 x 14x14: 43 -> 34 us with 7; 3x3: 3 no better than 2)
 BLOCK = 4096  # floats of the per-thread sum buffer (16 KiB: a block of output rows stays in L1)
 IH, IW = "dw_ih", "dw_iw"  # C names of the input row and column in the plane scalar
 
@@ -384,11 +392,15 @@ def _flat_aligned(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves)
         f"      if (q >= 0 && q < {size}) tab.m[(c * {kh} + a) * 2 + l / 16] |= (__mmask16)(1u << (l % 16));",
         "    }"])
 
+    nacc = max(2, min(FLAT_ACCUMULATORS, kw)) if kw >= 5 else 2  # FMA chains: tap column b adds to acc b % nacc
+
     def emit(row: int, ind: str) -> list[str]:
         i2, i3 = ind + "  ", ind + "    "
         out = [f"{ind}for (int64_t c = 0; c < {chunks}; ++c) {{",
                f"{i2}const float* __restrict s = src + c * 16;",
-               f"{i2}__m512 acc = bias, acc1 = _mm512_setzero_ps();"]
+               f"{i2}__m512 acc = bias" + "".join(f", acc{j} = _mm512_setzero_ps()" for j in range(1, nacc)) + ";"]
+        if FLAT_COLUMN_MASKS:
+            out.append(f"{i2}const __mmask16 " + ", ".join(f"cm{b} = cmask.m[c * {kw} + {b}]" for b in range(kw)) + ";")
         for a in range(kh):
             out += [f"{i2}if (const __mmask16 ra = rmask.m[c * {kh} + {a}]) {{",
                     f"{i3}const __mmask16 l0 = lmask.m[(c * {kh} + {a}) * 2], l1 = lmask.m[(c * {kh} + {a}) * 2 + 1];",
@@ -397,14 +409,20 @@ def _flat_aligned(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves)
                     f"v1 = _mm512_loadu_ps(s + ({offs[a] + 16})); }}",
                     f"{i3}else {{ v0 = _mm512_maskz_loadu_ps(l0, s + ({offs[a]})); "
                     f"v1 = _mm512_maskz_loadu_ps(l1, s + ({offs[a] + 16})); }}"]
+            if FLAT_COLUMN_MASKS:
+                out.append(f"{i3}(void)ra;  // only skips the tap row: its lanes outside the input read 0")
             for b in range(kw):
                 v = "v0" if b == 0 else (f"_mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v1), "
                                          f"_mm512_castps_si512(v0), {b}))")
-                acc = "acc1" if b % 2 else "acc"
-                out.append(f"{i3}{acc} = _mm512_mask3_fmadd_ps(_mm512_set1_ps(wt[{a * kw + b}]), {v}, {acc}, "
-                           f"ra & cmask.m[c * {kw} + {b}]);")
+                acc = f"acc{b % nacc}" if b % nacc else "acc"
+                mask = f"cm{b}" if FLAT_COLUMN_MASKS else f"ra & cmask.m[c * {kw} + {b}]"
+                out.append(f"{i3}{acc} = _mm512_mask3_fmadd_ps(_mm512_set1_ps(wt[{a * kw + b}]), {v}, {acc}, {mask});")
             out.append(f"{i2}}}")
-        return out + [f"{i2}_mm512_store_ps(tmp + c * 16, _mm512_add_ps(acc, acc1));", f"{ind}}}"]
+        sums = ["acc"] + [f"acc{j}" for j in range(1, nacc)]
+        while len(sums) > 1:  # a tree of adds
+            sums = [f"_mm512_add_ps({x}, {y})" for x, y in zip(sums[::2], sums[1::2])] + (
+                [sums[-1]] if len(sums) % 2 else [])
+        return out + [f"{i2}_mm512_store_ps(tmp + c * 16, {sums[0]});", f"{ind}}}"]
 
     body = [f"    alignas(64) float tmp[{chunks * 16}];",
             *_cases(em, cases, leaves, emit, "    "),
