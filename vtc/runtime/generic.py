@@ -20,7 +20,10 @@ on the varying sizes replaced by expressions of size arguments
   the way).  The template then computes exactly what the concrete kernel
   would: a template is never trusted beyond the sizes it was checked at.
   A kernel that fails this (size 1 folds loops away; tile counts are not
-  polynomials) is built with its constants, as before.
+  polynomials) is built with its constants, as before.  At a later size, the
+  template that served a kernel at the previous size is tried first by
+  rendering it at the new sizes (``Template.render``) and comparing that text
+  with the concrete source: equal texts are a match without parsing.
 
 The template's source is the same for every size, so it is compiled once (and
 found in the on-disk cache, keyed by source, by later processes); templates
