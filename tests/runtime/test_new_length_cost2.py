@@ -23,18 +23,9 @@ from vtc.index import mapping
 from vtc.index.expr import const, var
 from vtc.runtime import generic
 
-from .test_new_length_cost import TOL, _Counter, _decode, _inputs
+from .test_new_length_cost import TOL, _Counter, _decode, _fresh_templates, _inputs  # noqa: F401 - an autouse fixture
 
 pytestmark = pytest.mark.filterwarnings("ignore::vtc.NewSizesWarning")  # a new length per call, on purpose
-
-
-@pytest.fixture(autouse=True)
-def _fresh_templates():
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
-    yield
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
 
 
 def _fn(seed):
