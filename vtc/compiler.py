@@ -197,7 +197,7 @@ class Compiled:
             if self._new_sizes == NEW_SIZES_WARN_AT:
                 warnings.warn(
                     f"vtc: {type(self.model).__name__} has been called with {NEW_SIZES_WARN_AT} new input sizes; each "
-                    "costs a specialization (planning and lowering, no C++ compile; ~60 ms for a 4-layer Llama). A "
+                    "costs a specialization (planning and lowering, no C++ compile; ~50 ms for a 4-layer Llama). A "
                     "decode loop whose KV cache grows every step does this every step: transformers' StaticCache keeps "
                     "the sizes fixed (vtc updates it in place).", NewSizesWarning, stacklevel=3)
         return spec

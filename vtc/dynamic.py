@@ -36,6 +36,7 @@ from vtc.codegen.stream import STREAM_STORES
 from vtc.compiler import Specialization, warn_fallbacks
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
+from vtc.index.mapping import rotate_linear_offsets
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report, fallback_ops
 from vtc.plan.virtualize import Plan, _arg_key, _NoKey, plan_keeping, plan_none
@@ -152,6 +153,7 @@ class DynamicSizes:
         self._memo: dict = {}  # plan_keeping's mappings of the nodes whose sizes do not vary (vtc.plan.virtualize)
         self._sources: dict = {}  # the last specialization's kernel sources by IR (GenericKernels.previous)
         self.sources_reused = 0  # kernels of all specializations whose source was taken from the previous one
+        self.templates_rendered = 0  # kernels matched by the previous size's template without parsing their source
         self.why_not: deque[str] = deque(maxlen=MAX_MISSES)  # the latest inputs that did not fit, and why
         self.kernels = {"generic": 0, "constant": 0, "fitted": 0}  # kernel counts over all specializations
         self.misses: deque[str] = deque(maxlen=MAX_MISSES)  # the latest kernels that found no template: why
@@ -203,6 +205,7 @@ class DynamicSizes:
         if under != self._probed_under:  # a definition may read a module constant: probe everything again
             self.probed, self._probed_under = ProbeMemo(), under
         self.probed.rotate()
+        rotate_linear_offsets()  # keeps the offsets asked for at the last size
         probed = PROBED.set(self.probed)
         builder = GenericKernels(self.symbols, sizes, self.degrees, self._probe, self._valid, previous=self._sources,
                                  switches=switches)
@@ -223,6 +226,7 @@ class DynamicSizes:
         for k, v in builder.stats.items():
             self.kernels[k] += v
         self.sources_reused += builder.reused
+        self.templates_rendered += builder.rendered
         self.misses.extend(builder.misses)
         return spec
 

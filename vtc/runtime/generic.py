@@ -20,7 +20,10 @@ on the varying sizes replaced by expressions of size arguments
   the way).  The template then computes exactly what the concrete kernel
   would: a template is never trusted beyond the sizes it was checked at.
   A kernel that fails this (size 1 folds loops away; tile counts are not
-  polynomials) is built with its constants, as before.
+  polynomials) is built with its constants, as before.  At a later size, the
+  template that served a kernel at the previous size is tried first by
+  rendering it at the new sizes (``Template.render``) and comparing that text
+  with the concrete source: equal texts are a match without parsing.
 
 The template's source is the same for every size, so it is compiled once (and
 found in the on-disk cache, keyed by source, by later processes); templates
@@ -173,6 +176,27 @@ class Template:
     literals: tuple  # per literal: a Poly, or None for a literal that does not vary
     source: str = ""
     fn: object = None
+    _cuts: list | None = field(default=None, repr=False, compare=False)  # render's pieces, made when first used
+
+    def render(self, sizes: Sequence[int]) -> str | None:
+        """The concrete source this template is at `sizes` (its varying literals written as their values; the
+        literals that do not vary, ``LL`` suffixes and everything else as at the fit), or None where a value
+        would not be an integer literal that ``parse`` reads back at the same place: not an int, negative, or
+        0 followed by ``x`` / ``X`` (a hex prefix).  So ``source == t.render(sizes)`` implies
+        ``t.matches(parse(source), sizes)`` (same head, same skeleton, every literal the template's value),
+        without parsing the source (``GenericKernels.build``)."""
+        p, cuts = self.parsed, self._cuts
+        if cuts is None:
+            cuts = self._cuts = _cuts(p, self.literals)
+        out = [p.head]
+        for text, lit, suffix, after in cuts:
+            out.append(text)
+            if lit is not None:
+                v = lit.at(sizes)
+                if v is None or v < 0 or (v == 0 and after and after in "xX"):
+                    return None
+                out.append(f"{v}{suffix}")
+        return "".join(out)
 
     def matches(self, p: Parsed, sizes: Sequence[int]) -> bool:
         """True when concrete source `p` is this template at `sizes` (same text, every literal equal)."""
@@ -182,6 +206,22 @@ class Template:
             if (v != v0) if lit is None else (lit.at(sizes) != v):
                 return False
         return True
+
+
+def _cuts(p: Parsed, literals: Sequence) -> list:
+    """Template.render's pieces of p.func: (the text up to the next varying literal, inclusive of the literals
+    that do not vary; its Poly or None at the end; its suffix after the digits; the character after it)."""
+    out, last = [], 0
+    for (start, end), lit in zip(p.spans, literals):
+        if lit is None:
+            continue
+        digits = start
+        while digits < end and p.func[digits].isdigit():
+            digits += 1
+        out.append((p.func[last:start], lit, p.func[digits:end], p.func[end:end + 1]))
+        last = end
+    out.append((p.func[last:], None, "", ""))
+    return out
 
 
 def fit(name: str, at: Parsed, probes: dict[tuple[int, ...], Parsed], base: Sequence[int],
@@ -278,6 +318,7 @@ def _digest_key(name: str, symbols: tuple[str, ...], head: str, func: str) -> tu
 
 
 _SWITCHES = "\0switches"  # GenericKernels.previous's entry: the codegen_switches() its sources were made under
+_CHOSEN = "\0chosen"  # and this one: kernel name -> the template that served it (Template.render)
 
 
 _UPPER: dict[int, tuple] = {}  # id of a vtc.codegen module -> (the module, the set of its names, its upper-case ones)
@@ -333,6 +374,7 @@ class GenericKernels:
     # of a decode step at a new cache length), so it is not generated again
     previous: dict = field(default_factory=dict)
     reused: int = 0  # kernels whose source came from `previous`
+    rendered: int = 0  # kernels matched by the previous size's template without parsing (Template.render)
     switches: tuple | None = None  # codegen_switches() now, when the caller has it (else build reads it)
 
     def _source(self, kernel) -> tuple[str, tuple | None]:
@@ -408,13 +450,20 @@ class GenericKernels:
         made = {id(s): self._source(s.kernel) for s in ksteps}
         sources = {i: src for i, (src, _) in made.items()}
         free_key = {i: key for i, (_, key) in made.items() if key is not None}  # _SIZE_FREE's, without parsing
+        last_chosen = self.previous.get(_CHOSEN, {})
         self.previous.clear()
         self.previous.update((s.kernel.name, (s.kernel, *made[id(s)])) for s in ksteps)
         self.previous[_SWITCHES] = switches
         size_free = {i for i, k in free_key.items() if k in _SIZE_FREE}  # the same at every size: no template
-        parsed = {id(s): parse(sources[id(s)], s.kernel.name) if id(s) in free_key and id(s) not in size_free
-                  else None for s in ksteps}
         chosen: dict[int, Template] = {}
+        for s in ksteps:  # the previous size's template, when the source is its text at these sizes: no parse
+            t = last_chosen.get(s.kernel.name)
+            if (t is not None and id(s) in free_key and id(s) not in size_free
+                    and t.render(self.sizes) == sources[id(s)]):
+                chosen[id(s)] = t
+                self.rendered += 1
+        parsed = {id(s): parse(sources[id(s)], s.kernel.name)
+                  if id(s) in free_key and id(s) not in size_free and id(s) not in chosen else None for s in ksteps}
         missing = []
         for s in ksteps:
             p = parsed[id(s)]
@@ -473,5 +522,6 @@ class GenericKernels:
                     _SIZE_FREE[free_key[id(s)]] = built[id(s)].fn
         self.stats["generic"] += len(chosen)
         self.stats["constant"] += len(constant)
+        self.previous[_CHOSEN] = {s.kernel.name: chosen[id(s)] for s in ksteps if id(s) in chosen}
         return [CompiledKernel(s, chosen[id(s)].fn, sizes=self.sizes) if id(s) in chosen else built[id(s)]
                 for s in ksteps]
