@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtc.codegen import decode_copy, gemm_push
+from vtc.codegen import decode_copy, gemm, gemm_push
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
@@ -65,6 +65,9 @@ PUSH_OPS = frozenset({"cat", "stack", "slice_scatter", "select_scatter", "index_
 # computes their input, through a chain of views and permutes (it stores its rows in the copy's layout; see
 # ``attention_computes``); any other producer keeps its own store and the copy
 COPY_OPS = frozenset({"clone", "contiguous"})
+# a head merge (COPY_OPS) that a generated GEMM would pack through its mapping is pushed too, the attention kernel
+# storing the merged layout (``merged_heads_reader``; False: the code before session 17, for A/B runs)
+MERGE_HEADS = True
 _UPDATE_ARG = {"slice_scatter": "src", "select_scatter": "src", "index_copy": "source", "index_put": "values",
                "scatter": "src"}  # the scatters' update operand; their base is `self`
 READER = "push:"  # reader-name prefix: the write of one input of a pushed op (push:<node>:<input>)
@@ -183,7 +186,36 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
                     continue
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
+    for n in graph.nodes:  # a head merge read by a generated GEMM: the attention kernel stores it merged
+        if not MERGE_HEADS or n.name in out or n.name in plan.kept or base_name(packet_name(n.target) or "") not in COPY_OPS:
+            continue
+        gemm = merged_heads_reader(low, n)
+        if gemm is not None and gains(n):
+            out[n.name] = (f"pushed: the attention kernel stores the merged heads into %{n.outputs[0].name}, so "
+                           f"{gemm} reads a plain A instead of packing it through the head merge")
     return out
+
+
+def merged_heads_reader(low, n: Node) -> str | None:
+    """The generated GEMM that reads its A operand through virtual copy `n` (attn [B*H, S, D] viewed
+    [B, H, S, D], transposed, cloned, viewed [B*S, H*D]: the head merge in front of an o-projection) by a
+    mapping that is not a strided view, so its pack gathers A's rows by runs through a column table
+    (``vtc.codegen.gemm_pack``, ``vtc_pack_a_cols``); None when there is none.  Pushed, the attention kernel
+    stores its rows into the merged layout (``Pusher._attention_stores``) and the GEMM reads a plain A."""
+    from vtc.plan.virtualize import chain_of
+
+    plan, graph = low.plan, low.graph
+    if not plan.is_virtual(n.outputs[0].name):
+        return None
+    for r in graph.nodes:
+        if low.kind.get(r.name) != "gemm" or r.name not in low.gemm_choices:
+            continue
+        a = gemm._operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
+        if not isinstance(a, Value) or not plan.is_virtual(a.name) or n not in chain_of(graph, plan, a.name):
+            continue
+        if plan.mappings[a.name].strided() is None:  # packed through its mapping (columns or elements)
+            return r.name
+    return None
 
 
 def in_place_scatters(graph: Graph) -> dict[str, str]:
@@ -258,7 +290,8 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
         c = pushes.get(op)
         if c is None:
             continue
-        s = estimator.saving(c, state)
+        # a pulled head merge (merged_heads_reader): the push is priced against the pull it replaces
+        s = estimator.pull_to_push_saving(c, state) if op in state else estimator.saving(c, state)
         if s.seconds <= 0 and op not in in_place:  # in place, the push copies nothing: the estimate's copy goes
             continue
         chosen = [x for x in chosen if x.op != op] + [c]
