@@ -68,6 +68,7 @@ COPY_OPS = frozenset({"clone", "contiguous"})
 # a head merge (COPY_OPS) that a generated GEMM would pack through its mapping is pushed too, the attention kernel
 # storing the merged layout (``merged_heads_reader``; False: the code before session 17, for A/B runs)
 MERGE_HEADS = True
+MERGED = "pushed: the attention kernel stores the merged heads"  # worth_pushing's reason for those
 _UPDATE_ARG = {"slice_scatter": "src", "select_scatter": "src", "index_copy": "source", "index_put": "values",
                "scatter": "src"}  # the scatters' update operand; their base is `self`
 READER = "push:"  # reader-name prefix: the write of one input of a pushed op (push:<node>:<input>)
@@ -191,8 +192,8 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
             continue
         gemm = merged_heads_reader(low, n)
         if gemm is not None and gains(n):
-            out[n.name] = (f"pushed: the attention kernel stores the merged heads into %{n.outputs[0].name}, so "
-                           f"{gemm} reads a plain A instead of packing it through the head merge")
+            out[n.name] = (f"{MERGED} into %{n.outputs[0].name}, so {gemm} reads a plain A instead of packing "
+                           "it through the head merge")
     return out
 
 
@@ -205,15 +206,22 @@ def merged_heads_reader(low, n: Node) -> str | None:
     from vtc.plan.virtualize import chain_of
 
     plan, graph = low.plan, low.graph
-    if not plan.is_virtual(n.outputs[0].name):
+    found = gemm_push.forward(low, n.inputs[0].name) if n.inputs else "no input"
+    if not plan.is_virtual(n.outputs[0].name) or isinstance(found, str):
+        return None
+    p = found[0]  # the attention output: the GEMM must be its one reader (else the kernel keeps its own store)
+    if p in low.outputs or len(low.readers(p)) != 1:
         return None
     for r in graph.nodes:
         if low.kind.get(r.name) != "gemm" or r.name not in low.gemm_choices:
             continue
         a = gemm._operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
-        if not isinstance(a, Value) or not plan.is_virtual(a.name) or n not in chain_of(graph, plan, a.name):
+        if not isinstance(a, Value) or not plan.is_virtual(a.name):
             continue
-        if plan.mappings[a.name].strided() is None:  # packed through its mapping (columns or elements)
+        chain = chain_of(graph, plan, a.name)  # n must be its last copy (SDPA's decomposition adds one before)
+        if [c for c in chain if base_name(packet_name(c.target) or "") in COPY_OPS][-1:] != [n]:
+            continue
+        if low.readers(p) == {r.name} and plan.mappings[a.name].strided() is None:  # packed through its mapping
             return r.name
     return None
 
@@ -291,7 +299,8 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
         if c is None:
             continue
         # a pulled head merge (merged_heads_reader): the push is priced against the pull it replaces
-        s = estimator.pull_to_push_saving(c, state) if op in state else estimator.saving(c, state)
+        merge = why.startswith(MERGED) and op in state
+        s = estimator.pull_to_push_saving(c, state) if merge else estimator.saving(c, state)
         if s.seconds <= 0 and op not in in_place:  # in place, the push copies nothing: the estimate's copy goes
             continue
         chosen = [x for x in chosen if x.op != op] + [c]
