@@ -92,8 +92,8 @@ def _assert_merged(compiled, b, s, h, d):
 
 
 # (batch, tokens, heads, KV heads, head dim, threads, sdpa)
-CASES = [(1, 17, 4, 2, 32, 1, False), (2, 17, 4, 1, 64, 2, False), (1, 127, 8, 2, 32, 2, False),
-         (2, 127, 4, 4, 16, 1, False), (1, 127, 8, 2, 32, 1, True), (2, 33, 4, 2, 64, 2, True)]
+CASES = [(1, 17, 4, 2, 32, 1, False), (2, 127, 4, 2, 32, 2, False), (1, 127, 8, 2, 32, 1, True),
+         (2, 33, 4, 2, 64, 2, True)]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}_s{}_h{}_kv{}_d{}_t{}{}".format(*c[:6], "_sdpa" * c[6]))
@@ -122,8 +122,8 @@ def test_before_the_gemm_packed_the_head_merge_by_columns(monkeypatch):
 def test_the_choice_is_priced_against_the_pull():
     """The push replaces a pull: its estimate is the GEMM's read through the head merge less the plain read
     and the attention kernel's store (Estimator.pull_to_push_saving), positive, and named in the decision."""
-    m = Layer(8, 2, 32).eval()
-    compiled = _compile(m, _inputs(1, 127, 8, 2, 32, seed=5), 1)
+    m = Layer(4, 2, 32).eval()
+    compiled = _compile(m, _inputs(1, 17, 4, 2, 32, seed=5), 1)
     plan = executor(compiled).lowering.plan
     (d,) = [d for d in plan.decisions if d.direction == "push" and d.chosen]
     assert d.saving.seconds > 0

@@ -1084,7 +1084,7 @@ class Estimator:
         sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
         if sec > 0:
             reads = [t for t in before if t.key[0] == "read" and t.cost]
-            how = f"; instead of {reads[0].note}" if reads else ""
+            how = f", where {reads[0].note}" if reads else ""
             reason = f"the producer stores %{choice.edges[0].dst} in place of the pull{how}"
         else:
             reason = _worst(before, after)
