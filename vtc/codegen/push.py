@@ -49,8 +49,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vtc.codegen import decode_copy, gemm, gemm_push
+from vtc.codegen import decode_copy, gemm_push
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.gemm import _operands
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
 from vtc.index.expr import subs
@@ -188,11 +189,12 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
     for n in graph.nodes:  # a head merge read by a generated GEMM: the attention kernel stores it merged
-        if not MERGE_HEADS or n.name in out or n.name in plan.kept or base_name(packet_name(n.target) or "") not in COPY_OPS:
+        if not MERGE_HEADS or n.name in out or n.name in plan.kept or \
+                base_name(packet_name(n.target) or "") not in COPY_OPS:
             continue
-        gemm = merged_heads_reader(low, n)
-        if gemm is not None and gains(n):
-            out[n.name] = (f"{MERGED} into %{n.outputs[0].name}, so {gemm} reads a plain A instead of packing "
+        reader = merged_heads_reader(low, n)
+        if reader is not None and gains(n):
+            out[n.name] = (f"{MERGED} into %{n.outputs[0].name}, so {reader} reads a plain A instead of packing "
                            "it through the head merge")
     return out
 
@@ -210,20 +212,17 @@ def merged_heads_reader(low, n: Node) -> str | None:
     if not plan.is_virtual(n.outputs[0].name) or isinstance(found, str):
         return None
     p = found[0]  # the attention output: the GEMM must be its one reader (else the kernel keeps its own store)
-    if p in low.outputs or len(low.readers(p)) != 1:
+    readers = low.readers(p)
+    r = next((x for x in graph.nodes if {x.name} == readers), None)
+    if p in low.outputs or r is None or low.kind.get(r.name) != "gemm" or r.name not in low.gemm_choices:
         return None
-    for r in graph.nodes:
-        if low.kind.get(r.name) != "gemm" or r.name not in low.gemm_choices:
-            continue
-        a = gemm._operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
-        if not isinstance(a, Value) or not plan.is_virtual(a.name):
-            continue
-        chain = chain_of(graph, plan, a.name)  # n must be its last copy (SDPA's decomposition adds one before)
-        if [c for c in chain if base_name(packet_name(c.target) or "") in COPY_OPS][-1:] != [n]:
-            continue
-        if low.readers(p) == {r.name} and plan.mappings[a.name].strided() is None:  # packed through its mapping
-            return r.name
-    return None
+    a = _operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
+    if not isinstance(a, Value) or not plan.is_virtual(a.name):
+        return None
+    chain = chain_of(graph, plan, a.name)  # n must be its last copy (SDPA's decomposition adds one before)
+    if [c for c in chain if base_name(packet_name(c.target) or "") in COPY_OPS][-1:] != [n]:
+        return None
+    return r.name if plan.mappings[a.name].strided() is None else None  # else it reads a plain strided A
 
 
 def in_place_scatters(graph: Graph) -> dict[str, str]:
