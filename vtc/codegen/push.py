@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from vtc.codegen import decode_copy, gemm_push
 from vtc.codegen import kernel_ir as K
-from vtc.codegen.gemm import _operands
+from vtc.codegen.gemm import GEMM_OPS, _operands
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
 from vtc.index.expr import subs
@@ -214,7 +214,7 @@ def merged_heads_reader(low, n: Node) -> str | None:
     p = found[0]  # the attention output: the GEMM must be its one reader (else the kernel keeps its own store)
     readers = low.readers(p)
     r = next((x for x in graph.nodes if {x.name} == readers), None)
-    if p in low.outputs or r is None or low.kind.get(r.name) != "gemm" or r.name not in low.gemm_choices:
+    if p in low.outputs or r is None or r.op not in GEMM_OPS or low.kind.get(r.name) != "gemm":
         return None
     a = _operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
     if not isinstance(a, Value) or not plan.is_virtual(a.name):
