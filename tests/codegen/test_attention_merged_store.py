@@ -7,8 +7,9 @@ the generated o-projection GEMM packs its A by runs through a column table
 (``vtc_pack_a_cols``: a row gathered into an L1 buffer, then packed).  Now the
 greedy pushes the clone: the flash attention kernel stores its rows straight
 into [B, S, H, D] and the GEMM's A is a plain [B*S, H*D] operand.  Every case is
-compared with eager on random inputs; each asserts what is optimised.  All
-``test_*_stores_merged*`` cases fail with ``push.MERGE_HEADS = False``.
+compared with eager on random inputs; each asserts what is optimised.  With
+``push.MERGE_HEADS = False`` (the code before; plan cache bypassed) the four
+``test_attention_stores_merged_heads...`` cases and the pricing test fail.
 """
 from __future__ import annotations
 
