@@ -141,7 +141,7 @@ def push_index_tensors(node: Node) -> list[str]:
     return list(dict.fromkeys(t for w in writes for t in w.mapping.index_tensors))
 
 
-def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
+def worth_pushing(graph: Graph, plan, gemm: str = "auto", merge: bool = False) -> dict[str, str]:
     """Ops of `plan` whose pull form the generated code copies into memory, and that a push removes.
 
     Every op the plan keeps physical is one (its output is a copy).
@@ -149,6 +149,8 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
     chain holds a pushable op O is a candidate when pushing O leaves nothing to copy: R is O's output,
     or R's mapping over O's output is a strided view (cat -> view -> output).  Pushing O where R stays
     a copy (a cat in front of a channel shuffle) would only move the producers out of that copy kernel.
+    With `merge` (the greedy's ``take_pushes``; not plan="all", whose pulls stay pulls), also a head merge
+    that a generated GEMM would pack through its mapping (``merged_heads_reader``).
     """
     from vtc.codegen.lower import Lowering
     from vtc.plan.virtualize import chain_of, plan_keeping
@@ -189,7 +191,7 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
     for n in graph.nodes:  # a head merge read by a generated GEMM: the attention kernel stores it merged
-        if not MERGE_HEADS or n.name in out or n.name in plan.kept or \
+        if not (merge and MERGE_HEADS) or n.name in out or n.name in plan.kept or \
                 base_name(packet_name(n.target) or "") not in COPY_OPS:
             continue
         reader = merged_heads_reader(low, n)
@@ -293,7 +295,7 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
     state = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
     chosen, decisions = list(strategy.chosen), list(strategy.decisions)
     in_place = in_place_scatters(graph)
-    for op, why in worth_pushing(graph, plan, gemm).items():
+    for op, why in worth_pushing(graph, plan, gemm, merge=True).items():
         c = pushes.get(op)
         if c is None:
             continue
