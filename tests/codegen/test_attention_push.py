@@ -72,10 +72,11 @@ def _compile(m, inputs, **options):
 
 
 # (batch, queries S, keys T, heads, KV heads, head dim, the clone pushed): where the o-projection runs in the
-# library (>= 32 rows on a constant weight) the clone is pushed; fewer rows take the generated GEMM, which
-# reads through the head merge; at one query the merge is a strided view
+# library (>= 32 rows on a constant weight) the clone is pushed; the generated GEMM would read through the
+# head merge, so it is pushed there too (session 17, push.merged_heads_reader); at one query the merge is a
+# strided view
 CASES = [(1, 127, 127, 8, 2, 32, True), (2, 32, 32, 4, 2, 64, True), (1, 64, 64, 8, 8, 32, True),
-         (16, 17, 17, 8, 2, 32, False), (16, 3, 17, 4, 2, 64, None), (1, 1, 127, 8, 2, 32, False),
+         (16, 17, 17, 8, 2, 32, True), (16, 3, 17, 4, 2, 64, None), (1, 1, 127, 8, 2, 32, False),
          (1, 3, 300, 4, 4, 24, None)]
 
 

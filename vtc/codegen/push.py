@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 from vtc.codegen import decode_copy, gemm_push
 from vtc.codegen import kernel_ir as K
+from vtc.codegen.gemm import GEMM_OPS, _operands
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store
 from vtc.codegen.ops import C_TYPES
 from vtc.index.expr import subs
@@ -65,6 +66,10 @@ PUSH_OPS = frozenset({"cat", "stack", "slice_scatter", "select_scatter", "index_
 # computes their input, through a chain of views and permutes (it stores its rows in the copy's layout; see
 # ``attention_computes``); any other producer keeps its own store and the copy
 COPY_OPS = frozenset({"clone", "contiguous"})
+# a head merge (COPY_OPS) that a generated GEMM would pack through its mapping is pushed too, the attention kernel
+# storing the merged layout (``merged_heads_reader``; False: the code before session 17, for A/B runs)
+MERGE_HEADS = True
+MERGED = "pushed: the attention kernel stores the merged heads"  # worth_pushing's reason for those
 _UPDATE_ARG = {"slice_scatter": "src", "select_scatter": "src", "index_copy": "source", "index_put": "values",
                "scatter": "src"}  # the scatters' update operand; their base is `self`
 READER = "push:"  # reader-name prefix: the write of one input of a pushed op (push:<node>:<input>)
@@ -136,7 +141,7 @@ def push_index_tensors(node: Node) -> list[str]:
     return list(dict.fromkeys(t for w in writes for t in w.mapping.index_tensors))
 
 
-def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
+def worth_pushing(graph: Graph, plan, gemm: str = "auto", merge: bool = False) -> dict[str, str]:
     """Ops of `plan` whose pull form the generated code copies into memory, and that a push removes.
 
     Every op the plan keeps physical is one (its output is a copy).
@@ -144,6 +149,8 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
     chain holds a pushable op O is a candidate when pushing O leaves nothing to copy: R is O's output,
     or R's mapping over O's output is a strided view (cat -> view -> output).  Pushing O where R stays
     a copy (a cat in front of a channel shuffle) would only move the producers out of that copy kernel.
+    With `merge` (the greedy's ``take_pushes``; not plan="all", whose pulls stay pulls), also a head merge
+    that a generated GEMM would pack through its mapping (``merged_heads_reader``).
     """
     from vtc.codegen.lower import Lowering
     from vtc.plan.virtualize import chain_of, plan_keeping
@@ -183,7 +190,41 @@ def worth_pushing(graph: Graph, plan, gemm: str = "auto") -> dict[str, str]:
                     continue
             out[n.name] = (f"pushed: its inputs are stored into %{y}, which the pull form would copy"
                            + ("" if name == y else f" for %{name}"))
+    for n in graph.nodes:  # a head merge read by a generated GEMM: the attention kernel stores it merged
+        if not (merge and MERGE_HEADS) or n.name in out or n.name in plan.kept or \
+                base_name(packet_name(n.target) or "") not in COPY_OPS:
+            continue
+        reader = merged_heads_reader(low, n)
+        if reader is not None and gains(n):
+            out[n.name] = (f"{MERGED} into %{n.outputs[0].name}, so {reader} reads a plain A instead of packing "
+                           "it through the head merge")
     return out
+
+
+def merged_heads_reader(low, n: Node) -> str | None:
+    """The generated GEMM that reads its A operand through virtual copy `n` (attn [B*H, S, D] viewed
+    [B, H, S, D], transposed, cloned, viewed [B*S, H*D]: the head merge in front of an o-projection) by a
+    mapping that is not a strided view, so its pack gathers A's rows by runs through a column table
+    (``vtc.codegen.gemm_pack``, ``vtc_pack_a_cols``); None when there is none.  Pushed, the attention kernel
+    stores its rows into the merged layout (``Pusher._attention_stores``) and the GEMM reads a plain A."""
+    from vtc.plan.virtualize import chain_of
+
+    plan, graph = low.plan, low.graph
+    found = gemm_push.forward(low, n.inputs[0].name) if n.inputs else "no input"
+    if not plan.is_virtual(n.outputs[0].name) or isinstance(found, str):
+        return None
+    p = found[0]  # the attention output: the GEMM must be its one reader (else the kernel keeps its own store)
+    readers = low.readers(p)
+    r = next((x for x in graph.nodes if {x.name} == readers), None)
+    if p in low.outputs or r is None or r.op not in GEMM_OPS or low.kind.get(r.name) != "gemm":
+        return None
+    a = _operands(r, movement.bind(r.target, r.args, r.kwargs))[0]
+    if not isinstance(a, Value) or not plan.is_virtual(a.name):
+        return None
+    chain = chain_of(graph, plan, a.name)  # n must be its last copy (SDPA's decomposition adds one before)
+    if [c for c in chain if base_name(packet_name(c.target) or "") in COPY_OPS][-1:] != [n]:
+        return None
+    return r.name if plan.mappings[a.name].strided() is None else None  # else it reads a plain strided A
 
 
 def in_place_scatters(graph: Graph) -> dict[str, str]:
@@ -254,11 +295,13 @@ def take_pushes(graph: Graph, vtog, estimator, strategy, gemm: str = "auto"):
     state = frozenset(c.op for c in strategy.chosen if c.direction == PULL)
     chosen, decisions = list(strategy.chosen), list(strategy.decisions)
     in_place = in_place_scatters(graph)
-    for op, why in worth_pushing(graph, plan, gemm).items():
+    for op, why in worth_pushing(graph, plan, gemm, merge=True).items():
         c = pushes.get(op)
         if c is None:
             continue
-        s = estimator.saving(c, state)
+        # a pulled head merge (merged_heads_reader): the push is priced against the pull it replaces
+        merge = why.startswith(MERGED) and op in state
+        s = estimator.pull_to_push_saving(c, state) if merge else estimator.saving(c, state)
         if s.seconds <= 0 and op not in in_place:  # in place, the push copies nothing: the estimate's copy goes
             continue
         chosen = [x for x in chosen if x.op != op] + [c]

@@ -1058,6 +1058,37 @@ class Estimator:
             reason = bad[0].note if bad else "removing it saves nothing measurable"
         return Saving(sec, reason)
 
+    def pull_to_push_saving(self, choice: Choice, state: frozenset) -> Saving:
+        """A push taken in place of the pull of the same op (``state`` holds it): a head merge that a generated
+        GEMM would pack through its mapping, whose input an attention kernel computes
+        (``vtc.codegen.push.merged_heads_reader``).  Before: the readers read through the pulled mapping.
+        After: they read the op's output from memory (a strided view of it), and the kernel that computes
+        each pushed input stores its rows through the push mapping (priced as a store through the input's
+        mapping over that kernel's result, the same runs in the other direction); it reads nothing."""
+        op = choice.op
+        without = state - {op}
+        values, kept = self.affected({op}, without)
+        before = self.terms(values, kept, state)
+        old = self.pushed
+        self.pushed = old | {op}
+        try:
+            after = [t for t in self.terms(values, kept, without) if not (t.key[0] == "read" and t.key[2] == op)]
+        finally:
+            self.pushed = old
+        for e in choice.edges:
+            v = self.values[e.src]
+            m = self.mapping(e.src, without)
+            acc = self.access(m if m is not None else e.mapping, e.src)
+            after.append(Term(("store", e.src), self.model.store(v.numel, _size(v), acc),
+                              f"the kernel computing %{e.src} stores it merged ({acc.describe()})"))
+        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
+        if sec > 0:
+            reads = [t for t in before if t.key[0] == "read" and t.cost]
+            how = f", where {reads[0].note}" if reads else ""
+            reason = f"the producer stores %{choice.edges[0].dst} in place of the pull{how}"
+        else:
+            reason = _worst(before, after)
+        return Saving(sec, reason)
 
     def _stored_by_kernel(self, value: str, state: frozenset) -> bool:
         """True when a generated kernel computes `value`, or `value` is virtual over one source that a generated
