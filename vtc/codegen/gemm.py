@@ -441,7 +441,10 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
         return ""
     em = _Emitter(k)  # (k has no inputs yet: their shapes and some pointer names for the spec functions)
     em.shapes.update(shapes)
-    em.ptr.update({x: f"b{i}" for i, x in enumerate(sorted(shapes))})
+    # and the index tensors an operand's offset loads (a constant index_select in front of B: its rows' index
+    # lands in the offset's base, which the spec functions print)
+    em.shapes.update({t: low._index_tensor(t)[0] for t in _index_loads(g.a, g.b) if t not in shapes})
+    em.ptr.update({x: f"b{i}" for i, x in enumerate(sorted(em.shapes))})
     _, _, skinny, spec = _weight_packing(em, g)
     if spec is None:
         return ""
@@ -449,6 +452,19 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
     if not whole and st is None:
         return ""  # a runtime B: the kernel reads it as without a packed copy
     return SKINNY_PACKED_PATH if spec is skinny else "panels"
+
+
+def _index_loads(*scalars: Scalar) -> set[str]:
+    """Names of the index tensors that the offsets of scalars' loads read."""
+    from vtc.index.expr import loads
+
+    out, todo = set(), list(scalars)
+    while todo:
+        s = todo.pop()
+        if s.op == "load":
+            out |= {t for e in s.args[1] for t in loads(e)}
+        todo.extend(a for a in s.args if isinstance(a, Scalar))
+    return out
 
 
 def _loaded(*scalars: Scalar) -> set[str]:

@@ -50,7 +50,7 @@ from vtc.codegen.push import READER, Pusher
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION, POINTWISE, ROW, NotSupported, lookup, reduced_index
 from vtc.codegen.pool import POOL_OPS, pool_taps
 from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
-from vtc.index.expr import Expr, const, replace_loads, subs, walk
+from vtc.index.expr import Expr, clamp, const, replace_loads, subs, walk
 from vtc.index.mapping import IndexCheck, Mapping, Piece, out_vars
 from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization, chain_of
@@ -459,7 +459,19 @@ class Lowering:
         """e with loads from folded index tensors replaced by the index arithmetic that computes them."""
         if not self.folded:
             return e
-        return replace_loads(e, lambda t, idx: self.index_expr(t, idx) if t in self.folded else None)
+        return replace_loads(e, lambda t, idx: self._folded_at(t, idx) if t in self.folded else None)
+
+    def _folded_at(self, t: str, idx: tuple[Expr, ...]) -> Expr | None:
+        """Folded index tensor t at idx as index arithmetic.  Where idx's range reaches past t (a roll's index
+        read under a pad or a convolution's padding, used only where a pick selects the inside), it is clamped
+        into t first: the same values wherever they are used, and an fmod folds only on a non-negative range.
+        No step computes a folded tensor, so a load of it left in a kernel reads a buffer no step fills."""
+        e = self.index_expr(t, idx)
+        if e is None:
+            shape = self._index_tensor(t)[0]
+            e = self.index_expr(t, tuple(clamp(i, 0, n - 1) if i.lo < 0 or i.hi > n - 1 else i
+                                         for i, n in zip(idx, shape)))
+        return e
 
     def index_expr(self, name: str, idx: tuple[Expr, ...]) -> Expr | None:
         """Value `name` at idx as an index expression, when it is integer arithmetic on indices only."""

@@ -592,6 +592,7 @@ def write_back(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"{len(mutations)} input(s) are changed in place by the model: the call's "
                          f"{len(graph.inputs)} input tensors are needed to write them back, got {len(inputs)}")
+    _refuse_overlapping_mutated_inputs(graph, inputs, mutations)
     alias = {}
     for k, j in mutations:
         new, given = flat[j], inputs[k]
@@ -601,3 +602,32 @@ def write_back(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor
         alias[graph.outputs[j].name] = given
     n = len(flat) - len(mutations)
     return [alias.get(v.name, t) for v, t in zip(graph.outputs[:n], flat[:n])]
+
+
+def _refuse_overlapping_mutated_inputs(graph: Graph, inputs: list[torch.Tensor], mutations) -> None:
+    """Raises where an input that forward changes in place shares memory with another input (the same tensor
+    passed twice, or views of one): the graph was captured with them as separate tensors, so the other one's
+    readers see its value from before the change, where eager's see the new one (``f(t, t)`` with
+    ``a.add_(1); return b * 2``).  Inputs that are disjoint parts of one storage (k and v caches as halves of
+    one tensor) pass: only their byte ranges are compared."""
+    by_storage: dict[int, list[int]] = {}
+    for k, t in enumerate(inputs):
+        by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(k)
+    if len(by_storage) == len(inputs):
+        return
+
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        if t.numel() == 0:
+            return 0, 0
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    for k, _ in mutations:
+        lo, hi = span(inputs[k])
+        for other in by_storage[inputs[k].untyped_storage().data_ptr()]:
+            olo, ohi = span(inputs[other])
+            if other != k and lo < ohi and olo < hi:
+                raise ValueError(f"input {k} (%{graph.inputs[k].name}) is changed in place by the model and shares "
+                                 f"memory with input {other} (%{graph.inputs[other].name}): vtc compiled them as "
+                                 f"separate tensors, so the result would differ from eager's; pass a copy "
+                                 f"(.clone()) of one of them, or use torch.compile(model, backend=\"vtc\")")

@@ -1,0 +1,177 @@
+"""Adversarial tests (session 17) of how a compiled model is called: aliasing (the same tensor passed twice, an
+output that is a view of an input), in-place ops in the model, inputs that are expanded / offset / transposed
+views, new sizes, two Python threads at once, and both entry points (vtc.compile, torch.compile).  Compared with
+torch eager; the caller's tensors compared too where the model changes them in place."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vtc
+from tests.adversarial import close, rand
+from tests.codegen.util import errors_in_threads, torch_threads
+
+
+def _g(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _mutate_a_read_b(a, b):
+    a.add_(1)
+    return b * 2
+
+
+def test_the_same_tensor_twice_where_the_model_changes_one_in_place_is_refused_by_name():
+    """f(t, t) with f changing its first input in place: eager's second input sees the change.  vtc compiled
+    them as two tensors and returned 2 * t from before the change, a silent wrong answer; now a ValueError
+    names both inputs (vtc/frontend/torch_export.py, write_back)."""
+    x = rand((4, 6), _g(0))
+    compiled = vtc.compile(_mutate_a_read_b, (x.clone(), x.clone()))
+    t = x.clone()
+    with pytest.raises(ValueError, match=r"input 0 \(%a\) is changed in place by the model and shares memory "
+                                         r"with input 1 \(%b\)"):
+        compiled(t, t)
+    t = x.clone()
+    with pytest.raises(ValueError, match="shares memory"):
+        compiled(t, t[:, :])  # a view of it: the same
+    # separate tensors, and disjoint halves of one tensor, run as eager does
+    for a, b in [(x.clone(), x.clone() * 0.5), tuple(torch.cat([x, x * 0.5]).clone().split(4))]:
+        want_a, want = a.clone(), None
+        want = _mutate_a_read_b(want_a, b.clone())
+        got = compiled(a, b)
+        close(got, want, torch.float32)
+        close(a, want_a, torch.float32, "the input changed in place")
+
+
+def test_torch_compile_sees_the_same_tensor_twice():
+    x = rand((4, 6), _g(1))
+    fn = torch.compile(_mutate_a_read_b, backend="vtc")
+    t, u = x.clone(), x.clone()
+    close(fn(t, t), _mutate_a_read_b(u, u), torch.float32)
+    close(t, u, torch.float32)
+
+
+def test_an_input_read_twice_without_changes_may_be_the_same_tensor():
+    x = rand((5, 7), _g(2))
+
+    def fn(a, b):
+        return a @ b.t() + a.sum() - torch.softmax(b, 0).sum(-1)
+
+    compiled = vtc.compile(fn, (x, x.clone()))
+    close(compiled(x, x), fn(x, x), torch.float32)
+    y = rand((7, 7), _g(3))
+    close(compiled(y[:5], y[2:]), fn(y[:5], y[2:]), torch.float32)  # overlapping views, read only
+
+
+def test_inputs_that_are_expanded_offset_or_transposed_views():
+    g = _g(4)
+
+    def fn(a):
+        return a.t() @ a + torch.softmax(a, -1).sum(0)
+
+    compiled = vtc.compile(fn, (rand((4, 6), g),))
+    storage = rand((100,), g)
+    for a in [rand((1, 6), g).expand(4, 6), storage[3:27].view(4, 6), storage[50:74].view(6, 4).t(),
+              rand((4, 12), g)[:, ::2], rand((4, 6), g)]:
+        close(compiled(a), fn(a), torch.float32, f"strides {a.stride()} offset {a.storage_offset()}")
+
+
+def test_outputs_that_are_views_of_an_input_own_their_memory():
+    x = rand((4, 6), _g(5))
+
+    def fn(a):
+        return a.t(), a[1], a.reshape(24), a
+
+    compiled = vtc.compile(fn, (x,))
+    a = x.clone()
+    outs = compiled(a)
+    for got, want in zip(outs, fn(x)):
+        close(got, want, torch.float32)
+    ptrs = {o.untyped_storage().data_ptr() for o in outs}
+    assert len(ptrs) == 4 and a.untyped_storage().data_ptr() not in ptrs
+    a.add_(1)  # changing the input after the call leaves the outputs as they were
+    close(outs[0], x.t(), torch.float32)
+
+
+def test_in_place_ops_on_an_intermediate_and_through_a_view_of_an_input():
+    g = _g(6)
+
+    def fn(a):
+        b = a * 2
+        b.add_(1)
+        b[:, 1] = 0.5
+        b.relu_()
+        v = a[:, 1:3]
+        v.mul_(2)  # changes the caller's a
+        return b.t() @ a, a.sum(0)
+
+    x = rand((4, 6), g)
+    compiled = vtc.compile(fn, (x.clone(),))
+    a, b = x.clone(), x.clone()
+    want = fn(a)
+    got = compiled(b)
+    for gv, wv in zip(got, want):
+        close(gv, wv, torch.float32)
+    close(b, a, torch.float32, "the input changed in place")
+
+
+def test_a_kv_cache_changed_in_place_at_positions_given_per_call():
+    g = _g(7)
+
+    def fn(cache, new, pos):
+        cache.index_copy_(2, pos, new)
+        return torch.softmax(new @ cache.transpose(2, 3), -1) @ cache
+
+    cache, new = rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g)
+    compiled = vtc.compile(fn, (cache.clone(), new, torch.tensor([4])))
+    for p in (4, 9, 0):
+        c1, c2 = cache.clone(), cache.clone()
+        want = fn(c1, new, torch.tensor([p]))
+        close(compiled(c2, new, torch.tensor([p])), want, torch.float32, f"position {p}")
+        close(c2, c1, torch.float32, f"the cache after position {p}")
+
+
+def test_new_sizes_from_three_python_threads_at_once():
+    """Every thread calls with sizes no call has used yet: specializations made concurrently."""
+    def fn(a):
+        return F.layer_norm(a.t() @ a, (a.shape[1],)).roll(1, 0)
+
+    compiled = vtc.compile(fn, (rand((4, 6), _g(8)),))
+
+    def work(k: int) -> None:
+        for j in range(2):
+            a = rand((3 + k + j, 5 + (k * j) % 4), _g(10 * k + j))
+            close(compiled(a), fn(a), torch.float32, f"thread {k}, shape {list(a.shape)}")
+
+    with torch_threads(2):
+        assert errors_in_threads(work, 3) == []
+
+
+def test_torch_compile_from_three_python_threads_at_once():
+    def fn(a, b):
+        return torch.cat([a.flip(0), b], 0).softmax(-1) @ b.t()
+
+    compiled = torch.compile(fn, backend="vtc")
+
+    def work(k: int) -> None:
+        a, b = rand((2 + k, 6), _g(50 + k)), rand((3 + k, 6), _g(60 + k))
+        for _ in range(2):
+            close(compiled(a, b), fn(a, b), torch.float32, f"thread {k}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert errors_in_threads(work, 3) == []
+
+
+def test_bad_calls_name_the_bad_value():
+    x = rand((4, 6), _g(9))
+    compiled = vtc.compile(torch.nn.Linear(6, 3), (x,))
+    with pytest.raises(TypeError, match=r"input 0 .*expected dtype torch.float32, received torch.float64"):
+        compiled(x.double())
+    with pytest.raises(ValueError, match=r"expected rank 2 .*received rank 1"):
+        compiled(x[0])
+    with pytest.raises(vtc.InputShapeError, match=r"dim 1 is 7, expected 6"):
+        compiled(rand((4, 7), _g(10)))
