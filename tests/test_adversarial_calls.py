@@ -95,6 +95,33 @@ def test_a_refused_call_leaves_its_inputs_as_they_were(path):
     close(halves, torch.cat([want_a, want_b]), torch.float32, "the caches changed in place")
 
 
+@pytest.mark.parametrize("path", ["fast call", "executor"])
+def test_an_expanded_input_changed_in_place_is_refused_before_the_other_one_changes(path):
+    """vc given as an expanded tensor, which eager refuses to write: vtc's write-back copy raised eager's
+    RuntimeError once the kernels had stored kc's new rows and kc had been written back, so kc had changed.
+    Now the test before the kernels raises, naming the input, and kc is as it was (mutation_guard)."""
+    g = _g(22)
+    kc, vc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
+    if path == "executor":
+        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone()), {"new": new, "pos": pos})
+        call = lambda a, b: compiled(a, b, new=new, pos=pos)  # noqa: E731
+    else:
+        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone(), new, pos))
+        call = lambda a, b: compiled(a, b, new, pos)  # noqa: E731
+        call(kc.clone(), vc.clone())  # the first call made the fast call
+    t, expanded = kc.clone(), vc[:1].expand(2, 3, 10, 4)
+    with pytest.raises(RuntimeError, match=r"input 1 \(%vc\) is changed in place by the model, but more than one "
+                                           r"of its elements refers to a single memory location"):
+        call(t, expanded)
+    assert torch.equal(t, kc), "a refused call changed its input"
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        _update_two_caches(kc.clone(), expanded, new, pos)  # eager's refusal
+    a, b = kc.clone(), vc.clone().transpose(0, 2).contiguous().transpose(0, 2)  # strided, no overlap: runs
+    want_a, want_b = kc.clone(), vc.clone()
+    close(call(a, b), _update_two_caches(want_a, want_b, new, pos), torch.float32)
+    close((a, b), (want_a, want_b), torch.float32, "the caches changed in place")
+
+
 def test_torch_compile_updates_one_tensor_given_as_both_caches_as_eager_does():
     """torch.compile(backend="vtc") does not take this path: aot_autograd sees the aliased inputs and hands vtc a
     graph without input mutations, copying the result back itself."""

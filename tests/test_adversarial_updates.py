@@ -127,3 +127,23 @@ def test_a_kernel_computing_a_second_index_from_the_first_derives_no_index_of_it
     bad[2] = torch.tensor([3, 8])  # pos + 1 = 9 is out of range: the op's IndexError, not a KeyError
     with pytest.raises(IndexError, match="index 9 is out of range"):
         compiled(*[t.clone() for t in bad])
+
+
+@pytest.mark.parametrize("fn", [_three_updates, _two_inputs_crossed], ids=["three_updates", "two_inputs_crossed"])
+def test_several_in_place_updates_at_new_sizes(fn):
+    """New cache lengths and a new batch (a size-generic instantiation of a symbolic capture, vtc.dynamic): the
+    symbolic capture dropped torch.export's input mutations, so the graph returned the new values as outputs of
+    its own and the call failed to unflatten them (ValueError: `leaves` has length 3 but the spec refers to 1
+    item; vtc/frontend/symbolic.py: SymbolicGraph.instantiate now applies user_input_mutations)."""
+    def inputs(length: int, batch: int = 2):
+        g = seeded(length * batch)
+        caches = tuple(rand((batch, length, 5), g) for _ in range(2 if fn is _two_inputs_crossed else 1))
+        return (*caches, rand((batch, 2, 5), g), torch.tensor([3, length - 2]))
+
+    compiled = vtc.compile(fn, inputs(9))
+    for length, batch in ((12, 2), (15, 3), (12, 2)):
+        args = inputs(length, batch)
+        mine, theirs = [t.clone() for t in args], [t.clone() for t in args]
+        close_outputs(compiled(*mine), fn(*theirs), F32_TOL, f"length {length}, batch {batch}")
+        for k, (a, b) in enumerate(zip(mine, theirs)):
+            torch.testing.assert_close(a, b, **F32_TOL, msg=lambda m, k=k: f"input {k} at length {length}\n{m}")

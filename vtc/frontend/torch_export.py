@@ -604,32 +604,48 @@ def write_back(graph: Graph, flat: list[torch.Tensor], inputs: list[torch.Tensor
 
 
 def mutation_guard(graph: Graph) -> Callable[[Sequence[torch.Tensor]], None] | None:
-    """The test a call runs on its flat input tensors before any kernel: ``guard(inputs)`` raises a ValueError
-    where an input that forward changes in place shares memory with another input (the same tensor passed twice,
-    or views of one), naming both.  The graph was captured with them as separate tensors, so the other one's
-    readers would see its value from before the change, where eager's see the new one (``f(t, t)`` with
-    ``a.add_(1); return b * 2``); and since a kernel may store the new value into the input in place (a pushed
-    ``index_copy_``, ``vtc.codegen.push``), the test comes before the kernels, leaving a refused call's inputs
-    as they were.  Inputs that are disjoint parts of one storage (k and v caches as halves of one tensor) pass:
-    where a storage repeats, byte ranges are compared (``overlapping_mutated_inputs``).
+    """The test a call runs on its flat input tensors before any kernel, where forward changes inputs in place;
+    None where it changes none.  ``guard(inputs)`` raises
 
-    `inputs`: as many tensors as the graph has inputs (the call checked their count).  None where forward
-    changes no input in place (or has one input): nothing to test.  The test is one set of
-    the inputs' storage addresses, made by a function generated for the number of inputs (no loop: ~75 ns an
-    input, half the cost of the dict of lists of 891b458, which ran after the kernels)."""
+    - a ValueError where an input that forward changes in place shares memory with another input (the same
+      tensor passed twice, or views of one), naming both.  The graph was captured with them as separate tensors,
+      so the other one's readers would see its value from before the change, where eager's see the new one
+      (``f(t, t)`` with ``a.add_(1); return b * 2``).  Inputs that are disjoint parts of one storage (k and v
+      caches as halves of one tensor) pass: where a storage repeats, byte ranges are compared
+      (``overlapping_mutated_inputs``);
+    - eager's RuntimeError where such an input has elements that share memory (an ``expand``-ed tensor), naming
+      it: eager refuses to write it before changing anything, where the write-back copy failed once the
+      kernels had run.
+
+    Before the kernels: a kernel may store an input's new value into it in place (a pushed ``index_copy_``,
+    ``vtc.codegen.push``) and the write-back changes the inputs one after the other, so a call refused after
+    them had changed its inputs.  `inputs`: as many tensors as the graph has inputs (the call checked their
+    count).  The test is one set of the inputs' storage addresses and an ``is_contiguous()`` per input changed
+    in place, in a function generated for the graph (no loop: ~80 ns an input, about half the cost of the dict
+    of lists of 891b458, which ran after the kernels)."""
     mutations = graph.meta.get("input_mutations", ())
-    n = len(graph.inputs)
-    if not mutations or n < 2:
+    if not mutations:
         return None
+    n = len(graph.inputs)
     names = tuple(v.name for v in graph.inputs)
     changed = tuple(sorted({k for k, _ in mutations}))
     args = [f"a{k}" for k in range(n)]
-    pointers = ", ".join(f"{a}.untyped_storage().data_ptr()" for a in args)
-    source = (f"def guard(inputs):\n    {', '.join(args)} = inputs\n"
-              f"    if len({{{pointers}}}) != {n}:\n        refuse(names, changed, inputs)\n")
-    env = {"refuse": overlapping_mutated_inputs, "names": names, "changed": changed}
-    exec(compile(source, "<vtc mutation guard>", "exec"), env)  # noqa: S102 - our own text, from two counts
+    lines = ["def guard(inputs):", f"    {', '.join(args)}{',' if n == 1 else ''} = inputs"]
+    if n > 1:
+        pointers = ", ".join(f"{a}.untyped_storage().data_ptr()" for a in args)
+        lines += [f"    if len({{{pointers}}}) != {n}:", "        refuse(names, changed, inputs)"]
+    for k in changed:  # a contiguous tensor has no internal overlap: the one test of the common call
+        lines += [f"    if not a{k}.is_contiguous() and overlaps(a{k}) == 1:", f"        self_overlap(names, {k})"]
+    env = {"refuse": overlapping_mutated_inputs, "names": names, "changed": changed,
+           "overlaps": torch._debug_has_internal_overlap, "self_overlap": _refuse_internal_overlap}
+    exec(compile("\n".join(lines) + "\n", "<vtc mutation guard>", "exec"), env)  # noqa: S102 - our own text
     return env["guard"]
+
+
+def _refuse_internal_overlap(names: Sequence[str], k: int) -> None:
+    raise RuntimeError(f"input {k} (%{names[k]}) is changed in place by the model, but more than one of its elements "
+                       "refers to a single memory location (an expanded tensor), which eager refuses to write; "
+                       "pass a copy (.clone()) of it")
 
 
 def overlapping_mutated_inputs(names: Sequence[str], changed: Sequence[int], inputs: Sequence[torch.Tensor]) -> None:
