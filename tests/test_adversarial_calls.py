@@ -60,6 +60,19 @@ def _update_two_caches(kc, vc, new, pos):
     return torch.softmax(new @ kc.transpose(2, 3), -1) @ vc
 
 
+def _caches_call(path: str, kc, vc, new, pos):
+    """``call(a, b)``: _update_two_caches compiled for these inputs, called on caches a and b with `new` and `pos`;
+    path "executor": new and pos given by keyword (the executor's path), "fast call": positional, called once
+    (the first call makes the fast call), else positional, not called yet."""
+    if path == "executor":
+        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone()), {"new": new, "pos": pos})
+        return lambda a, b: compiled(a, b, new=new, pos=pos)
+    compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone(), new, pos))
+    if path == "fast call":
+        compiled(kc.clone(), vc.clone(), new, pos)
+    return lambda a, b: compiled(a, b, new, pos)
+
+
 @pytest.mark.parametrize("path", ["first call", "fast call", "executor", "new sizes"])
 def test_a_refused_call_leaves_its_inputs_as_they_were(path):
     """The overlap test ran after the kernels, which had stored the new rows into the caller's cache already
@@ -68,14 +81,7 @@ def test_a_refused_call_leaves_its_inputs_as_they_were(path):
     specialization at new sizes (vtc/frontend/torch_export.py, mutation_guard)."""
     g = _g(20)
     kc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
-    if path == "executor":
-        compiled = vtc.compile(_update_two_caches, (kc.clone(), kc.clone()), {"new": new, "pos": pos})
-        call = lambda a, b: compiled(a, b, new=new, pos=pos)  # noqa: E731
-    else:
-        compiled = vtc.compile(_update_two_caches, (kc.clone(), kc.clone(), new, pos))
-        call = lambda a, b: compiled(a, b, new, pos)  # noqa: E731
-        if path == "fast call":
-            call(kc.clone(), kc.clone())  # the first call made the fast call
+    call = _caches_call(path, kc, kc, new, pos)
     if path == "new sizes":
         kc = rand((2, 3, 12, 4), g)
     for _ in range(2):
@@ -102,13 +108,7 @@ def test_an_expanded_input_changed_in_place_is_refused_before_the_other_one_chan
     Now the test before the kernels raises, naming the input, and kc is as it was (mutation_guard)."""
     g = _g(22)
     kc, vc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
-    if path == "executor":
-        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone()), {"new": new, "pos": pos})
-        call = lambda a, b: compiled(a, b, new=new, pos=pos)  # noqa: E731
-    else:
-        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone(), new, pos))
-        call = lambda a, b: compiled(a, b, new, pos)  # noqa: E731
-        call(kc.clone(), vc.clone())  # the first call made the fast call
+    call = _caches_call(path, kc, vc, new, pos)
     t, expanded = kc.clone(), vc[:1].expand(2, 3, 10, 4)
     with pytest.raises(RuntimeError, match=r"input 1 \(%vc\) is changed in place by the model, but more than one "
                                            r"of its elements refers to a single memory location"):
