@@ -5,12 +5,15 @@ A chain is drawn through ``Draw``, which asks hypothesis for every choice (so a 
 short chain on small sizes) and keeps the choices' description for ``note``."""
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
+
+import vtc
 
 # few examples, the same every run (CI sees the chains a developer saw), no deadline: a kernel build takes seconds
 SETTINGS = dict(deadline=None, derandomize=True, database=None,
@@ -142,3 +145,29 @@ def rand(shape: Sequence[int], g: torch.Generator, dtype=torch.float32, nonconti
 def close(got, want, dtype, what: str = "") -> None:
     tol = F32_TOL if dtype == torch.float32 else BF16_TOL
     torch.testing.assert_close(got, want, **tol, equal_nan=True, msg=lambda m: f"{what}\n{m}")
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def close_outputs(got, want, tol: dict, what: str = "") -> None:
+    """Each output (a tensor, or a tuple of them) equal to eager's in dtype and, within `tol`, in value."""
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == b.dtype, f"{what} output {k}: dtype {a.dtype}, eager's {b.dtype}"
+        torch.testing.assert_close(a, b, **tol, equal_nan=True, msg=lambda m, k=k: f"{what} output {k}\n{m}")
+
+
+def check_outputs(fn, inputs, tol=F32_TOL, what="", torch_compile=False, **options):
+    """vtc.compile(fn) on `inputs`, twice (the second call takes the fast call) against eager; torch.compile too."""
+    want = fn(*inputs)
+    compiled = vtc.compile(fn, inputs, **options)
+    close_outputs(compiled(*inputs), want, tol, what)
+    close_outputs(compiled(*inputs), want, tol, what + " (second call)")
+    if torch_compile:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            close_outputs(torch.compile(fn, backend="vtc")(*inputs), want, tol, what + " (torch.compile)")
+    return compiled

@@ -54,6 +54,85 @@ def test_torch_compile_sees_the_same_tensor_twice():
     close(t, u, torch.float32)
 
 
+def _update_two_caches(kc, vc, new, pos):
+    kc.index_copy_(2, pos, new)  # stored into the caller's cache by the kernel that computes it (vtc.codegen.push)
+    vc.index_copy_(2, pos, new * 2)
+    return torch.softmax(new @ kc.transpose(2, 3), -1) @ vc
+
+
+def _caches_call(path: str, kc, vc, new, pos):
+    """``call(a, b)``: _update_two_caches compiled for these inputs, called on caches a and b with `new` and `pos`;
+    path "executor": new and pos given by keyword (the executor's path), "fast call": positional, called once
+    (the first call makes the fast call), else positional, not called yet."""
+    if path == "executor":
+        compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone()), {"new": new, "pos": pos})
+        return lambda a, b: compiled(a, b, new=new, pos=pos)
+    compiled = vtc.compile(_update_two_caches, (kc.clone(), vc.clone(), new, pos))
+    if path == "fast call":
+        compiled(kc.clone(), vc.clone(), new, pos)
+    return lambda a, b: compiled(a, b, new, pos)
+
+
+@pytest.mark.parametrize("path", ["first call", "fast call", "executor", "new sizes"])
+def test_a_refused_call_leaves_its_inputs_as_they_were(path):
+    """The overlap test ran after the kernels, which had stored the new rows into the caller's cache already
+    (kc and vc given as one tensor: refused, but the tensor changed).  Now it runs before any kernel, in the
+    generated fast call (its first call, and the later ones), the executor's path (keyword inputs) and a
+    specialization at new sizes (vtc/frontend/torch_export.py, mutation_guard)."""
+    g = _g(20)
+    kc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
+    call = _caches_call(path, kc, kc, new, pos)
+    if path == "new sizes":
+        kc = rand((2, 3, 12, 4), g)
+    for _ in range(2):
+        t = kc.clone()
+        with pytest.raises(ValueError, match=r"input 0 \(%kc\) is changed in place by the model and shares memory "
+                                             r"with input 1 \(%vc\)"):
+            call(t, t)
+        assert torch.equal(t, kc), "a refused call changed its input"
+        halves = torch.cat([kc, kc * 0.5]).clone()
+        a, b = halves[:2], halves[2:]
+        with pytest.raises(ValueError, match="shares memory"):
+            call(a, halves[1:3])  # overlapping rows of one tensor
+        assert torch.equal(halves, torch.cat([kc, kc * 0.5])), "a refused call changed its input"
+    want_a, want_b = a.clone(), b.clone()  # disjoint halves of one tensor: run as eager does
+    want = _update_two_caches(want_a, want_b, new, pos)
+    close(call(a, b), want, torch.float32)
+    close(halves, torch.cat([want_a, want_b]), torch.float32, "the caches changed in place")
+
+
+@pytest.mark.parametrize("path", ["fast call", "executor"])
+def test_an_expanded_input_changed_in_place_is_refused_before_the_other_one_changes(path):
+    """vc given as an expanded tensor, which eager refuses to write: vtc's write-back copy raised eager's
+    RuntimeError once the kernels had stored kc's new rows and kc had been written back, so kc had changed.
+    Now the test before the kernels raises, naming the input, and kc is as it was (mutation_guard)."""
+    g = _g(22)
+    kc, vc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
+    call = _caches_call(path, kc, vc, new, pos)
+    t, expanded = kc.clone(), vc[:1].expand(2, 3, 10, 4)
+    with pytest.raises(RuntimeError, match=r"input 1 \(%vc\) is changed in place by the model, but more than one "
+                                           r"of its elements refers to a single memory location"):
+        call(t, expanded)
+    assert torch.equal(t, kc), "a refused call changed its input"
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        _update_two_caches(kc.clone(), expanded, new, pos)  # eager's refusal
+    a, b = kc.clone(), vc.clone().transpose(0, 2).contiguous().transpose(0, 2)  # strided, no overlap: runs
+    want_a, want_b = kc.clone(), vc.clone()
+    close(call(a, b), _update_two_caches(want_a, want_b, new, pos), torch.float32)
+    close((a, b), (want_a, want_b), torch.float32, "the caches changed in place")
+
+
+def test_torch_compile_updates_one_tensor_given_as_both_caches_as_eager_does():
+    """torch.compile(backend="vtc") does not take this path: aot_autograd sees the aliased inputs and hands vtc a
+    graph without input mutations, copying the result back itself."""
+    g = _g(21)
+    kc, new, pos = rand((2, 3, 10, 4), g), rand((2, 3, 1, 4), g), torch.tensor([4])
+    fn = torch.compile(_update_two_caches, backend="vtc")
+    t, u = kc.clone(), kc.clone()
+    close(fn(t, t, new, pos), _update_two_caches(u, u, new, pos), torch.float32)
+    close(t, u, torch.float32, "the cache changed in place")
+
+
 def test_an_input_read_twice_without_changes_may_be_the_same_tensor():
     x = rand((5, 7), _g(2))
 

@@ -15,6 +15,7 @@ values in the error.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections import OrderedDict
@@ -26,7 +27,8 @@ import torch.utils._pytree as pytree
 
 from vtc.codegen.gemm import GEMM_MODES
 from vtc.frontend.torch_export import (CAPTURE_LOCK, CaptureError, ConstantInputChanged, InputShapeError, export_graph,
-                                      flatten_inputs, takes_a_cache, unflatten_outputs, update_caches_in_place)
+                                      flatten_inputs, mutation_guard, takes_a_cache, unflatten_outputs,
+                                      update_caches_in_place)
 from vtc.ir.fold import fold_constants
 from vtc.ir.graph import Graph
 from vtc.plan.planners import OBJECTIVES, make_plan
@@ -52,6 +54,20 @@ class Specialization:
     plan: Plan
     executor: Executor
     report: Report
+
+    @functools.cached_property
+    def guard(self) -> Callable[[list[torch.Tensor]], None] | None:
+        """The test of a call's flat inputs run before its kernels where forward changes an input in place
+        (``vtc.frontend.torch_export.mutation_guard``); None where it changes none."""
+        return mutation_guard(self.graph)
+
+    def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The graph's flat outputs for its flat inputs `tensors` (checked against the graph), inputs that
+        forward changes in place written back: ``guard``'s test first, so that a refused call changed nothing."""
+        guard = self.guard
+        if guard is not None:
+            guard(tensors)
+        return unflatten_outputs(self.graph, self.executor(tensors), tensors)
 
 
 def check_options(options: dict) -> dict:
@@ -269,8 +285,10 @@ class Compiled:
         if self._fast is None and not kwargs and self._exact(args):  # the first such call: the fast call
             graph, single = self._first.graph, self._exact_sig[1]
             post = None if single else (lambda outs, args: unflatten_outputs(graph, outs, args))
-            plan = self._first.executor.call_plan()
-            self._fast = fast_call(plan, self._exact_sig[0], post, self._watch)[0]
+            plan, guard = self._first.executor.call_plan(), self._first.guard
+            self._fast = fast_call(plan, self._exact_sig[0], post, self._watch, guard)[0]
+            if guard is not None:
+                guard(args)
             outs = plan(args, checked=True)
             return outs[0] if single else post(outs, args)
         graph = self._first.graph
@@ -283,12 +301,12 @@ class Compiled:
                 spec = self._specialize(args, kwargs)
                 tensors = flatten_inputs(spec.graph, args, kwargs)
                 check_inputs(spec.graph, tensors, exact_shape=False)
-                return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors), tensors))
+                return self._caches(args, kwargs, spec.run(tensors))
         check_inputs(graph, tensors, exact_shape=False)
         spec = self._first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
-        return self._caches(args, kwargs, unflatten_outputs(spec.graph, spec.executor(tensors), tensors))
+        return self._caches(args, kwargs, spec.run(tensors))
 
     def _caches(self, args: tuple, kwargs: dict, result: Any) -> Any:
         """`result`, where the inputs hold a transformers KV cache, with the returned cache written into the one

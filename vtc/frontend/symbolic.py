@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 
 from vtc.frontend import decomp
 from vtc.frontend.torch_export import (NOT_A_SIZE, CaptureError, _as_module, capture_copy, distinct_inputs,
-                                      graph_from_fx, program_constants, quiet_fake_tensor_log)
+                                      graph_from_fx, program_constants, quiet_fake_tensor_log, user_input_mutations)
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -53,8 +53,12 @@ class SymbolicGraph:
     """An ATen fx graph with symbolic sizes; ``instantiate`` makes a concrete Graph for given sizes."""
 
     def __init__(self, gm: fx.GraphModule, consts: dict[str, torch.Tensor] | None = None, in_spec: Any = None,
-                 out_spec: Any = None, ranges: dict | None = None, guards: Callable[..., None] | None = None) -> None:
+                 out_spec: Any = None, ranges: dict | None = None, guards: Callable[..., None] | None = None,
+                 output_specs: Any = ()) -> None:
         self.gm, self.consts, self.in_spec, self.out_spec = gm, dict(consts or {}), in_spec, out_spec
+        # torch.export's output specs: those of inputs that forward changes in place become
+        # graph.meta["input_mutations"] in every instantiation (torch_export.user_input_mutations)
+        self.output_specs = tuple(output_specs)
         # torch.export's shape guards (a branch on a size, e.g. "S % 4 == 0"): called on the flat user inputs,
         # AssertionError where they fail; range constraints alone do not hold them
         self.guards = guards
@@ -132,6 +136,7 @@ class SymbolicGraph:
         would be garbage in reference cycles after every new size."""
         at = _AtSizes(env, getattr(self, "_metas", None))
         graph = graph_from_fx(self.gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec, concrete=at)
+        user_input_mutations(graph, self.output_specs)
         self._metas = at.metas  # this instantiation's meta tensors, for the next one
         graph.meta["sizes"] = {str(s): v for s, v in env.items()}
         return graph
@@ -276,7 +281,7 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
     consts = program_constants(ep, "the model")
     return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints,
-                         guards=_guards(ep))
+                         guards=_guards(ep), output_specs=ep.graph_signature.output_specs)
 
 
 def _guards(ep: torch.export.ExportedProgram) -> Callable[..., None]:

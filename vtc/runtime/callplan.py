@@ -463,7 +463,7 @@ MISS = object()  # what a fast call returns for arguments it does not take: the 
 
 
 def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | None,
-              watch=None) -> tuple[Callable, str]:
+              watch=None, guard: Callable[[tuple], None] | None = None) -> tuple[Callable, str]:
     """(fast, its source): ``fast(args)`` is the call's result for plain positional tensors `args` of exactly
     the dtypes and shapes of `sig` ((dtype, torch.Size) per input), on the CPU; MISS for anything else.
 
@@ -474,7 +474,9 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     input made contiguous where it is not, the outputs allocated, one ctypes call.  `post(outs, args)`
     makes the result from the outputs' list; None: the result is the one output itself.  `watch` (a
     ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well where a parameter of the model the plan holds
-    was replaced since the capture, tested first (the caller captures the model again)."""
+    was replaced since the capture, tested first (the caller captures the model again).  `guard(args)` (or None):
+    a test that raises, run once the inputs are known to fit and before any kernel (where forward changes an input
+    in place: ``vtc.frontend.torch_export.mutation_guard``)."""
     n = len(sig)
     names = [f"a{k}" for k in range(n)]
     env: dict[str, Any] = {"T": torch.Tensor, "MISS": MISS, "plan": plan, "post": post}
@@ -490,6 +492,9 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
         a = names[k]
         lines += [f"    if type({a}) is not T or {a}.dtype is not d{k} or {a}.shape != s{k} or not {a}.is_cpu:",
                   "        return MISS"]
+    if guard is not None:
+        env["guard"] = guard
+        lines.append("    guard(args)")
     direct = direct_kernel(plan)
     if direct is None:
         lines.append("    outs = plan(args, True)")

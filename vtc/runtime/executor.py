@@ -258,8 +258,10 @@ class CompiledKernel:
         self._sizes = () if sizes is None else (torch.tensor(sizes, dtype=torch.int64),)
         if sizes is not None:
             self._pointers = ctypes.c_void_p * (len(self.order) + 1)
-        # mappings whose derived index tensors a call computes (the others' derive_index_tensors is empty)
-        self._derived = [m for m in step.derived if has_derived_index_tensors(m)]
+        # mappings whose derived index tensors a call computes: those the kernel loads (a kernel that loads a
+        # mapping's real index tensor only, e.g. computing pos + 1 from an index_copy_'s pos, derives nothing)
+        self._loaded = frozenset(b.name for b in self.inputs)
+        self._derived = [m for m in step.derived if has_derived_index_tensors(m, self._loaded)]
         self._plain = not step.checks and not self._derived  # reads env as it is
 
     def __call__(self, env: dict[str, torch.Tensor], pool: "BufferPool | None" = None) -> list[torch.Tensor]:
@@ -271,7 +273,8 @@ class CompiledKernel:
             if self._derived:
                 local = {b.name: env[b.name] for b in self.inputs if b.name in env}
             for m in self._derived:
-                local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local}))
+                local.update(derive_index_tensors(m, {**{n: env[n] for n in m.index_tensors if n in env}, **local},
+                                                  self._loaded))
         tensors = []
         for name, shape, dtype in self._inputs:
             t = local[name]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -371,21 +371,31 @@ def _parse_derived(name: str) -> tuple[str, int | None, list[str]] | None:
     return match.group(1), int(match.group(2)) if match.group(2) else None, match.group(3).split(",")
 
 
-def has_derived_index_tensors(m: Mapping) -> bool:
-    """True when `m` loads an index tensor derived from real ones (else derive_index_tensors returns {})."""
-    return any(_parse_derived(n) is not None for n in m.index_tensors)
+def has_derived_index_tensors(m: Mapping, among: Collection[str] | None = None) -> bool:
+    """True when `m` loads an index tensor derived from real ones (one of `among`, where given; else
+    derive_index_tensors returns {})."""
+    return any(_parse_derived(n) is not None and (among is None or n in among) for n in m.index_tensors)
 
 
-def derive_index_tensors(m: Mapping, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The derived index tensors that `m` loads and `tensors` lacks, computed from the real ones.
+def derive_index_tensors(m: Mapping, tensors: dict[str, torch.Tensor],
+                         wanted: Collection[str] | None = None) -> dict[str, torch.Tensor]:
+    """The derived index tensors that `m` loads and `tensors` lacks (of those, only the `wanted` ones where given),
+    computed from the real ones.
 
-    Runs the mapping's range checks first, so a bad index raises the op's IndexError.
+    Runs the mapping's range checks first, so a bad index raises the op's IndexError; where `wanted` is given
+    (a kernel: the tensors it loads, whose own checks it runs), only the checks of the real index tensors the
+    wanted ones are computed from: a mapping may hold real index tensors computed by a later kernel (two
+    ``index_copy_`` into one cache, at ``pos`` and at ``pos + 1``: the kernel of ``pos + 1`` loads ``pos`` as
+    a plain operand, before ``pos + 1`` exists).
     """
-    todo = {n: (tuple(s), _parse_derived(n)) for n, s in m.index_tensors.items() if n not in tensors}
+    todo = {n: (tuple(s), _parse_derived(n)) for n, s in m.index_tensors.items()
+            if n not in tensors and (wanted is None or n in wanted)}
     todo = {n: (s, r) for n, (s, r) in todo.items() if r is not None}
     if todo:
+        sources = {a for _, (_, _, inputs) in todo.values() for a in inputs}
         for c in m.checks:
-            c.run(tensors[c.tensor])
+            if wanted is None or c.tensor in sources:
+                c.run(tensors[c.tensor])
     return {n: DERIVED[kind]([tensors[a] for a in inputs], shape, dim)
             for n, (shape, (kind, dim, inputs)) in todo.items()}
 
