@@ -844,7 +844,8 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         f"            const float* vr = {vrow('t')};",
-        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
+        *[f"            {v16} w{v} = {row_vector('vr', v, vdim)};{' VTC_IN_REG(w%d);' % v if PIN_OPERANDS and qg > 1 else ''}"
+          for v in range(ev)],
         *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
