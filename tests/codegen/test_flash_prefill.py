@@ -116,3 +116,65 @@ def test_pv_visits_the_keys_with_a_probability(case):
     trimmed = mask != "none"
     assert kern.tiled and ("for (int64_t t = t_lo; t < t_hi; ++t) {" in src) == trimmed
     assert ("plo[q] = lo_ < plo[q] ? lo_ : plo[q]; phi[q] = hi_ > phi[q] ? hi_ : phi[q];" in src) == trimmed
+
+
+def _fma_memory_operands(src: str) -> int:
+    """FMAs of the kernel's assembly that read a whole vector from memory other than the stack (a micro-kernel
+    operand folded into each of its uses; embedded broadcasts `{1to16}` and spill reloads do not count)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from vtc.runtime.cbuild import compiler_info
+
+    info = compiler_info()
+    with tempfile.TemporaryDirectory(prefix="vtc-asm-") as tmp:
+        path = Path(tmp, "kernel.cpp")
+        path.write_text(src)
+        out = Path(tmp, "kernel.s")
+        subprocess.run([*info.command, str(path), "-S", "-o", str(out), *[f for f in info.flags if f != "-shared"]],
+                       check=True, capture_output=True)
+        asm = out.read_text()
+    return sum(1 for line in asm.splitlines() if re.match(r"\s*vfn?madd\d+ps\s", line) and "(" in line
+               and "1to" not in line and "%rsp" not in line and "%rbp" not in line)
+
+
+@pytest.mark.parametrize("d,ratio", [(64, 4), (128, 2), (40, 1)])
+def test_micro_kernel_operands_stay_in_registers(d, ratio):
+    """The score step's Qᵀ vectors and the PV step's V vectors are loaded once per key (per d) and pinned to
+    registers (``flash.PIN_OPERANDS``): without it gcc folded each V vector into its 4 FMAs as a memory operand
+    (16 loads of 64 bytes per 16 FMAs, load-bound; llama3_prefill_b1's kernel 1.21 -> 0.82 ms at 1 thread, the
+    same bits).  Against eager, and in the kernel's assembly no FMA reads a vector from memory (AVX-512)."""
+    from vtc.codegen import conv_t, flash
+
+    fn = cache_position_attention(ratio, None, None)
+    g = gen(d + ratio)
+    s = 129
+    q, k, v = rand((1, 4 * ratio, s, d), g), rand((1, 4, s, d), g), rand((1, 4, s, d), g)
+    pos = torch.arange(s)
+    compiled = compile_cpu(fn, (q, k, v, pos))
+    torch.testing.assert_close(compiled(q, k, v, pos), fn(q, k, v, pos), **TOL)
+    (kern,) = attention_kernels(compiled)
+    assert kern.tiled
+    src = generate(kern)
+    ev = -(-d // flash.LANES)
+    assert len(re.findall(r"VTC_IN_REG\(w\d+\)", src)) == ev  # each V vector of the PV step
+    assert len(re.findall(r"VTC_IN_REG\(q\d+\)", src)) == 1 + 2 + 4  # the three score micro-kernels
+    if conv_t.has_avx512():  # the build's target has AVX-512 (else VTC_IN_REG is empty)
+        assert _fma_memory_operands(src) == 0
+
+
+@pytest.mark.parametrize("d,ratio", [(64, 4), (128, 2)])
+def test_decode_pv_operands_stay_in_registers(d, ratio):
+    """The GQA decode form's PV step (``shared_pv``: the group's rows x the value dim, V broadcast across the rows)
+    pins its V vectors too (llama3_decode_b16's attention 2.10 -> 2.06 ms median, same bits)."""
+    fn = cache_position_attention(ratio, None, None)
+    g = gen(3 * d + ratio)
+    t = 300
+    q, k, v = rand((2, 4 * ratio, 1, d), g), rand((2, 4, t, d), g), rand((2, 4, t, d), g)
+    pos = torch.tensor([t - 7])
+    compiled = compile_cpu(fn, (q, k, v, pos))
+    torch.testing.assert_close(compiled(q, k, v, pos), fn(q, k, v, pos), **TOL)
+    (kern,) = attention_kernels(compiled)
+    assert not kern.tiled
+    assert len(re.findall(r"VTC_IN_REG\(w\d+\)", generate(kern))) == -(-d // 16)

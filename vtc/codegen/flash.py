@@ -95,6 +95,11 @@ KEY_ROWS = True
 # [c][N / c] rows, so that each lane's row is contiguous along the key and staged by register transposes (as
 # c = 1) instead of gathered element by element in every tile (docs/prefill.md: session 16)
 KEY_ROWS_T = True
+# the vectors that the micro-kernels reuse across FMAs (Qᵀ's in the score step, V's in the PV step) are pinned
+# to registers (``VTC_IN_REG``): gcc 12 folded each use into its FMA as a memory operand, 16 loads of 64 bytes
+# per 16 FMAs in the PV step, more than the two a cycle that Zen 5's load ports take (docs/prefill.md, session
+# 18: llama3_prefill_b1's kernel 1.21 -> 0.82 ms at 1 thread); False: the code before, for A / B runs
+PIN_OPERANDS = True
 
 
 def decode_key_block(k) -> int:
@@ -146,6 +151,13 @@ static inline vtc_v16 vtc_fma16(vtc_v16 a, vtc_v16 b, vtc_v16 c) {
 #endif
 }
 static inline vtc_v16 vtc_load16(const float* p) { vtc_v16 r; __builtin_memcpy(&r, p, 64); return r; }
+// v stays in a register where it is used: an empty asm that claims to change it, so that the compiler can neither
+// fold a later use into an instruction as a memory operand nor load it again (PIN_OPERANDS)
+#if defined(__AVX512F__) && (defined(__GNUC__) || defined(__clang__))
+#define VTC_IN_REG(v) __asm__("" : "+v"(v))
+#else
+#define VTC_IN_REG(v) ((void)0)
+#endif
 // p[0..n) in lanes 0..n-1 and zeros above (n < 16): nothing past p[n - 1] is read (the tail of a row)
 static inline vtc_v16 vtc_load16_n(const float* p, int n) {
 #if defined(__AVX512F__)
@@ -515,6 +527,9 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
             [f"r0 < std::max<int64_t>({bound(c, a, first)}, {bound(c, a, last)})" for c, a in lows]
     trim_cond = "true" if mask else " || ".join(cross) or "false"
 
+    def pin(v: str) -> str:  # a reused operand kept in its register (PIN_OPERANDS)
+        return f" VTC_IN_REG({v});" if PIN_OPERANDS else ""
+
     def score_kernel(nqv: int) -> list[str]:  # scores of the block on nqv vectors of query lanes
         kg = ACCUMULATORS // nqv  # keys per step
         acc = [f"a{t}_{v}" for t in range(kg) for v in range(nqv)]
@@ -523,7 +538,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
             f"          {v16} " + ", ".join(f"{a} = {{}}" for a in acc) + ";",
             *[f"          const float* kr{t} = {krow(t)};" for t in range(kg)],
             f"          for (int64_t d = 0; d < {dd}; ++d) {{",
-            *[f"            const {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];" for v in range(nqv)],
+            *[f"            {v16} q{v} = *(const {v16}*)&qt[d][{LANES * v}];{pin(f'q{v}')}" for v in range(nqv)],
             *[f"            const float k{t} = kr{t}[d];" for t in range(kg)],
             "            " + " ".join(f"a{t}_{v} = vtc_fma16(q{v}, vtc_splat16(k{t}), a{t}_{v});"
                                     for t in range(kg) for v in range(nqv)),
@@ -637,7 +652,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
            "          for (int64_t t = t_lo; t < t_hi; ++t) {"] if trim else
           ["          for (int64_t t = 0; t < nk; ++t) {"]),
         "            const float* vr = " + vrow("t") + ";",
-        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
+        *[f"            {v16} w{v} = {row_vector('vr', v, vdim)};{pin(f'w{v}')}" for v in range(ev)],
         *[f"            const float p{j} = st[t][q0 + {j}];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),
@@ -829,7 +844,8 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
         f"            const float* vr = {vrow('t')};",
-        *[f"            const {v16} w{v} = {row_vector('vr', v, vdim)};" for v in range(ev)],
+        *[f"            {v16} w{v} = {row_vector('vr', v, vdim)};{' VTC_IN_REG(w%d);' % v if PIN_OPERANDS and qg > 1 else ''}"
+          for v in range(ev)],
         *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
         "            " + " ".join(f"o{j}_{v} = vtc_fma16(vtc_splat16(p{j}), w{v}, o{j}_{v});"
                                 for j in range(qg) for v in range(ev)),

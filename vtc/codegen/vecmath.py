@@ -48,7 +48,9 @@ kernels are of the same order):
   From |x| = 2^51 (2.3e15) on, where a float is m * 2^k with an integer m < 2^24 and k >= 28, x is first
   replaced by m * (2^k mod 2 pi), the factor from a table of 77 doubles (``_TWO_POW_MOD_2PI``, made here
   with exact rational arithmetic and 125 digits of pi): the same sine, to ~1.2e-8 absolute.  NaN for inf
-  and NaN.  Targets without FMA call the C library's sinf / cosf (not vectorised).
+  and NaN.  The choice between x and the reduced huge x is a blend with a masked load of the factor (no
+  branch: a loop of vtc_sin / vtc_cos is vector code; ``tests/codegen/test_rope_tables.py``).  Targets
+  without FMA call the C library's sinf / cosf (not vectorised).
 
 The double versions call the C library (exact to an ulp, and not vectorised;
 no model here computes in double).
@@ -176,8 +178,8 @@ static inline double vtc_gelu(double x) {
   return d != d ? d : r;
 }
 #if defined(__FMA__)
-// 2^(k + 28) mod 2 pi, k = 0..76 (vecmath.py)
-static const double vtc_two_pow_mod_2pi[77] = {%(two_pow_mod_2pi)s};
+// 2^(k + 28) mod 2 pi, k = 0..76 (vecmath.py), zeros up to 128 entries: an index masked with 127 stays inside
+static const double vtc_two_pow_mod_2pi[128] = {%(two_pow_mod_2pi)s};
 // sin (odd = 0) or cos (odd = 1) of x: the quadrant n = round(x * 2/pi) and r = x - n * pi/2 in double
 // (pi/2 in two parts, each product exact in the FMA), then Cephes' sinf / cosf polynomials of r in float
 // on [-pi/4, pi/4], chosen and signed by n + odd.  |x| >= 2^51 = m * 2^k (2.3e15): x replaced by
@@ -186,7 +188,12 @@ static inline float vtc_sincos_(float x, uint32_t odd) {
   const uint32_t bits = __builtin_bit_cast(uint32_t, x), e = (bits >> 23) & 0xffu;
   const bool big = e >= 127u + 51u && e < 255u;  // finite, |x| >= 2^51: m * 2^(e - 150), e - 150 >= 28
   const double mant = (double)((bits & 0x7fffffu) | 0x800000u);
-  const double xd = big ? std::copysign(mant * vtc_two_pow_mod_2pi[big ? e - 178u : 0u], (double)x) : (double)x;
+  // no branch and no call, so that a loop over it is vector code (a masked gather of the factor): written as
+  // big ? copysign(mant * factor, x) : x, gcc 12 made the table load and the copysign a branch (scalar loop);
+  // the blend below is exact (y * 1 + x * 0 = y and y * 0 + x * 1 = x for finite y; inf and NaN x stay)
+  const double y = mant * (big ? vtc_two_pow_mod_2pi[(int64_t)((e - 178u) & 127u)] : 0.0);  // finite, >= 0
+  const double bd = (double)(int32_t)big, sx = (double)x;
+  const double xd = (sx < 0.0 ? -y : y) * bd + sx * (1.0 - bd);
   const double m = __builtin_fma(xd, 0.63661977236758134308, 6755399441055744.0);  // 1.5 * 2^52 + n
   const double q = m - 6755399441055744.0;
   const uint32_t n = (uint32_t)__builtin_bit_cast(uint64_t, m) + odd;
@@ -214,7 +221,7 @@ template <class T> static inline T vtc_gelu_tanh(T x) {
   return T(0.5) * x * (T(1) + vtc_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x))); }
 """ % dict(erf_c=f"{ERF_CLAMP}f", erf_p=_horner(ERF_P, "t"), erf_q=_horner(ERF_Q, "t"),
            tanh_c=f"{TANH_CLAMP}f", tanh_p=_horner(TANH_P, "t"), tanh_q=_horner(TANH_Q, "t"),
-           two_pow_mod_2pi=", ".join(f"{v!r}" for v in _TWO_POW_MOD_2PI))
+           two_pow_mod_2pi=", ".join(f"{v!r}" for v in _TWO_POW_MOD_2PI + (0.0,) * (128 - len(_TWO_POW_MOD_2PI))))
 
 
 # bfloat16 / float16 values in memory (uint16_t) <-> float, the type kernels compute them in (docs/low_precision.md).
