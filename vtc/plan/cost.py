@@ -862,8 +862,8 @@ class Estimator:
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
                 continue
-            if r not in ("<output>", "<index>") and self.nodes[r].kind == "movement" \
-                    and self.generated_move(r, state):
+            if (r not in ("<output>", "<index>") and self.nodes[r].kind == "movement"
+                    and self.vtog.backend == "cpu" and self.generated_move(r, state)):
                 continue  # a kept op's copy kernel reads it through the mapping (priced in op_terms)
             if st is None:
                 if not copied:
@@ -899,7 +899,9 @@ class Estimator:
         n = self.nodes[op]
         if self.vtog.pulls.get(op) is None or not all(v.dtype in C_TYPES for v in [*n.inputs, *n.outputs]):
             return False
-        return n.op not in CLONE_FIRST or all(self.mapping(v.name, state) is None for v in n.inputs)
+        if self.vtog.backend != "cpu" or n.op in CLONE_FIRST:  # (another backend: priced as before session 17)
+            return all(self.mapping(v.name, state) is None for v in n.inputs)
+        return True
 
     def op_terms(self, op: str, state: frozenset) -> list[Term]:
         """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): a
