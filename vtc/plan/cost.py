@@ -862,6 +862,9 @@ class Estimator:
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
                 continue
+            if (r not in ("<output>", "<index>") and self.nodes[r].kind == "movement"
+                    and self.vtog.backend == "cpu" and self.generated_move(r, state)):
+                continue  # a kept op's copy kernel reads it through the mapping (priced in op_terms)
             if st is None:
                 if not copied:
                     copied = True
@@ -885,33 +888,46 @@ class Estimator:
                 terms.append(Term(("libcopy", value, r), t, why))
         return terms
 
-    def op_terms(self, op: str, state: frozenset) -> list[Term]:
-        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): with
-        every input physical, a generated copy kernel through its pull mapping (into recycled storage);
-        else torch on the inputs (reading strided views of virtual ones in place) into a fresh buffer."""
+    def generated_move(self, op: str, state: frozenset) -> bool:
+        """True when kept movement op `op` runs as a generated copy kernel (``vtc.codegen.lower.move_kernels``):
+        it has a pull mapping, every dtype it touches has generated code, and it is no scatter (``CLONE_FIRST``)
+        with a virtual input under `state`.  Such a kernel reads a virtual input through that input's mapping, as
+        any kernel does (before session 17 torch ran every kept op with a virtual input, on realised views);
+        else torch runs it on realised inputs."""
         from vtc.codegen.ops import C_TYPES
 
+        n = self.nodes[op]
+        if self.vtog.pulls.get(op) is None or not all(v.dtype in C_TYPES for v in [*n.inputs, *n.outputs]):
+            return False
+        if self.vtog.backend != "cpu" or n.op in CLONE_FIRST:  # (another backend: priced as before session 17)
+            return all(self.mapping(v.name, state) is None for v in n.inputs)
+        return True
+
+    def op_terms(self, op: str, state: frozenset) -> list[Term]:
+        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): a
+        generated copy kernel through its pull mapping composed with its virtual inputs' mappings (into recycled
+        storage); else (no pull mapping, a dtype without generated code) torch on the inputs (reading strided
+        views of virtual ones in place) into a fresh buffer."""
         n = self.nodes[op]
         if op in state or op in self.pushed:
             return []
         maps = self.vtog.pulls.get(op)
-        generated = maps is not None and all(self.mapping(v.name, state) is None for v in n.inputs) and all(
-            v.dtype in C_TYPES for v in [*n.inputs, *n.outputs])
+        generated = self.generated_move(op, state)
         out = []
         for k, o in enumerate(n.outputs):
             size = _size(o)
             if maps is None:
                 acc = DENSE
             else:
-                inner = {s: mi for s in maps[k].sources
-                         if (mi := self.mapping(s, state)) is not None and self.strided(mi) is not None}
+                inner = {s: mi for s in maps[k].sources if (mi := self.mapping(s, state)) is not None
+                         and (generated or self.strided(mi) is not None)}
                 key = (op, k, tuple(id(mi) for mi in inner.values()))
                 m = self._runs.get(key)
                 if m is None:
                     m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
                 acc = self.access(m, o.name)
             if generated:
-                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k], self.cold), "a copy kernel"
+                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(m, self.cold), "a copy kernel"
             else:
                 fresh = self.model.fresh(o.nbytes)
                 t = self.model.copy(o.numel, size, acc, generated=False) + fresh
