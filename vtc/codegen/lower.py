@@ -665,6 +665,10 @@ class Lowering:
         if isinstance(maps, str):
             self._torch(n, maps)
             return None
+        virtual_index = [t for m in maps for t in m.index_tensors if t in self.values and not self.is_physical(t)]
+        if virtual_index:  # its range check names a tensor no step fills: torch runs n on the realised index
+            self._torch(n, f"kept movement op indexed by the virtual %{virtual_index[0]}: realised and run through torch")
+            return None
         out = []
         for o, m in zip(n.outputs, maps):
             if not self.users.get(o.name) and o.name not in self.outputs:
