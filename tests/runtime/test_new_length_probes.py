@@ -10,19 +10,11 @@ import torch
 import vtc
 import vtc.codegen.lower as lower
 import vtc.codegen.ops as ops
-from vtc.runtime import generic
+
+from .test_new_length_cost import _fresh_templates  # noqa: F401 - an autouse fixture: no template of another test
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 pytestmark = pytest.mark.filterwarnings("ignore::vtc.NewSizesWarning")  # a new length per call, on purpose
-
-
-@pytest.fixture(autouse=True)
-def _fresh_templates():
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
-    yield
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
 
 
 def _decode(tok, past, w1, w2):

@@ -56,8 +56,8 @@ from typing import Any, Callable
 import torch
 
 from vtc.codegen import kernel_ir as K
-from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store
-from vtc.index.expr import Expr, _terms, free_vars, lift, subs, var
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
+from vtc.index.expr import Expr, _terms, free_vars, lift, loads, subs, var
 from vtc.codegen import gemm_bf16, gemm_dot, gemm_inline, gemm_pack
 from vtc.codegen.conv_bcast import PACKED_FLAG  # the call plan sets it for every weight packed once
 from vtc.codegen.gemm_push import pushed_bytes
@@ -456,26 +456,12 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
 
 def _index_loads(*scalars: Scalar) -> set[str]:
     """Names of the index tensors that the offsets of scalars' loads read."""
-    from vtc.index.expr import loads
-
-    out, todo = set(), list(scalars)
-    while todo:
-        s = todo.pop()
-        if s.op == "load":
-            out |= {t for e in s.args[1] for t in loads(e)}
-        todo.extend(a for a in s.args if isinstance(a, Scalar))
-    return out
+    return {t for s in scalars_under(scalars) if s.op == "load" for e in s.args[1] for t in loads(e)}
 
 
 def _loaded(*scalars: Scalar) -> set[str]:
     """Names of the buffers that scalars load from (not through index tensors)."""
-    out, todo = set(), list(scalars)
-    while todo:
-        s = todo.pop()
-        if s.op == "load":
-            out.add(s.args[0])
-        todo.extend(a for a in s.args if isinstance(a, Scalar))
-    return out
+    return {s.args[0] for s in scalars_under(scalars) if s.op == "load"}
 
 
 # -- C++ ----------------------------------------------------------------------

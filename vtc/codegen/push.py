@@ -215,7 +215,7 @@ def merged_heads_reader(low, n: Node) -> str | None:
         return None
     p = found[0]  # the attention output: the GEMM must be its one reader (else the kernel keeps its own store)
     readers = low.readers(p)
-    r = next((x for x in graph.nodes if {x.name} == readers), None)
+    r = low._nodes.get(next(iter(readers))) if len(readers) == 1 else None
     if p in low.outputs or r is None or r.op not in GEMM_OPS or low.kind.get(r.name) != "gemm":
         return None
     a = _operands(r, movement.bind(r.target, r.args, r.kwargs))[0]

@@ -64,10 +64,12 @@ def why_not(geo: dict, weight_ok: bool) -> str:
 def band_rows(tw: int, th: int) -> int:
     """Tile rows per sub-band for tw tiles per row and th tile rows: the most that keep a band within
     BAND_TILES tiles, preferring (among at least half that many) the least padding to TILE_ROWS tiles."""
+    def waste(s: int) -> float:  # the fraction of a band's tiles that pad it to whole micro-kernels
+        return (-(s * tw) % TILE_ROWS) / (s * tw)
+
     top = max(1, min(th, BAND_TILES // tw))
     best = top
     for sb in range(top, max(1, top // 2) - 1, -1):
-        waste = lambda s: (-(s * tw) % TILE_ROWS) / (s * tw)  # noqa: E731
         if waste(sb) < waste(best) - 1e-9:
             best = sb
     return best
