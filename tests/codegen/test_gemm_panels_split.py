@@ -30,9 +30,9 @@ def _gemm_sources(compiled) -> list[str]:
 
 
 # (M, K, N): 256 x 64 -> 1024 (the sweep's cell), 197 rows (two blocks of 108 + 89 rows; three of 72 + 72 + 53),
-# N 1000 / 655 (a partial last panel), K*N = 65500 just under PACKED_M_SPLIT_B, and 400 x 33 -> 1900 (two column
-# blocks of 960 already: N split as before)
-SHAPES = [(256, 64, 1024), (197, 61, 1000), (300, 100, 655), (400, 33, 1900)]
+# N 1000 / 655 (a partial last panel), K*N = 65500 just under PACKED_M_SPLIT_B, 288 / 300 rows (at / over one
+# VTC_MC block a thread on 2 threads) and 400 x 33 -> 1900 (two column blocks of 960 already: N split as before)
+SHAPES = [(256, 64, 1024), (197, 61, 1000), (288, 100, 655), (300, 100, 655), (400, 33, 1900)]
 
 
 @avx512
@@ -55,11 +55,14 @@ def test_small_packed_b_split_by_rows_matches_torch(shape, threads):
 def test_the_partition_mirror():
     """Fails before (no b_packed): on 2 threads 256 x 64 -> 1024 was cut into 2 column blocks (each thread all of
     A); with B packed once it is one block, the rows split.  A large B (8 MB), a runtime B, few rows or
-    weight_rows keep the N split."""
+    weight_rows keep the N split, and so do more rows than one VTC_MC block a thread (equal blocks would split
+    300 rows 168 / 132)."""
     assert gemm.column_blocks(1, 256, 1024, 64, 2) == 2
     assert gemm.column_blocks(1, 256, 1024, 64, 2, b_packed=True) == 1
-    assert gemm.column_blocks(1, 300, 655, 100, 2, b_packed=True) == 1
-    assert gemm.column_blocks(1, 300, 656, 100, 2, b_packed=True) == 2  # K*N over 256 KB
+    assert gemm.column_blocks(1, 288, 655, 100, 2, b_packed=True) == 1
+    assert gemm.column_blocks(1, 288, 656, 100, 2, b_packed=True) == 2  # K*N over 256 KB
+    assert gemm.column_blocks(1, 300, 655, 100, 2, b_packed=True) == 2  # over one MC block a thread (168 / 132 rows)
+    assert gemm.column_blocks(1, 300, 655, 100, 3, b_packed=True) == 1  # on 3 threads one block each (108+108+84)
     assert gemm.column_blocks(1, 256, 1024, 2048, 2, b_packed=True) == 2
     assert gemm.column_blocks(1, 180, 1024, 64, 2, b_packed=True) == 2  # under PACKED_M_SPLIT_MIN_M rows
     assert gemm.column_blocks(1, 256, 1024, 64, 2, weight_rows=True, b_packed=True) == 2
@@ -75,7 +78,7 @@ def test_the_kernel_carries_the_rule():
     x = rand((256, 64), gen(3))
     (src,) = _gemm_sources(vtc.compile(lin, (x,), gemm="vtc"))
     assert (f"const bool m_split = bpk && K * N <= {gemm.PACKED_M_SPLIT_B // 4}LL && M >= "
-            f"{gemm.PACKED_M_SPLIT_MIN_M};") in src
+            f"{gemm.PACKED_M_SPLIT_MIN_M} && M <= nt * VTC_MC;") in src
     assert "(BATCH * tn < nt && N > M && !m_split)" in src and "if ((M >= N || m_split) && M >= 2 * nt * mr)" in src
 
 

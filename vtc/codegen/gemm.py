@@ -1105,7 +1105,7 @@ def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows:
     tm, tn = -(-m // MC_ROWS), -(-n // nc)
     nt = threads if parallel_worth(batch, m, n, k) and threads > 1 else 1
     m_split = (b_packed and PACKED_M_SPLIT and not weight_rows and k * n <= PACKED_M_SPLIT_B // 4
-               and m >= PACKED_M_SPLIT_MIN_M)
+               and PACKED_M_SPLIT_MIN_M <= m <= nt * MC_ROWS)  # one block a thread: even to a tile
     if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m and not m_split)):
         if not ((m >= n or m_split) and m >= 2 * nt * (32 if weight_rows and WT_SPLIT_NR else MR)):  # else M is split
             tn = -(-tn // nt) * nt
@@ -1389,7 +1389,7 @@ def generate(k: Kernel) -> str:
             "#endif"]),
         # B packed once (no pack to share out) and small: the rows are split, not N (each thread packs half of A)
         *([] if spec is None or not PACKED_M_SPLIT else [
-            f"  const bool m_split = bpk && K * N <= {PACKED_M_SPLIT_B // 4}LL && M >= {PACKED_M_SPLIT_MIN_M};"]),
+            f"  const bool m_split = bpk && K * N <= {PACKED_M_SPLIT_B // 4}LL && M >= {PACKED_M_SPLIT_MIN_M} && M <= nt * VTC_MC;"]),
         f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M' + ms_not + ')' if SPLIT_N_FOR_B else ''}) {{",
         f"    if ((M >= N{ms_or}) && M >= 2 * nt * mr) {{",
         "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;",
@@ -1496,7 +1496,8 @@ LAZY_B = True  # B's panels packed in the block's first row strip, the next pane
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
 PACKED_M_SPLIT = True  # B packed once and small: 2+ threads split M, not N (docs/gemm.md, helper panels2t)
 PACKED_M_SPLIT_B = 1 << 18  # B's bytes (K x N floats) up to which (read whole by each thread from L2) ...
-PACKED_M_SPLIT_MIN_M = 16 * MR  # ... and rows from which (at least 8 MR-row tiles a thread: little imbalance)
+PACKED_M_SPLIT_MIN_M = 16 * MR  # ... and rows from which (at least 8 MR-row tiles a thread: little imbalance), up
+#                                  to one MC block a thread (more: equal blocks, 300 rows as 84 x 3 + 48, 168 / 132)
 PACKED_B = True  # a constant B (W^T of a weight, or a row-major weight) that _lazy_b would pack per call: the kernel
 #                  also takes its panels packed once by the caller (packed_panels; vtc.runtime.packed) (docs/gemm.md)
 
