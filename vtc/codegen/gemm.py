@@ -1106,16 +1106,20 @@ static inline float* vtc_gemm_scratch(int which, int64_t n) {
 MR, NC, MC_ROWS, SKINNY_NC = 12, 1024, 144, 128  # VTC_MR, VTC_NC, VTC_MC, the skinny nc on AVX-512 (tested)
 
 
-def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows: bool = False) -> int:
+def column_blocks(batch: int, m: int, n: int, k: int, threads: int, weight_rows: bool = False,
+                  b_packed: bool = False) -> int:
     """How many column blocks of N generate's kernel cuts (it packs A once per block, on whichever thread takes
     it): N / NC (SKINNY_NC at M <= SKINNY_M), made a multiple of the threads where they split N; the
     arithmetic of generate's C lines on AVX-512, for the planner's inlining rule (vtc.codegen.gemm_inline);
-    weight_rows: the kernel takes that path (``kernel_path``: full NC blocks at any M)."""
+    weight_rows: the kernel takes that path (``kernel_path``: full NC blocks at any M); b_packed: the kernel
+    gets B packed once (the panels' ``bpk``: then a small B has the threads split M, ``PACKED_M_SPLIT``)."""
     nc = SKINNY_NC if m <= SKINNY_M and not weight_rows else NC
     tm, tn = -(-m // MC_ROWS), -(-n // nc)
     nt = threads if parallel_worth(batch, m, n, k) and threads > 1 else 1
-    if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m)):
-        if not (m >= n and m >= 2 * nt * (32 if weight_rows and WT_SPLIT_NR else MR)):  # else M is split
+    m_split = (b_packed and PACKED_M_SPLIT and not weight_rows and k * n <= PACKED_M_SPLIT_B // 4
+               and PACKED_M_SPLIT_MIN_M <= m <= nt * MC_ROWS)  # one block a thread: even to a tile
+    if nt > 1 and ((batch * tm * tn) % nt or (SPLIT_N_FOR_B and batch * tn < nt and n > m and not m_split)):
+        if not ((m >= n or m_split) and m >= 2 * nt * (32 if weight_rows and WT_SPLIT_NR else MR)):  # else M is split
             tn = -(-tn // nt) * nt
     return tn
 
@@ -1353,6 +1357,7 @@ def generate(k: Kernel) -> str:
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
     bt = bv or "bt"
     lazy, spec, skinny, packed_weight = _weight_packing(em, g)
+    ms_not, ms_or = (" && !m_split", " || m_split") if spec is not None and PACKED_M_SPLIT else ("", "")
     if packed_weight is None:
         g.__dict__.pop("packed_weight", None)
     else:
@@ -1394,8 +1399,11 @@ def generate(k: Kernel) -> str:
             "#if defined(__AVX512F__)",
             "  if (wt_rows) { mr = VTC_NR; nr = VTC_MR; }  // weight_rows: A^T's NR-column panels, W's MR-row strips",
             "#endif"]),
-        f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M)' if SPLIT_N_FOR_B else ''}) {{",
-        "    if (M >= N && M >= 2 * nt * mr) {",
+        # B packed once (no pack to share out) and small: the rows are split, not N (each thread packs half of A)
+        *([] if spec is None or not PACKED_M_SPLIT else [
+            f"  const bool m_split = bpk && K * N <= {PACKED_M_SPLIT_B // 4}LL && M >= {PACKED_M_SPLIT_MIN_M} && M <= nt * VTC_MC;"]),
+        f"  if ((BATCH * tm * tn) % nt{' || (BATCH * tn < nt && N > M' + ms_not + ')' if SPLIT_N_FOR_B else ''}) {{",
+        f"    if ((M >= N{ms_or}) && M >= 2 * nt * mr) {{",
         "      tm = (tm + nt - 1) / nt * nt; mc = ((M + tm - 1) / tm + mr - 1) / mr * mr; tm = (M + mc - 1) / mc;",
         "    } else {",
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
@@ -1498,6 +1506,10 @@ EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile),
 SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
+PACKED_M_SPLIT = True  # B packed once and small: 2+ threads split M, not N (docs/gemm.md, helper panels2t)
+PACKED_M_SPLIT_B = 1 << 18  # B's bytes (K x N floats) up to which (read whole by each thread from L2) ...
+PACKED_M_SPLIT_MIN_M = 16 * MR  # ... and rows from which (at least 8 MR-row tiles a thread: little imbalance), up
+#                                  to one MC block a thread (more: equal blocks, 300 rows as 84 x 3 + 48, 168 / 132)
 PACKED_B = True  # a constant B (W^T of a weight, or a row-major weight) that _lazy_b would pack per call: the kernel
 #                  also takes its panels packed once by the caller (packed_panels; vtc.runtime.packed) (docs/gemm.md)
 
