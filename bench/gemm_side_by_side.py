@@ -177,8 +177,11 @@ class Workers:
 
     def ask(self, system: str, line: str) -> dict:
         proc, log = self.procs[system]
-        proc.stdin.write(line + "\n")
-        proc.stdin.flush()
+        try:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        except OSError:  # the worker is gone
+            pass
         for out in proc.stdout:
             if out.startswith(WORKER_TAG):
                 return json.loads(out[len(WORKER_TAG):])
@@ -200,10 +203,16 @@ class Workers:
                 reps[s], self.pids[s] = r["reps"], r["pid"]
         samples = {s: [] for s in reps}
         for _ in range(rounds):
-            for s in reps:
-                r = self.ask(s, "round")
-                samples[s].append((r["ms"], r["waited_ms"]))
-        return {s: _summary(samples[s], reps[s]) for s in reps}, failed
+            for s in [s for s in reps if s not in failed]:
+                try:
+                    r = self.ask(s, "round")
+                except SystemFailure as e:  # the worker died in a timed call
+                    r = {"failed": e.reason}
+                if "failed" in r:
+                    failed[s] = f"failed on a timed call: {r['failed']}"
+                else:
+                    samples[s].append((r["ms"], r["waited_ms"]))
+        return {s: _summary(samples[s], reps[s]) for s in reps if s not in failed}, failed
 
     def __enter__(self):
         return self
@@ -247,8 +256,11 @@ def worker_main(system: str, threads: int, clock: str) -> int:
                     out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
                 reps = out.get("reps")
             elif cmd == "round":
-                ms, waited = _block(fn, reps, CLOCKS[clock])
-                out = {"ms": ms, "waited_ms": waited}
+                try:
+                    ms, waited = _block(fn, reps, CLOCKS[clock])
+                    out = {"ms": ms, "waited_ms": waited}
+                except Exception as e:  # a system failing on a later call is a result
+                    out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
             else:
                 out = {"failed": f"unknown command {line.strip()!r}"}
             print(WORKER_TAG + json.dumps(out), flush=True)
