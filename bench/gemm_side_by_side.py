@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from bench import workloads as W
-from bench.harness import SETTLE_S
+from bench.harness import SETTLE_S, run_delay_s
 from bench.systems import PREPARE, Context, SystemFailure
 
 SYSTEMS = ("eager", "onnxruntime", "vtc-all", "vtc-gemm-vtc", "vtc-gemm-torch")
@@ -109,15 +109,8 @@ def _reps(fn) -> int:
 
 
 def run_delay_ms() -> float:
-    """ms the threads of this process have spent runnable but waiting for a core (the second field of each
-    ``/proc/self/task/*/schedstat``); 0 where the kernel does not report it."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for t in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/self/task/{t}/schedstat") as f:
-                    total += int(f.read().split()[1])
-    return total / 1e6
+    """ms the threads of this process have spent runnable but waiting for a core (``bench.harness.run_delay_s``)."""
+    return run_delay_s() * 1e3
 
 
 def _block(fn, reps: int, clock) -> tuple[float, float]:
