@@ -339,6 +339,7 @@ def main(argv=None) -> int:
     path = out / f"gemm-side-by-side-{socket.gethostname()}-{datetime.now():%Y-%m-%d-%H%M%S}.json"
     data = {"command": "python -m bench.gemm_side_by_side " + " ".join(argv), "threads": args.threads,
             "clock": args.clock, "process": args.process, "settle_s": SETTLE_S,
+            "thread_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_"))},
             "rounds": args.rounds, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "cpu_count": os.cpu_count(), "results": results}
     path.write_text(json.dumps(data, indent=1))

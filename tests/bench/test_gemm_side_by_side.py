@@ -33,7 +33,8 @@ def test_each_system_in_its_own_process_and_failures_are_results(tmp_path, monke
     assert set(pids) == {"eager", "vtc-all"} and len({*pids.values(), os.getpid()}) == 3
 
 
-def test_main_records_how_systems_were_placed(tmp_path):
+def test_main_records_how_systems_were_placed(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # the threading environment is stated in the JSON
     for process in ("each", "one"):
         out = tmp_path / process
         rc = G.main(["--workloads", "smoke_transpose_add", "--systems", "eager", "--threads", "1", "--clock", "cpu",
@@ -42,6 +43,7 @@ def test_main_records_how_systems_were_placed(tmp_path):
         [path] = list(out.glob("*.json"))
         data = json.loads(path.read_text())
         assert data["process"] == process and data["settle_s"] == G.SETTLE_S
+        assert data["thread_env"]["OMP_WAIT_POLICY"] == "passive"
         [row] = data["results"]
         assert row["workload"] == "smoke_transpose_add" and set(row["times"]) == {"eager"}
         assert "waited_ms_median" in row["times"]["eager"]
