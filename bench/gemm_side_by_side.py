@@ -26,10 +26,12 @@ M = 3136 / 784 / 196 / 49 rows).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 
 from bench import workloads as W
-from bench.harness import SETTLE_S
+from bench.harness import SETTLE_S, run_delay_s
 from bench.systems import PREPARE, Context, SystemFailure
 
 SYSTEMS = ("eager", "onnxruntime", "vtc-all", "vtc-gemm-vtc", "vtc-gemm-torch")
@@ -98,29 +100,197 @@ MIN_ROUND_S = 0.02  # each system's calls per round last at least this long (sma
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def time_side_by_side(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
-    """{system: {"min_ms", "median_ms", "calls_per_round"}} from interleaved rounds (each opened by a pause and an
-    untimed call)."""
-    reps = {}
-    for name, fn in fns.items():
-        fn(); fn()
-        t0 = time.perf_counter()
+def _reps(fn) -> int:
+    """Calls of `fn` per timed block: enough for MIN_ROUND_S (after two warm-up calls)."""
+    fn(); fn()
+    t0 = time.perf_counter()
+    fn()
+    return max(1, int(MIN_ROUND_S / max(time.perf_counter() - t0, 1e-7)))
+
+
+def run_delay_ms() -> float:
+    """ms the threads of this process have spent runnable but waiting for a core (``bench.harness.run_delay_s``)."""
+    return run_delay_s() * 1e3
+
+
+def _block(fn, reps: int, clock) -> tuple[float, float]:
+    """(ms per call, ms per call this process's threads waited for a core) of one timed block: a SETTLE_S pause, an
+    untimed call, then `reps` timed calls."""
+    time.sleep(SETTLE_S)  # the previous system's spinning threads go idle (bench/harness.py, step 3)
+    fn()
+    w0 = run_delay_ms()
+    t0 = clock()
+    for _ in range(reps):
         fn()
-        reps[name] = max(1, int(MIN_ROUND_S / max(time.perf_counter() - t0, 1e-7)))
+    t1 = clock()
+    return (t1 - t0) / reps * 1e3, (run_delay_ms() - w0) / reps
+
+
+def _summary(samples: list, reps: int) -> dict:
+    """min / median ms per call over the rounds, with the rounds' waits for a core (`samples`: (ms, waited ms)):
+    the median wait per call, and the wait in the fastest round."""
+    ms = [m for m, _ in samples]
+    return {"min_ms": min(ms), "median_ms": statistics.median(ms), "calls_per_round": reps,
+            "waited_ms_median": statistics.median(w for _, w in samples), "waited_ms_at_min": min(samples)[1],
+            "rounds_ms": [round(m, 5) for m in ms], "rounds_waited_ms": [round(w, 5) for _, w in samples]}
+
+
+def time_side_by_side(fns: dict, rounds: int, clock=time.perf_counter) -> dict:
+    """{system: {"min_ms", "median_ms", "calls_per_round", "waited_ms_median", ...}} from interleaved rounds (each
+    opened by a pause and an untimed call); ``waited_ms_*``: per call, how long this process's threads were runnable
+    but had no core (load from other processes: on a shared machine a 2-thread kernel whose threads must meet at a
+    barrier loses far more to it than its share)."""
+    reps = {name: _reps(fn) for name, fn in fns.items()}
     samples = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            time.sleep(SETTLE_S)  # the previous system's spinning threads go idle (bench/harness.py, step 3)
-            fn()
-            t0 = clock()
-            for _ in range(reps[name]):
-                fn()
-            samples[name].append((clock() - t0) / reps[name] * 1e3)
-    return {n: {"min_ms": min(s), "median_ms": statistics.median(s), "calls_per_round": reps[n]}
-            for n, s in samples.items()}
+            samples[name].append(_block(fn, reps[name], clock))
+    return {n: _summary(s, reps[n]) for n, s in samples.items()}
+
+
+WORKER_TAG = "GEMM_SBS_WORKER "
+
+
+class Workers:
+    """One worker process per system (``python -m bench.gemm_side_by_side worker SYSTEM``), each preparing and
+    timing only its own system, driven round after round from this process, one worker at a time: the rounds
+    interleave as in `time_side_by_side`, and no system's thread pools, libraries or settings share a process
+    with another's.  Use as a context manager."""
+
+    def __init__(self, systems: list, threads: int, clock: str, log_dir: Path):
+        self.procs = {}
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                          *filter(None, [os.environ.get("PYTHONPATH")])]))
+        for s in systems:
+            log = open(log_dir / f"worker-{s}.log", "w")
+            self.procs[s] = (subprocess.Popen(
+                [sys.executable, "-m", "bench.gemm_side_by_side", "worker", s, "--threads", str(threads),
+                 "--clock", clock], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                cwd=Path(__file__).resolve().parent.parent), log)
+
+    def ask(self, system: str, line: str) -> dict:
+        proc, log = self.procs[system]
+        try:
+            proc.stdin.write(line + "\n")
+            proc.stdin.flush()
+        except OSError:  # the worker is gone
+            pass
+        for out in proc.stdout:
+            if out.startswith(WORKER_TAG):
+                return json.loads(out[len(WORKER_TAG):])
+        log.flush()
+        tail = [ln for ln in Path(log.name).read_text().splitlines() if ln.strip()]
+        raise SystemFailure("failed", f"worker exited {proc.wait()}: {tail[-1][:200] if tail else 'no output'}")
+
+    def time(self, workload: str, rounds: int) -> tuple[dict, dict]:
+        """({system: summary}, {system: why it failed}) for one workload."""
+        reps, failed, self.pids = {}, {}, {}
+        for s in self.procs:
+            try:
+                r = self.ask(s, "prepare " + workload)
+            except SystemFailure as e:
+                r = {"failed": e.reason}
+            if "failed" in r:
+                failed[s] = r["failed"]
+            else:
+                reps[s], self.pids[s] = r["reps"], r["pid"]
+        samples = {s: [] for s in reps}
+        for _ in range(rounds):
+            for s in [s for s in reps if s not in failed]:
+                try:
+                    r = self.ask(s, "round")
+                except SystemFailure as e:  # the worker died in a timed call
+                    r = {"failed": e.reason}
+                if "failed" in r:
+                    failed[s] = f"failed on a timed call: {r['failed']}"
+                else:
+                    samples[s].append((r["ms"], r["waited_ms"]))
+        return {s: _summary(samples[s], reps[s]) for s in reps if s not in failed}, failed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for proc, log in self.procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.write("quit\n")
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+
+def worker_main(system: str, threads: int, clock: str) -> int:
+    """A worker process of `Workers`: reads "prepare WORKLOAD", "round" and "quit" lines on stdin and answers each
+    with one tagged JSON line on stdout."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(threads)
+    torch.set_grad_enabled(False)
+    fn = reps = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in sys.stdin:
+            cmd, _, arg = line.strip().partition(" ")
+            if cmd == "quit":
+                break
+            if cmd == "prepare":
+                fn = None
+                try:
+                    [w] = select(arg)
+                    model, inputs = w.build()
+                    fn = PREPARE[system](Context(w.name, model, inputs, threads, Path(tmp))).fn
+                    out = {"reps": _reps(fn), "pid": os.getpid()}
+                except SystemFailure as e:
+                    out = {"failed": e.reason}
+                except Exception as e:  # e.g. ONNX Runtime has no CPU MatMul for bf16
+                    out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                reps = out.get("reps")
+            elif cmd == "round":
+                try:
+                    ms, waited = _block(fn, reps, CLOCKS[clock])
+                    out = {"ms": ms, "waited_ms": waited}
+                except Exception as e:  # a system failing on a later call is a result
+                    out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            else:
+                out = {"failed": f"unknown command {line.strip()!r}"}
+            print(WORKER_TAG + json.dumps(out), flush=True)
+    return 0
+
+
+def _row(w, times: dict, failed: dict) -> dict:
+    """One workload's JSON row: the times, the failures and vtc's ratios to the faster library (of minima)."""
+    libs = [times[s]["min_ms"] for s in ("eager", "onnxruntime") if s in times]
+    best_lib = min(libs) if libs else None
+
+    def vs(s):
+        return best_lib / times[s]["min_ms"] if best_lib is not None and s in times else None
+    return {"workload": w.name, "desc": w.desc, "params": w.params, "times": times, "failed": failed,
+            "vtc_all_vs_best_library": vs("vtc-all"), "vtc_gemm_vs_best_library": vs("vtc-gemm-vtc"),
+            "vtc_gemm_vs_copy_plus_torch": times["vtc-gemm-torch"]["min_ms"] / times["vtc-gemm-vtc"]["min_ms"]
+            if "vtc-gemm-torch" in times and "vtc-gemm-vtc" in times else None}  # bf16 virtual operands: no bf16 copy kernel
+
+
+def _print_row(row: dict) -> None:
+    ratios = ", ".join(f"{k} x{row[v]:.2f}" for k, v in (("vtc-all", "vtc_all_vs_best_library"),
+                                                         ("vtc-gemm", "vtc_gemm_vs_best_library")) if row[v])
+    print(f"{row['workload']:<20} " + "  ".join(f"{s} {t['min_ms']:.3f}/{t['median_ms']:.3f} (w {t['waited_ms_median']:.3f})"
+                                                 for s, t in row["times"].items())
+          + f"  | {ratios} of the best library (min ms/median ms (waited for a core per call, median))"
+          + "".join(f"  [{s} failed: {why}]" for s, why in row["failed"].items()), flush=True)
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        p = argparse.ArgumentParser(prog="bench.gemm_side_by_side worker")
+        p.add_argument("system", choices=sorted(PREPARE))
+        p.add_argument("--threads", type=int, required=True)
+        p.add_argument("--clock", choices=sorted(CLOCKS), required=True)
+        a = p.parse_args(argv[1:])
+        return worker_main(a.system, a.threads, a.clock)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", default="gemm")
     p.add_argument("--threads", type=int, default=2)
@@ -130,18 +300,29 @@ def main(argv=None) -> int:
                    + ", openvino)")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                    help="wall time, or the calling thread's CPU time (with --threads 1 only)")
+    p.add_argument("--process", choices=("each", "one"), default="each",
+                   help="each: every system in a worker process of its own (the default); one: all in this process")
     args = p.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         p.error(f"--clock cpu measures the calling thread only: it needs --threads 1, not {args.threads}")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
+    systems = args.systems.split(",")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        workers = stack.enter_context(Workers(systems, args.threads, args.clock, Path(tmp))) \
+            if args.process == "each" else None
         for w in select(args.workloads):
+            if workers is not None:
+                times, failed = workers.time(w.name, args.rounds)
+                row = _row(w, times, failed)
+                results.append(row)
+                _print_row(row)
+                continue
             model, inputs = w.build()
             ctx = Context(w.name, model, inputs, args.threads, Path(tmp))
             fns, failed = {}, {}
-            for s in args.systems.split(","):
+            for s in systems:
                 try:
                     fns[s] = PREPARE[s](ctx).fn
                 except SystemFailure as e:
@@ -150,23 +331,15 @@ def main(argv=None) -> int:
                     failed[s] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             with torch.no_grad():
                 times = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
-            best_lib = min(times[s]["min_ms"] for s in ("eager", "onnxruntime") if s in times)
-            row = {"workload": w.name, "desc": w.desc, "params": w.params, "times": times, "failed": failed,
-                   "vtc_all_vs_best_library": best_lib / times["vtc-all"]["min_ms"] if "vtc-all" in times else None,
-                   "vtc_gemm_vs_best_library": best_lib / times["vtc-gemm-vtc"]["min_ms"]
-                   if "vtc-gemm-vtc" in times else None,
-                   "vtc_gemm_vs_copy_plus_torch": times["vtc-gemm-torch"]["min_ms"] / times["vtc-gemm-vtc"]["min_ms"]
-                   if "vtc-gemm-torch" in times and "vtc-gemm-vtc" in times else None}  # bf16 virtual operands: no bf16 copy kernel
+            row = _row(w, times, failed)
             results.append(row)
-            ratios = ", ".join(f"{k} x{row[v]:.2f}" for k, v in (("vtc-all", "vtc_all_vs_best_library"),
-                                                                 ("vtc-gemm", "vtc_gemm_vs_best_library")) if row[v])
-            print(f"{w.name:<20} " + "  ".join(f"{s} {t['min_ms']:.3f}/{t['median_ms']:.3f}" for s, t in times.items())
-                  + f"  | {ratios} of the best library (min ms/median ms)", flush=True)
+            _print_row(row)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gemm-side-by-side-{socket.gethostname()}-{datetime.now():%Y-%m-%d-%H%M%S}.json"
-    data = {"command": "python -m bench.gemm_side_by_side " + " ".join(sys.argv[1:] if argv is None else argv), "threads": args.threads,
-            "clock": args.clock,
+    data = {"command": "python -m bench.gemm_side_by_side " + " ".join(argv), "threads": args.threads,
+            "clock": args.clock, "process": args.process, "settle_s": SETTLE_S,
+            "thread_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_"))},
             "rounds": args.rounds, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
             "cpu_count": os.cpu_count(), "results": results}
     path.write_text(json.dumps(data, indent=1))

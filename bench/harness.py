@@ -12,7 +12,11 @@ Per workload, in this process:
    of ``settle_s`` (60 ms): the thread pools of the system before it spin on their
    cores after its last call (ONNX Runtime's for ~45 ms, libgomp's for ~10 ms on this
    machine, measured as process CPU time while the main thread sleeps), and would
-   otherwise take one of the two cores from the next system's timed calls;
+   otherwise take one of the two cores from the next system's timed calls.  Per block the JSON also records
+   how long (per call) the process's threads were runnable but had no core (``waited_s``, from
+   ``/proc/self/task/*/schedstat``): on a shared machine, load from other processes that falls on one system's
+   2-thread calls far more than on another's (vtc's OpenMP team must have both threads on a core to finish a
+   call; ONNX Runtime's calling thread finishes the work its pool has not started), docs/gemm.md, session 18;
 4. memory (unless off): for each system that ran, a fresh process
    (``python -m bench.harness probe ...``) with ``MALLOC_MMAP_THRESHOLD_=65536`` in
    its environment builds the workload, prepares the system (ONNX Runtime with its
@@ -199,12 +203,28 @@ def _timed(fn: Callable[[], Any]) -> float:
     return dt
 
 
+def run_delay_s() -> float:
+    """Seconds the threads of this process have spent runnable but waiting for a core (the second field of each
+    ``/proc/self/task/*/schedstat``; 0 where the kernel does not report it)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for t in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                with open(f"/proc/self/task/{t}/schedstat") as f:
+                    total += int(f.read().split()[1])
+    return total / 1e9
+
+
 def time_interleaved(fns: dict[str, Callable[[], Any]], call_s: dict[str, float],
-                     st: Settings) -> tuple[dict[str, list[float]], dict[str, str]]:
+                     st: Settings, waited: dict[str, list[float]] | None = None
+                     ) -> tuple[dict[str, list[float]], dict[str, str]]:
     """(timed calls, errors) per system, interleaved in rounds (rotating order; one untimed call opens each block).
 
     `call_s` is a warm call's time per system: a system whose `runs` calls would take longer than
-    `max_timing_s` gets fewer (at least `min_runs`; the JSON records how many).
+    `max_timing_s` gets fewer (at least `min_runs`; the JSON records how many).  `waited` (if given) gets, per
+    system and block, the seconds per timed call this process's threads waited for a core (``run_delay_s``): load
+    from other processes, which costs a 2-thread kernel whose threads meet at a barrier far more than its share
+    (docs/gemm.md, session 18).
     """
     runs = {}
     for name in fns:
@@ -222,8 +242,11 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], call_s: dict[str, float]
             try:
                 time.sleep(st.settle_s)
                 fns[name]()
-                for _ in range(min(st.block, left)):
+                w0, n = run_delay_s(), min(st.block, left)
+                for _ in range(n):
                     times[name].append(_timed(fns[name]))
+                if waited is not None:
+                    waited.setdefault(name, []).append((run_delay_s() - w0) / n)
             except Exception as e:  # noqa: BLE001 - a system failing on a later call is a result
                 errors[name] = f"failed on timed call {len(times[name]) + 1}: {one_line(e)}"
         rnd += 1
@@ -301,13 +324,15 @@ def run_workload(w: W.Workload, systems: list[str], st: Settings, workdir: Path,
         results[s] = _prepare_one(s, ctx, ref, st)
     entry["export"] = {k: v for k, v in ctx.export.items() if k != "path"}
     fns = {s: r.pop("_fn") for s, r in results.items() if "_fn" in r}
+    waited: dict[str, list[float]] = {}
     times, errors = time_interleaved(fns, {s: results[s].get("warm_call_s", results[s]["first_call_s"]) for s in fns},
-                                     st) if fns else ({}, {})
+                                     st, waited) if fns else ({}, {})
     for s, ts in times.items():
         if s in errors:
             results[s].update(status="failed", reason=errors[s], times_s=ts)
         else:
-            results[s].update(times_s=ts, runs=len(ts), median_s=median(ts), min_s=min(ts), max_s=max(ts))
+            results[s].update(times_s=ts, runs=len(ts), median_s=median(ts), min_s=min(ts), max_s=max(ts),
+                              waited_s=waited.get(s, []), waited_median_s=median(waited[s]) if waited.get(s) else None)
     del fns
     gc.collect()
     if w.group in st.memory_groups:
@@ -510,7 +535,8 @@ def _progress_line(i: int, n: int, entry: dict) -> str:
     parts = []
     for s, r in entry["results"].items():
         if r["status"] == "ok":
-            parts.append(f"{s} {_fmt_ms(r.get('median_s'))}")
+            w = r.get("waited_median_s")
+            parts.append(f"{s} {_fmt_ms(r.get('median_s'))}" + (f" (waited {_fmt_ms(w)})" if w and w > 1e-5 else ""))
         else:
             parts.append(f"{s} {r['status']}")
     return f"[{i}/{n}] {entry['name']} ({entry.get('wall_s', 0):.0f} s): " + ", ".join(parts)

@@ -106,6 +106,33 @@ def test_every_timed_block_starts_after_the_settle_pause(monkeypatch, harness):
     assert harness.SETTLE_S >= 0.05  # ONNX Runtime's pool spins ~45 ms after a call on this machine
 
 
+def test_every_block_records_the_waits_for_a_core(monkeypatch, harness):
+    """Per system and block, the seconds per timed call this process's threads were runnable without a core (from
+    /proc/self/task/*/schedstat: here a fake counter that each call of "b" advances by 2 ms), so that a median
+    inflated by other processes' load can be told from a slow system (session 18)."""
+    clock = [0.0]
+    monkeypatch.setattr(harness, "run_delay_s", lambda: clock[0])
+    monkeypatch.setattr(harness.time, "sleep", lambda s: None)
+    st = harness.Settings(runs=4, memory=False)
+    st.block = 2
+
+    def b():
+        clock[0] += 2e-3
+    waited: dict = {}
+    times, errors = harness.time_interleaved({"a": lambda: None, "b": b}, {"a": 1e-3, "b": 1e-3}, st, waited)
+    assert not errors and {n: len(t) for n, t in times.items()} == {"a": 4, "b": 4}
+    assert waited["a"] == [0.0, 0.0] and waited["b"] == pytest.approx([2e-3, 2e-3])
+
+
+def test_run_delay_reads_this_process(harness):
+    """The real reader: a count of seconds that never goes down."""
+    w0 = harness.run_delay_s()
+    x = 0
+    for i in range(200000):
+        x += i
+    assert 0.0 <= w0 <= harness.run_delay_s()
+
+
 def test_report_goal_and_speedup_from_raw_numbers(harness):
     """Speed-up = best other median / headline vtc median; the goal is judged on units only."""
     from bench import report

@@ -102,7 +102,7 @@ def test_one_call_per_column_block_of_wide_nc(m):
     body = src.split('extern "C"')[1]
     assert f"nc = {gemm.WIDE_NC}; kc = std::max<int64_t>(128, {gemm.WIDE_BLOCK} / std::min<int64_t>(N, nc));" in body
     assert f"vtc_ukr_rows<{m}, {gemm.WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > 0, nb);" in body
-    assert body.count("vtc_ukr_rows<") == 1
+    assert body.count("vtc_ukr_rows<") == (2 if gemm.WIDE_KSPLIT else 1)  # + the K split's (N <= WIDE_NC)
 
 
 @pytest.mark.parametrize("m", [1, 2])
@@ -128,3 +128,49 @@ def test_an_epilogue_and_a_second_slice():
     c = compile_cpu(fn, (x, b, bias), gemm="vtc")
     assert_matches_eager(c, fn, (x, b, bias), **GEMM_TOL)
 
+
+
+@avx512
+@pytest.mark.parametrize("m", [1, 2])
+def test_one_column_block_splits_k_over_the_threads(m):
+    """N <= WIDE_NC on 2+ threads (session 18): each thread runs vtc_ukr_rows over a contiguous range of B's rows
+    (a multiple of WIDE_U apart) and all N columns, into C or its scratch; the partial rows are summed after the
+    threads join, then the epilogue.  Fails before: no K split in the kernel."""
+    g = gen(39)
+    a, b = rand((m, 1031), g), rand((1031, 1000), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    (src,) = _gemm_sources(c)
+    body = src.split('extern "C"')[1]
+    assert f"const bool ksplit = {gemm._ksplit_condition()};" in body
+    assert f"vtc_ukr_rows<{m}, {gemm.WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > kl, nb);" in body
+    assert "if (ksplit) tn = 0;" in body and "cg[ii * LDC + jj] += s[ii * LDC + jj];" in body
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1031, 1000), (2, 4096, 128), (1, 600, 2048), (2, 300, 2049)])
+def test_k_split_values_on_every_thread_count(m, k, n):
+    """The K split (N <= WIDE_NC, K >= WIDE_KSPLIT_MIN_ROWS per thread) at 1-4 threads on one kernel against torch:
+    K not a multiple of WIDE_U or of the threads, row ranges cut inside a KC slice (600 / 3 threads: 200 -> 192 +
+    200 + 208 rows), the narrow kernel (128 columns), the widest block (2048), and 2049 columns (two blocks: the
+    column split, as before)."""
+    g = gen(40)
+    a, b = rand((m, k), g), rand((k, n), g)
+    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
+    (k_,) = [k_ for k_ in kernels(c) if k_.kind == "gemm"]
+    lib = cbuild.build(gemm.generate(k_), name="gemm_wide_rows_ksplit")
+    want = a @ b
+    for nthreads in (1, 2, 3, 4):
+        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **LONG_TOL)
+
+
+def test_k_split_with_an_epilogue_on_every_thread_count():
+    """relu(x @ b + bias) with the K split: the epilogue runs once over the summed rows, after the threads join."""
+    g = gen(41)
+    x, b, bias = rand((2, 1500), g), rand((1500, 700), g), rand((700,), g)
+    fn = lambda x, b, bias: torch.relu(x @ b + bias)
+    c = compile_cpu(fn, (x, b, bias), gemm="vtc")
+    (k_,) = [k_ for k_ in kernels(c) if k_.kind == "gemm"]
+    lib = cbuild.build(gemm.generate(k_), name="gemm_wide_rows_ksplit_epi")
+    want = fn(x, b, bias)
+    for nthreads in (1, 2, 3, 4):
+        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (x, b, bias), nthreads), want, **LONG_TOL)
+    assert_matches_eager(c, fn, (x, b, bias), **LONG_TOL)

@@ -1409,6 +1409,7 @@ def generate(k: Kernel) -> str:
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
+        *_ksplit_head(em, g),
         "  const int64_t units = BATCH * tn * tm;",
         *OMP_TEAM,
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
@@ -1417,6 +1418,7 @@ def generate(k: Kernel) -> str:
         *(["    int64_t s_key = -1;  // (batch * tm + M block) * K + k0 of the A panel in ap (W packed once)"]
           if skinny is not None else []),
         "    float* __restrict bp = vtc_gemm_scratch(1, kc * nc);",
+        *_ksplit_rows(em, g, c),
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1;) {",
         "      const int64_t grp = u / tm, mlo = u % tm, mhi = std::min<int64_t>(tm, mlo + (u1 - u));",
@@ -1496,7 +1498,7 @@ def generate(k: Kernel) -> str:
     epi = _epilogue(em, k, "        ")
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
-    lines += ["    }", "  }"]
+    lines += ["    }", "  }", *_ksplit_finish(em, k)]
     head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
@@ -1747,6 +1749,102 @@ def _wide_rows_blocking(em, g: GemmOperands) -> list[str]:
     return ["#if defined(__AVX512F__)",
             f"  nc = {WIDE_NC}; kc = std::max<int64_t>(128, {WIDE_BLOCK} / std::min<int64_t>(N, nc));"
             "  // vtc_ukr_rows over whole column blocks (_wide_rows)",
+            *([f"  const bool ksplit = {_ksplit_condition()};  // the threads split K (_ksplit_rows)",
+               "#else",
+               "  const bool ksplit = false;"] if _ksplit_applies(em, g) else []),
+            "#endif"]
+
+
+WIDE_KSPLIT = True  # one column block (N <= WIDE_NC) on 2+ threads: each thread a contiguous range of B's rows over
+#                     all N columns, the partial rows of C summed after the threads join (_ksplit_rows)
+WIDE_KSPLIT_MIN_ROWS = 16  # rows of B per thread from which K is split
+
+
+def _ksplit_applies(em, g: GemmOperands) -> bool:
+    """Whether generate's kernel for g has the K-split loops of the vtc_ukr_rows path (``_ksplit_rows``): that
+    path, C the kernel's own [M, N] (no pushed layout) and no batch."""
+    return WIDE_KSPLIT and _wide_rows_applies(em, g) and g.out_layout is None and g.batch == 1
+
+
+def _ksplit_condition() -> str:
+    """The C condition under which the threads split K: 2..64 threads, one column block, enough rows each."""
+    return f"nt > 1 && nt <= 64 && BATCH == 1 && N <= nc && K >= {WIDE_KSPLIT_MIN_ROWS} * nt"
+
+
+def _ksplit_head(em, g: GemmOperands) -> list[str]:
+    """Before the threads start (where ``_ksplit_applies``): where they split K, no units for the unit loop, and
+    the array through which each thread names the row(s) of C it summed into."""
+    if not _ksplit_applies(em, g):
+        return []
+    return ["  float* vtc_kparts[64];  // thread t's partial C (thread 0's: C itself)",
+            "  int vtc_knth = 1;",
+            "  if (ksplit) tn = 0;  // no column blocks: the threads split K instead (_ksplit_rows)"]
+
+
+def _ksplit_rows(em, g: GemmOperands, c: str) -> list[str]:
+    """In the parallel region (where ``_ksplit_applies``): where ksplit holds, thread tid runs vtc_ukr_rows over B's
+    rows [kl, kh) (a multiple of WIDE_U apart, the last thread to K) and all N columns, into C (thread 0) or its B
+    scratch (unused on this path): each thread reads one contiguous run of B (rows of N <= WIDE_NC floats one
+    after the other) where the column split gave each thread a part of every row (1 x 1024 -> 1024: 2 KB of each
+    4 KB row)."""
+    if not _ksplit_applies(em, g):
+        return []
+    bt = g.vars[0] or "bt"
+    src, ldb = _direct_b(em, g)
+    block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
+             "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
+             "  float* __restrict ct = cg + m0 * LDC;"]
+    ind = "        "
+    em.forget()
+    pack = _pack_a(em, g, ind + "  ")
+    em.forget()  # temps declared in this block: not in scope for the unit loop's
+    return ["#if defined(__AVX512F__)",
+            "    if (ksplit) {",
+            f"      const int64_t kl = K * tid / nth / {WIDE_U} * {WIDE_U}, kh = tid == nth - 1 ? K : K * (tid + 1) / nth / {WIDE_U} * {WIDE_U};",
+            f"      const int64_t {bt} = 0, n0 = 0, nb = N, mlo = 0, mhi = tm;",
+            f"      float* __restrict cg = tid == 0 ? {c} : bp;",
+            "      vtc_kparts[tid] = cg;",
+            "      if (tid == 0) vtc_knth = (int)nth;",
+            "      for (int64_t k0 = kl; k0 < kh; k0 += kc) {",
+            "        const int64_t kb = std::min<int64_t>(kc, kh - k0);",
+            f"        const float* __restrict bsrc = {src};",
+            f"        const int64_t ldb = {ldb};",
+            *[ind + x for x in block],
+            *pack,
+            f"{ind}  vtc_ukr_rows<{g.m}, {WIDE_U}>(kb, ap, bsrc, ldb, ct, LDC, k0 > kl, nb);",
+            f"{ind}}}",
+            "      }",
+            "    }",
+            "#endif"]
+
+
+def _ksplit_finish(em, k: Kernel) -> list[str]:
+    """After the threads join (where ``_ksplit_applies``): where they split K, the other threads' partial rows added
+    into C, then the epilogue over the whole of C, on the calling thread (M <= 2 rows of N <= WIDE_NC)."""
+    g = k.gemm
+    if not _ksplit_applies(em, g):
+        return []
+    bt = g.vars[0] or "bt"
+    c = em.ptr[k.stores[0].buffer.name]
+    em.forget()
+    epi = _epilogue(em, k, "      ")
+    em.forget()
+    return ["#if defined(__AVX512F__)",
+            "  if (ksplit) {  // the threads' partial sums of C (_ksplit_rows), then the epilogue",
+            f"    const int64_t {bt} = 0, n0 = 0, nb = N, mlo = 0, mhi = tm;",
+            f"    float* __restrict cg = {c};",
+            "    for (int t = 1; t < vtc_knth; ++t) {",
+            "      const float* __restrict s = vtc_kparts[t];",
+            "      for (int64_t ii = 0; ii < M; ++ii)",
+            "        #pragma omp simd",
+            "        for (int64_t jj = 0; jj < N; ++jj) cg[ii * LDC + jj] += s[ii * LDC + jj];",
+            "    }",
+            *([] if not epi else ["    for (int64_t mi = mlo; mi < mhi; ++mi) {",
+                                  "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
+                                  "      float* __restrict ct = cg + m0 * LDC;",
+                                  *epi,
+                                  "    }"]),
+            "  }",
             "#endif"]
 
 
