@@ -78,11 +78,16 @@ def test_every_thread_count_covers_the_output_once(m, k, n):
     """Above the parallel threshold (N split across the threads in equal blocks of at most WIDE_NC columns rounded
     to 32, the last one narrower and not a multiple of 16: 1345 / 929 columns at N = 4097, 488 / 296 / 232 at
     N = 1000), K not a multiple of WIDE_U or of the slice, 1-4 threads on one kernel."""
-    g = gen(35)
+    _matches_torch_on_every_thread_count(m, k, n, seed=35, name="gemm_wide_rows")
+
+
+def _matches_torch_on_every_thread_count(m: int, k: int, n: int, seed: int, name: str) -> None:
+    """a @ b's generated kernel (gemm="vtc") built once and called at 1-4 threads, each result against torch."""
+    g = gen(seed)
     a, b = rand((m, k), g), rand((k, n), g)
     c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
     (k_,) = [k_ for k_ in kernels(c) if k_.kind == "gemm"]
-    lib = cbuild.build(gemm.generate(k_), name="gemm_wide_rows")
+    lib = cbuild.build(gemm.generate(k_), name=name)
     want = a @ b
     for nthreads in (1, 2, 3, 4):
         torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **LONG_TOL)
@@ -152,14 +157,7 @@ def test_k_split_values_on_every_thread_count(m, k, n):
     K not a multiple of WIDE_U or of the threads, row ranges cut inside a KC slice (600 / 3 threads: 200 -> 192 +
     200 + 208 rows), the narrow kernel (128 columns), the widest block (2048), and 2049 columns (two blocks: the
     column split, as before)."""
-    g = gen(40)
-    a, b = rand((m, k), g), rand((k, n), g)
-    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
-    (k_,) = [k_ for k_ in kernels(c) if k_.kind == "gemm"]
-    lib = cbuild.build(gemm.generate(k_), name="gemm_wide_rows_ksplit")
-    want = a @ b
-    for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **LONG_TOL)
+    _matches_torch_on_every_thread_count(m, k, n, seed=40, name="gemm_wide_rows_ksplit")
 
 
 def test_k_split_with_an_epilogue_on_every_thread_count():
