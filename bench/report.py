@@ -219,21 +219,19 @@ float32 GEMM compares with the generated one is measured once per machine:
 on this run's AMD EPYC (Zen 5) MKL runs at ~0.55x of the generated GEMM, so
 every float32 GEMM here is generated (on the Intel Xeon of earlier runs a
 Linear's x @ W^T with 32 rows and more ran MKL's packed GEMM).  Since the
-last run (the same AMD EPYC): float32 3x3 stride-1 convolutions of 16-64
-channels (C3k2's bottlenecks) run as Winograd F(2x2, 3x3) with the usual
-epilogue (c3k2_b1 1.23x here, 1.05x last run; c3k2_b16 1.42x, 1.21x); exp,
-sigmoid and SiLU are 1.35-1.5x cheaper per element (integer clamps, SiLU as
-x / (1 + e^-x)); the flat depthwise form masks by tap column and keeps one
-accumulator per tap column (EfficientViT's 5x5: 206 -> 129 us at 1 thread;
-efficientvit_b1 1.24x, 1.13x last run); the attention kernel stores the
-merged heads when a generated o-projection reads them, so that GEMM packs a
-plain A (llama3_prefill_b1 1.02x here, 1.00x last run; gemma2 prefill 1.04x,
-1.05x).  The prefill units stay GEMM-bound near OpenVINO: at 1 thread, CPU
-time, the two measured level last session, the GEMMs at ~88% of the FMA
-peak inside the unit.  On a loaded machine the libgomp threads' spin-wait
-between kernels costs vtc more than OpenVINO's TBB pool (docs/prefill.md,
-session 16).  Where vtc loses: swin_t_model (not a goal workload; 84% of
-its time in GEMMs) read 0.96x against OpenVINO (0.96x last run).
+last run (the same AMD EPYC): the attention kernel's reused Q and V
+vectors are pinned to registers (gcc had folded each into its FMAs as a
+memory operand: llama3 prefill's kernel 1.06 -> 0.90 ms at 1 thread;
+attn_causal 2.00x here, 1.65x last run), RoPE's sin / cos tables are
+vector code again (0.13 -> 0.05 ms per llama3 prefill call), and a one-row
+a @ b splits K over the threads.  The prefill units stay GEMM-bound near
+OpenVINO (llama3_prefill_b1 and gemma2 prefill 1.04x here; at 1 thread,
+CPU time, the GEMMs take 28.7 of llama3's 30.3 ms).  On a loaded machine
+the libgomp threads' spin-wait between kernels costs vtc more than
+OpenVINO's TBB pool (docs/prefill.md, session 16); each timed block now
+records how long the process's threads waited for a core ("waited" in the
+JSON).  Where vtc loses: swin_t_model (not a goal workload; 84% of its
+time in GEMMs) read 0.97x against OpenVINO (0.96x last run).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
