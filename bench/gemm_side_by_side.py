@@ -241,23 +241,53 @@ def worker_main(system: str, threads: int, clock: str) -> int:
                 try:
                     [w] = select(arg)
                     model, inputs = w.build()
-                    fn = PREPARE[system](Context(w.name, model, inputs, threads, Path(tmp))).fn
-                    out = {"reps": _reps(fn), "pid": os.getpid()}
-                except SystemFailure as e:
-                    out = {"failed": e.reason}
-                except Exception as e:  # e.g. ONNX Runtime has no CPU MatMul for bf16
-                    out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+                    fn, why = _prepare(system, Context(w.name, model, inputs, threads, Path(tmp)))
+                    out = {"failed": why} if fn is None else {"reps": _reps(fn), "pid": os.getpid()}
+                except Exception as e:  # noqa: BLE001 - a workload that does not build is a result
+                    out = {"failed": _why(e)}
                 reps = out.get("reps")
             elif cmd == "round":
                 try:
                     ms, waited = _block(fn, reps, CLOCKS[clock])
                     out = {"ms": ms, "waited_ms": waited}
                 except Exception as e:  # a system failing on a later call is a result
-                    out = {"failed": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+                    out = {"failed": _why(e)}
             else:
                 out = {"failed": f"unknown command {line.strip()!r}"}
             print(WORKER_TAG + json.dumps(out), flush=True)
     return 0
+
+
+def _why(e: Exception) -> str:
+    """A failure's one-line reason: the exception's type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def _prepare(system: str, ctx: Context) -> tuple:
+    """(the system's call, None), or (None, why it could not be prepared)."""
+    try:
+        return PREPARE[system](ctx).fn, None
+    except SystemFailure as e:
+        return None, e.reason
+    except Exception as e:  # noqa: BLE001 - e.g. ONNX Runtime has no CPU MatMul for bf16
+        return None, _why(e)
+
+
+def _time_here(w, systems: list, args, tmp: Path) -> tuple[dict, dict]:
+    """({system: summary}, {system: why it failed}) for workload w, every system prepared and timed in this process
+    (``--process one``)."""
+    model, inputs = w.build()
+    ctx = Context(w.name, model, inputs, args.threads, tmp)
+    fns, failed = {}, {}
+    for s in systems:
+        fn, why = _prepare(s, ctx)
+        if fn is None:
+            failed[s] = why
+        else:
+            fns[s] = fn
+    with torch.no_grad():
+        times = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
+    return times, failed
 
 
 def _row(w, times: dict, failed: dict) -> dict:
@@ -315,22 +345,8 @@ def main(argv=None) -> int:
         for w in select(args.workloads):
             if workers is not None:
                 times, failed = workers.time(w.name, args.rounds)
-                row = _row(w, times, failed)
-                results.append(row)
-                _print_row(row)
-                continue
-            model, inputs = w.build()
-            ctx = Context(w.name, model, inputs, args.threads, Path(tmp))
-            fns, failed = {}, {}
-            for s in systems:
-                try:
-                    fns[s] = PREPARE[s](ctx).fn
-                except SystemFailure as e:
-                    failed[s] = e.reason
-                except Exception as e:  # e.g. ONNX Runtime has no CPU MatMul for bf16
-                    failed[s] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            with torch.no_grad():
-                times = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
+            else:
+                times, failed = _time_here(w, systems, args, Path(tmp))
             row = _row(w, times, failed)
             results.append(row)
             _print_row(row)
