@@ -5,6 +5,10 @@
 // Variants: g<RB>x<CB>c<COLS>[o<ORDER>][s<SCHED>][p<PF>]: bands of 16*RB rows, groups of 16*CB columns per step, tiles
 // of COLS columns; ORDER 1 walks the tiles column-major (each thread a column half); SCHED 1 interleaves the tiles
 // between the threads (schedule(static, 1)); PF prefetches the next group's transposed lines.
+// Session 19: two<COLS> (each tile's x panel transposed into a buffer, then rows of buffer + y), py<D> / pyw<D> (y's /
+// y's and the output's lines prefetched D blocks ahead), b2 (each block's loads before its stores), g1r / b2r (blocks
+// walked right to left), yo (the walk of y and the output alone).  OFFX / OFFY / OFFO=k: that array starts k floats
+// past a 2 MB boundary (the arrays' placement mod 4 KB: the store -> load 4 KB aliasing of docs/chains.md, session 19).
 #include "tr.h"
 #include <chrono>
 #include <time.h>
@@ -135,14 +139,114 @@ static void k_r8(const float* __restrict x, const float* __restrict y, float* __
     }
   for (int64_t i = 0; i < n; ++i) for (int64_t j = n / 16 * 16; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
 }
+
+// two passes per band of 16 rows and COLS columns: the x panel transposed into a buffer (16 x COLS), then rows of buf + y
+template <int COLS>
+static void k_two(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16, tb = (n + COLS - 1) / COLS;
+  #pragma omp parallel num_threads(nt)
+  {
+    constexpr int W = COLS + 16;
+    alignas(64) static thread_local float buf[16 * W];
+    #pragma omp for
+    for (int64_t t = 0; t < ta * tb; ++t) {
+      const int64_t i0 = t / tb * 16, c0 = t % tb * COLS, c1 = std::min<int64_t>(c0 + COLS, n), cf = c0 + (c1 - c0) / 16 * 16;
+      for (int64_t q = c0; q < cf; q += 16) {
+        vtc_v16 v[16];
+        vtc_tile_transpose16_regs(v, x + (i0 + n * q), n);
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) __builtin_memcpy(buf + W * i + (q - c0), &v[i], 64);
+      }
+      for (int i = 0; i < 16; ++i) {
+        const float* yr = y + n * (i0 + i); float* orow = o + n * (i0 + i); const float* br = buf + W * i - c0;
+        #pragma omp simd
+        for (int64_t j = c0; j < cf; ++j) orow[j] = br[j] + yr[j];
+        for (int64_t j = cf; j < c1; ++j) orow[j] = x[(i0 + i) + n * j] + yr[j];
+      }
+    }
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
+// the band walk with software prefetch of y's lines D blocks (of 16 columns) ahead; WO: the output's too (for writing)
+template <int D, int WO>
+static void k_py(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta; ++t) {
+    const int64_t i0 = t * 16, qe = n / 16 * 16;
+    for (int64_t q = 0; q < qe; q += 16) {
+      if (q + 16 * D < n) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+          __builtin_prefetch(y + n * (i0 + i) + q + 16 * D, 0, 3);
+          if (WO) __builtin_prefetch(o + n * (i0 + i) + q + 16 * D, 1, 3);
+        }
+      }
+      block(x, y, o, n, i0, q);
+    }
+    for (int64_t i = i0; i < i0 + 16; ++i) for (int64_t j = qe; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
+// the register block with every row's loads before any store (no load behind a store to the same address mod 4 KB)
+static inline __attribute__((always_inline)) void block2(const float* __restrict x, const float* __restrict y,
+                                                        float* __restrict o, int64_t n, int64_t r0, int64_t c0) {
+  vtc_v16 v[16];
+  vtc_tile_transpose16_regs(v, x + (r0 + n * c0), n);
+  const float* yp = y + n * r0 + c0;
+  float* op = o + n * r0 + c0;
+  vtc_v16 s[16];
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) { vtc_v16 w; __builtin_memcpy(&w, yp + n * i, 64); s[i] = w + v[i]; }
+  #pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) __builtin_memcpy(op + n * i, &s[i], 64);
+}
+static void k_b2(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16, tb = (n + 255) / 256;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t i0 = t / tb * 16, c0 = t % tb * 256, c1 = std::min<int64_t>(c0 + 256, n), cf = c0 + (c1 - c0) / 16 * 16;
+    for (int64_t q = c0; q < cf; q += 16) block2(x, y, o, n, i0, q);
+    for (int64_t i = i0; i < i0 + 16; ++i) for (int64_t j = cf; j < c1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
+// the tiles' blocks walked right to left (REV: loads first, block2)
+template <int REV>
+static void k_b2d(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16, tb = (n + 255) / 256;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t i0 = t / tb * 16, c0 = t % tb * 256, c1 = std::min<int64_t>(c0 + 256, n), cf = c0 + (c1 - c0) / 16 * 16;
+    if (REV) { for (int64_t q = cf - 16; q >= c0; q -= 16) block2(x, y, o, n, i0, q); }
+    else { for (int64_t q = cf - 16; q >= c0; q -= 16) block(x, y, o, n, i0, q); }
+    for (int64_t i = i0; i < i0 + 16; ++i) for (int64_t j = cf; j < c1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
+// a piece of the band walk: yo = y + 1 stored (no x)
+static void k_yo(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < n / 16; ++t)
+    for (int64_t q = 0; q + 16 <= n; q += 16)
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) { vtc_v16 w; __builtin_memcpy(&w, y + n * (t * 16 + i) + q, 64); w += 1.0f; __builtin_memcpy(o + n * (t * 16 + i) + q, &w, 64); }
+}
 int main(int argc, char** argv) {
   int64_t n = atoll(argv[1]); int nt = atoi(argv[2]); int reps = atoi(argv[3]);
   std::string only = argc > 4 ? std::string(",") + argv[4] + "," : "";
-  std::vector<float, HA<float>> x(n * n), y(n * n), o(n * n), ref(n * n);
+  std::vector<float, HA<float>> xs(n * n + 4096), ys(n * n + 4096), os_(n * n + 4096), ref(n * n);
+  struct P { float* p;  // an array at an offset: data() and [] as the vectors had float* data() { return p; } float& operator[](int64_t i) { return p[i]; } };
+  auto off = [](const char* e) { return getenv(e) ? atoi(getenv(e)) : 0; };
+  P x{xs.data() + off("OFFX")}, y{ys.data() + off("OFFY")}, o{os_.data() + off("OFFO")};
   for (int64_t i = 0; i < n * n; ++i) { x[i] = rand() / 1e6f; y[i] = rand() / 1e6f; }
   for (int64_t i = 0; i < n; ++i) for (int64_t j = 0; j < n; ++j) ref[i * n + j] = x[j * n + i] + y[i * n + j];
   struct V { const char* name; K k; } all[] = {
-    {"add", k_add}, {"g1x1c256", k_g<1, 1, 256>}, {"g1x1c16", k_g<1, 1, 16>}, {"g1x1c4096", k_g<1, 1, 4096>},
+    {"add", k_add}, {"yo", k_yo}, {"b2r", k_b2d<1>}, {"g1r", k_b2d<0>}, {"b2", k_b2}, {"py1", k_py<1,0>}, {"py2", k_py<2,0>}, {"py4", k_py<4,0>}, {"py8", k_py<8,0>}, {"pyw1", k_py<1,1>}, {"pyw2", k_py<2,1>}, {"pyw4", k_py<4,1>}, {"pyw8", k_py<8,1>}, {"two256", k_two<256>}, {"two1024", k_two<1024>}, {"two4096", k_two<4096>}, {"g1x1c256", k_g<1, 1, 256>}, {"g1x1c16", k_g<1, 1, 16>}, {"g1x1c4096", k_g<1, 1, 4096>},
     {"g1x2c256", k_g<1, 2, 256>}, {"g2x1c256", k_g<2, 1, 256>}, {"g2x2c256", k_g<2, 2, 256>},
     {"g2x1c128", k_g<2, 1, 128>}, {"g1x4c256", k_g<1, 4, 256>}, {"g4x1c256", k_g<4, 1, 256>},
     {"g1x1c256o1", k_g<1, 1, 256, 1>}, {"g1x1c256s1", k_g<1, 1, 256, 0, 1>}, {"g1x1c256p1", k_g<1, 1, 256, 0, 0, 1>},
@@ -158,11 +262,12 @@ int main(int argc, char** argv) {
   for (int round = 0; round < 15; ++round)
     for (int v = 0; v < NV; ++v) {
       vs[v].k(x.data(), y.data(), o.data(), n, nt);
-      if (round == 0 && strcmp(vs[v].name, "add") && strcmp(vs[v].name, "order") && strcmp(vs[v].name, "tonly"))
+      if (round == 0 && strcmp(vs[v].name, "add") && strcmp(vs[v].name, "order") && strcmp(vs[v].name, "tonly") && strcmp(vs[v].name, "yo"))
         for (int64_t i = 0; i < n * n; ++i) if (o[i] != ref[i]) { printf("%s wrong at %ld\n", vs[v].name, (long)i); break; }
       double t0 = now_us();
       for (int r = 0; r < reps; ++r) vs[v].k(x.data(), y.data(), o.data(), n, nt);
       t[v].push_back((now_us() - t0) / reps);
     }
+  { FILE* f = fopen("/proc/self/smaps_rollup", "r"); char l[256]; while (fgets(l, 256, f)) if (strstr(l, "AnonHuge")) printf("%s", l); fclose(f); }
   for (int v = 0; v < NV; ++v) { auto s = t[v]; std::sort(s.begin(), s.end()); printf("n=%ld T=%d %-12s min %8.1f med %8.1f us\n", (long)n, nt, vs[v].name, s[0], s[s.size() / 2]); }
 }
