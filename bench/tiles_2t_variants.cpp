@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
   int64_t n = atoll(argv[1]); int nt = atoi(argv[2]); int reps = atoi(argv[3]);
   std::string only = argc > 4 ? std::string(",") + argv[4] + "," : "";
   std::vector<float, HA<float>> xs(n * n + 4096), ys(n * n + 4096), os_(n * n + 4096), ref(n * n);
-  struct P { float* p;  // an array at an offset: data() and [] as the vectors had float* data() { return p; } float& operator[](int64_t i) { return p[i]; } };
+  // an array at an offset, with data() and [] as the vectors had
+  struct P { float* p; float* data() { return p; } float& operator[](int64_t i) { return p[i]; } };
   auto off = [](const char* e) { return getenv(e) ? atoi(getenv(e)) : 0; };
   P x{xs.data() + off("OFFX")}, y{ys.data() + off("OFFY")}, o{os_.data() + off("OFFO")};
   for (int64_t i = 0; i < n * n; ++i) { x[i] = rand() / 1e6f; y[i] = rand() / 1e6f; }

@@ -7,7 +7,9 @@ of the tiles' 16-row walk)::
 
 The output is vtc's recycled buffer (the same address every call, checked), so ``y`` is copied into a fresh
 tensor starting `d` bytes past the output's address modulo 4096; each placement's result is checked against
-eager.  1 thread, CPU time of the calling thread by default; median / min us per placement.
+eager.  1 thread, CPU time of the calling thread by default; median / min us per placement.  ``--ab``: also the
+kernel without ``vtc.codegen.tiles.LOADS_FIRST`` (each block's rows stored one by one whatever the placement),
+timed in the same rounds (``<d> off``).
 """
 from __future__ import annotations
 
@@ -37,29 +39,36 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--ab", action="store_true", help="also time the kernel with tiles.LOADS_FIRST off")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import vtc
+    from vtc.codegen import tiles
 
     offsets = range(0, 4096, 64) if args.offsets == "all" else [int(v) for v in args.offsets.split(",")]
     model, (x, y) = W.get(args.workload).build(False)
-    cv = vtc.compile(model, (x, y), plan="all")
-    at = cv(x, y).data_ptr()
+    forms = {"": vtc.compile(model, (x, y), plan="all")}
+    if args.ab:
+        tiles.LOADS_FIRST = False
+        forms[" off"] = vtc.compile(model, (x, y), plan="all")
+        tiles.LOADS_FIRST = True
     fns, rooms = {}, []
     with torch.no_grad():
-        for d in offsets:
-            placed, room = placed_like(y, at, d)
-            rooms.append(room)
-            out = cv(x, placed)
-            assert out.data_ptr() == at, "the output moved: placements are not comparable"
-            torch.testing.assert_close(out, model(x, placed), rtol=1e-5, atol=1e-5)
-            del out
-            fns[f"{d}"] = lambda placed=placed: cv(x, placed)
+        for label, cv in forms.items():
+            at = cv(x, y).data_ptr()
+            for d in offsets:
+                placed, room = placed_like(y, at, d)
+                rooms.append(room)
+                out = cv(x, placed)
+                assert out.data_ptr() == at, "the output moved: placements are not comparable"
+                torch.testing.assert_close(out, model(x, placed), rtol=1e-5, atol=1e-5)
+                del out
+                fns[f"{d}{label}"] = lambda cv=cv, placed=placed: cv(x, placed)
         res = time_side_by_side(fns, args.rounds, CLOCKS[args.clock])
     print(f"{args.workload} threads={args.threads} clock={args.clock} output % 4096 = {at % 4096}; "
           f"y - output (bytes mod 4096): median/min us")
     for d, r in res.items():
-        print(f"  {d:>5}: {r['median_ms'] * 1e3:7.1f} / {r['min_ms'] * 1e3:7.1f}")
+        print(f"  {d:>9}: {r['median_ms'] * 1e3:7.1f} / {r['min_ms'] * 1e3:7.1f}")
     print("load %.2f" % os.getloadavg()[0])
 
 

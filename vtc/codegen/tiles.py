@@ -56,6 +56,13 @@ STREAM = False
 # a full block (16 rows, 16 columns) of a kernel whose stores are +, -, *, / of its loads kept in vector registers:
 # the transposed vectors added to the other operands' row vectors and stored, no 1 KB buffer (False: the buffer)
 REGISTERS = True
+# a register block whose other operand's rows meet the output's rows modulo 4 KB (a row stride of 2 or 4 KB and the two
+# buffers at nearly the same address modulo 4 KB: a 1024 x 1024 float transpose -> add, where every large allocation
+# starts at the same offset in its page) makes all its loads before its stores: a load behind a store to the same
+# address modulo 4 KB waits for it (1 thread: 1024 x 1024 0.41-0.51 -> 0.32-0.35 ms; docs/chains.md, session 19).  Only
+# for rows a multiple of 2 KB apart and a working set within the last-level cache; "always": every block of every
+# register-form kernel so (A/B, tests), False: never
+LOADS_FIRST: bool | str = True
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
@@ -67,6 +74,14 @@ typedef float vtc_v16 __attribute__((vector_size(64)));
 static inline __attribute__((always_inline)) void vtc_tile_transpose16_regs(vtc_v16* __restrict r, const float* __restrict src, int64_t stride) {
   for (int i = 0; i < 16; ++i) __builtin_memcpy(&r[i], src + stride * i, 64);
 %s
+}
+// whether a load from p + k * sp (k = 1..15: a later row of a block) touches the 64 bytes at o modulo 4 KB: the load
+// would wait for a store there (4 KB aliasing); the register block then makes its loads first (tiles.LOADS_FIRST)
+static inline bool vtc_tile_rows_meet4k(const void* p, const void* o, int64_t sp) {
+  bool meet = false;
+  for (int64_t k = 1; k < 16; ++k)
+    meet |= ((uint64_t)((const char*)p - (const char*)o + k * sp + 63) & 4095) < 127;
+  return meet;
 }
 // the register form's other ops (tiles._register_block): a float broadcast, and a scalar function applied lane by
 // lane (written through a local array, compiled to vector code in registers where the function vectorises)
@@ -294,9 +309,10 @@ def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, stream
         em.forget()
         return out + ["      }"]
 
+    flag, registers = ([], []) if streamed else _register_block(k, em, loads, a, row, inner, origin)
+    lines += flag
     lines.append(f"    for (int64_t q = tb0; q < tbf; q += {T}) {{")
-    if not streamed:
-        lines += _register_block(k, em, loads, a, row, inner, origin)
+    lines += registers
     lines += block("q", "q", f"q + {T}", streamed)
     lines += ["    }", "    if (tbf < tb1) {", f"      const int64_t qa = tb1 - {T};"]
     lines += block("qa", "tbf", "tb1", False)
@@ -317,7 +333,7 @@ _MAPPED_BINARY = {"max", "min", "pow", "atan2", "fmod", "remainder", "div_floor"
 _NOT_FLOAT_UNARY = {"not", "bitnot"}
 
 
-def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) -> list[str]:
+def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) -> tuple[list[str], list[str]]:
     """A full block of a tile (16 full rows: ``re - ta0 == 16``) with the transposed vectors in registers
     (``REGISTERS``): per row, the transposed operands' vector ``v{j}[r_]``, the other operands' 16 floats of
     the row as a vector (or one float, broadcast, where they do not move along the row), the store's value
@@ -329,9 +345,14 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     negation as a vector negation, any other float unary op (relu, abs, exp, sigmoid, ...) and max, min, pow, ...
     lane by lane through ``vtc_map16`` / ``vtc_map16_2`` with the scalar form's C (gcc compiles those loops to
     the same vector code in registers); [] otherwise, and where the compiler has no vector types
-    (``VTC_TILE_REGS``).  Each value used twice is computed once per row (``e{n}``)."""
+    (``VTC_TILE_REGS``).  Each value used twice is computed once per row (``e{n}``).
+
+    Returns (the tile's lines before its blocks, the block's lines): with ``LOADS_FIRST``, one store, an operand
+    with the store's row stride, a multiple of 2 KB, and a working set within the last-level cache, the first computes ``first_`` (whether a later row of such an operand meets the
+    output's row modulo 4 KB, ``vtc_tile_rows_meet4k``; the same for every block of the tile, as both move one float
+    per column) and the block has a second form for it, all 16 rows' loads before the 16 stores."""
     if not REGISTERS:
-        return []
+        return [], []
     from vtc.codegen.cpp import _UNARY_FMT  # (cpp imports this module)
     transposed = {id(s): j for j, (s, *_) in enumerate(loads)}
     rows: dict[int, Scalar] = {}  # loads contiguous along the row, read as vectors
@@ -372,7 +393,7 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
 
     if not all(st.buffer.dtype == torch.float32 and st.when is None and coefficient(st.buffer.name, st.index) == 1
                and coefficient(st.buffer.name, st.index, row) is not None and fits(st.value) for st in k.stores):
-        return []
+        return [], []
     T = TILE
     out = ["#if defined(VTC_TILE_REGS)", f"      if (re - ta0 == {T}) {{"]
     for j, (s, c, coeffs, stride) in enumerate(loads):
@@ -425,7 +446,33 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     out += body
     for n, v in enumerate(values):
         out.append(f"          const vtc_v16 s{n} = {v};")
-    out += [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
-            for n, st in enumerate(k.stores)]
+    stores = [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
+              for n, st in enumerate(k.stores)]
+    st = k.stores[0]
+    stride = coefficient(st.buffer.name, st.index, row)
+    meeting = [(buf, idx) for _, buf, idx in bases[:len(rows)] if coefficient(buf, idx, row) == stride]
+    flag = []
+    # rows 2 or 4 KB apart (a power of two of 512 floats or more) meet every other row or every row when the two
+    # buffers do; other strides meet at one row distance at most, and the second form cost 5-15% at 1448 floats
+    # (8 MB), as did loading first from memory (64 MB: 7% slower)
+    worth = (4 * stride) % 2048 == 0 and stream.working_set_bytes(k) <= stream.cache_bytes()
+    if LOADS_FIRST and len(k.stores) == 1 and meeting and (worth or LOADS_FIRST == "always"):
+        # the tile's flag, then where it is set the same row loop computing all 16 rows' values and the 16 stores
+        # after them; else each row's store right after its loads
+        out_at = f"{em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, st.index)}"
+        meets = " || ".join(f"vtc_tile_rows_meet4k({em.ptr[buf]} + {em.linear(buf, idx)}, {out_at}, {4 * stride})"
+                            for buf, idx in meeting)
+        if LOADS_FIRST == "always":
+            meets = "true"
+        flag = ["#if defined(VTC_TILE_REGS)", "    bool first_;  // the register blocks' loads before their stores (tiles.LOADS_FIRST)",
+                f"    {{ const int64_t {row} = ta0, {inner} = tb0; first_ = {meets}; }}", "#endif"]
+        head = out.index(f"        #pragma GCC unroll {T}")
+        loop = out[head:]
+        out[head:] = ["        if (first_) {", f"          vtc_v16 s0_[{T}];",
+                      *[f"  {line}" for line in loop], "            s0_[r_] = s0;", "          }",
+                      f"          #pragma GCC unroll {T}",
+                      f"          for (int r_ = 0; r_ < {T}; ++r_) __builtin_memcpy(o0 + r_ * {stride}, &s0_[r_], 64);",
+                      "          continue;", "        }", *loop]
+    out += stores
     em.forget()
-    return out + ["        }", "        continue;", "      }", "#endif"]
+    return flag, out + ["        }", "        continue;", "      }", "#endif"]
