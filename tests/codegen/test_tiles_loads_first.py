@@ -3,9 +3,9 @@ other operand 1-15 rows down lies in the same 64 bytes modulo 4 KB as a row of t
 and the two buffers at nearly the same offset in their pages), the block computes all 16 rows before its 16 stores
 (a load behind a store to the same address modulo 4 KB waits for it).  The predicate ``vtc_tile_rows_meet4k`` built
 with the kernels' compiler against its definition; the form written only for one store, an operand with the store's
-row stride, a multiple of 2 KB, and a working set within the last-level cache; results against eager and the row-by-row form with the
-loads-first form forced ("always").  Fail before: the predicate's build, the form checks (no
-``first_ = vtc_tile_rows_meet4k``, no ``first_ = true``).
+row stride, a multiple of 2 KB, and a working set within the last-level cache; results against eager and the
+row-by-row form with the loads-first form forced ("always").  Fail before: the predicate's build, the form checks
+(no ``first_ = vtc_tile_rows_meet4k``, no ``first_ = true``).
 """
 from __future__ import annotations
 
@@ -84,8 +84,9 @@ def test_the_flag_where_rows_are_2kb_apart(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("fn", ["add", "where", "bcast"])
 def test_loads_first_as_eager_and_as_row_by_row(shape, fn, always):
-    """Every block loads first ("always", whatever the row stride): the same floats as eager and, bit for bit, as the row-by-row form; with a
-    where (a value used twice), a per-row float and a per-column vector besides the row operand."""
+    """Every block loads first ("always", whatever the row stride): the same floats as eager and, bit for bit, as
+    the row-by-row form; with a where (a value used twice), a per-row float and a per-column vector besides the row
+    operand."""
     g = gen(191)
     x, y = rand(shape[::-1], g), rand(shape, g)
     r, c = rand((shape[0], 1), g), rand((shape[1],), g)

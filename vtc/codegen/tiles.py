@@ -344,13 +344,14 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     as vector operators, a ``where`` whose condition compares two such expressions as a vector select, a
     negation as a vector negation, any other float unary op (relu, abs, exp, sigmoid, ...) and max, min, pow, ...
     lane by lane through ``vtc_map16`` / ``vtc_map16_2`` with the scalar form's C (gcc compiles those loops to
-    the same vector code in registers); [] otherwise, and where the compiler has no vector types
+    the same vector code in registers); no lines otherwise, and where the compiler has no vector types
     (``VTC_TILE_REGS``).  Each value used twice is computed once per row (``e{n}``).
 
-    Returns (the tile's lines before its blocks, the block's lines): with ``LOADS_FIRST``, one store, an operand
-    with the store's row stride, a multiple of 2 KB, and a working set within the last-level cache, the first computes ``first_`` (whether a later row of such an operand meets the
-    output's row modulo 4 KB, ``vtc_tile_rows_meet4k``; the same for every block of the tile, as both move one float
-    per column) and the block has a second form for it, all 16 rows' loads before the 16 stores."""
+    Returns (the tile's lines before its blocks, the block's lines).  With ``LOADS_FIRST``, one store, an operand
+    with the store's row stride, that stride a multiple of 2 KB and a working set within the last-level cache, the
+    first compute ``first_``: whether a later row of such an operand meets the output's row modulo 4 KB
+    (``vtc_tile_rows_meet4k``; the same for every block of the tile, as both move one float per column); the block
+    then has a second form for it, all 16 rows' values before the 16 stores."""
     if not REGISTERS:
         return [], []
     from vtc.codegen.cpp import _UNARY_FMT  # (cpp imports this module)
@@ -446,25 +447,23 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     out += body
     for n, v in enumerate(values):
         out.append(f"          const vtc_v16 s{n} = {v};")
-    stores = [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
-              for n, st in enumerate(k.stores)]
     st = k.stores[0]
     stride = coefficient(st.buffer.name, st.index, row)
     meeting = [(buf, idx) for _, buf, idx in bases[:len(rows)] if coefficient(buf, idx, row) == stride]
     flag = []
     # rows 2 or 4 KB apart (a power of two of 512 floats or more) meet every other row or every row when the two
-    # buffers do; other strides meet at one row distance at most, and the second form cost 5-15% at 1448 floats
-    # (8 MB), as did loading first from memory (64 MB: 7% slower)
+    # buffers do; other strides meet at one row distance at most, and at 1448 floats (8 MB) the kernel with the
+    # second form was up to 26% slower in half the runs; loading first from memory was 7% slower (64 MB)
     worth = (4 * stride) % 2048 == 0 and stream.working_set_bytes(k) <= stream.cache_bytes()
     if LOADS_FIRST and len(k.stores) == 1 and meeting and (worth or LOADS_FIRST == "always"):
         # the tile's flag, then where it is set the same row loop computing all 16 rows' values and the 16 stores
         # after them; else each row's store right after its loads
         out_at = f"{em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, st.index)}"
-        meets = " || ".join(f"vtc_tile_rows_meet4k({em.ptr[buf]} + {em.linear(buf, idx)}, {out_at}, {4 * stride})"
-                            for buf, idx in meeting)
-        if LOADS_FIRST == "always":
-            meets = "true"
-        flag = ["#if defined(VTC_TILE_REGS)", "    bool first_;  // the register blocks' loads before their stores (tiles.LOADS_FIRST)",
+        meets = "true" if LOADS_FIRST == "always" else " || ".join(
+            f"vtc_tile_rows_meet4k({em.ptr[buf]} + {em.linear(buf, idx)}, {out_at}, {4 * stride})"
+            for buf, idx in meeting)
+        flag = ["#if defined(VTC_TILE_REGS)",
+                "    bool first_;  // the register blocks' loads before their stores (tiles.LOADS_FIRST)",
                 f"    {{ const int64_t {row} = ta0, {inner} = tb0; first_ = {meets}; }}", "#endif"]
         head = out.index(f"        #pragma GCC unroll {T}")
         loop = out[head:]
@@ -473,6 +472,7 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
                       f"          #pragma GCC unroll {T}",
                       f"          for (int r_ = 0; r_ < {T}; ++r_) __builtin_memcpy(o0 + r_ * {stride}, &s0_[r_], 64);",
                       "          continue;", "        }", *loop]
-    out += stores
+    out += [f"          __builtin_memcpy(o{n} + r_ * {coefficient(st.buffer.name, st.index, row)}, &s{n}, 64);"
+            for n, st in enumerate(k.stores)]
     em.forget()
     return flag, out + ["        }", "        continue;", "      }", "#endif"]
