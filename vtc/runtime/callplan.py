@@ -364,7 +364,7 @@ class CallPlan:
                     _range_failed(name, fused, tensors)  # the kernel did not run
                 for i, t in zip(outs, made):
                     slots[i] = t
-            kernel_packed.parts = parts  # type: ignore[attr-defined]  # a plan of this one kernel: fast_call calls it directly
+            kernel_packed.parts = parts  # type: ignore[attr-defined]  # a plan of this one kernel: called directly
             return kernel_packed
 
         def kernel(slots: Slots) -> None:
