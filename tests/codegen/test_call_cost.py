@@ -8,10 +8,13 @@ import gc
 import pytest
 import torch
 
-from vtc.runtime import buffers
+import vtc
+from vtc.codegen import conv_t
+from vtc.runtime import buffers, packed
 from vtc.runtime.callplan import MISS, fast_call
 
-from .util import POINTWISE_TOL, compile_cpu, errors_in_threads, executor, gen, rand, rss_growth_kb
+from .util import (POINTWISE_TOL, ROW_TOL, compile_cpu, errors_in_threads, executor, gen, rand, rss_growth_kb,
+                   torch_threads)
 
 BIG = (1, 8, 96, 96)  # two of them catted: 576 KB, an output from the buffer pool (>= buffers.MIN_BYTES)
 SMALL = (2, 3, 5, 7)
@@ -256,3 +259,27 @@ def test_one_output_in_a_container_through_the_direct_call(wrap):
         assert type(got) is type(want)
         got, want = (got[0], want[0]) if wrap == "tuple" else (got["y"], want["y"])
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
+                    reason="B packed once is the AVX-512 kernel's layout")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_gemm_on_a_weight_packed_once_is_called_from_the_fast_call(threads):
+    """x @ W^T whose plan is one "panels" kernel with W packed once (tests/runtime/test_packed_gemm_weights.py): the
+    fast call runs the kernel itself with the packed panels' address and the flag, holding the state while the
+    kernel runs; a weight changed in place is packed again before the next call.  Fails before: ``plan(`` in the
+    source (the kernel with a packed weight went through the call plan)."""
+    torch.manual_seed(50)
+    lin = torch.nn.Linear(100, 655, bias=False)
+    x = rand((288, 100), gen(51))
+    with torch_threads(threads), torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+        plan = executor(compiled).call_plan()
+        assert plan.counts["packed_conv_weights"] == 1, plan.why_not_packed
+        _, source = fast_call(plan, compiled._exact_sig[0], None)
+        assert "st = weight()" in source and "threads() | flag)" in source and "plan(" not in source
+        for change in (lambda w: w.mul_(-2.0), lambda w: w.copy_(rand(tuple(w.shape), gen(52)))):
+            change(lin.weight)
+            x = rand((288, 100), gen(53))
+            torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)

@@ -73,6 +73,7 @@ def test_batched_transposed_b_packs_per_batch(monkeypatch):
     """bmm against B^T (attention's q @ k^T form): the first strip of every (batch, column chunk) packs.  (N = 47:
     A_IN_PLACE_N off, or the tiles read A in place and the first strip only packs, test_gemm_a_in_place.py.)"""
     monkeypatch.setattr(gemm, "A_IN_PLACE_N", 0)
+    monkeypatch.setattr(gemm, "A_IN_PLACE_N_SPREAD", 0)
     g = gen(5)
     inputs = (rand((3, 129, 70), g), rand((3, 47, 70), g))
     fn = lambda a, b: a @ b.transpose(1, 2)  # noqa: E731
@@ -88,6 +89,7 @@ def test_source_packs_b_in_the_first_strip_only_where_b_is_plain(monkeypatch):
     """Row-major B: PF 1, W^T: PF 2; a cat along N (packed by runs), skinny rows and LAZY_B = False keep the
     whole-block pack (no prefetching micro-kernel).  (N = 45: A_IN_PLACE_N off, as above.)"""
     monkeypatch.setattr(gemm, "A_IN_PLACE_N", 0)
+    monkeypatch.setattr(gemm, "A_IN_PLACE_N_SPREAD", 0)
     g = gen(6)
     x, w, b = rand((40, 70), g), rand((45, 70), g), rand((70, 45), g)
     src = {name: gemm.generate(_gemm(compile_cpu(fn, inputs, gemm="vtc"))) for name, fn, inputs in [

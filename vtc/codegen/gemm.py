@@ -1618,14 +1618,20 @@ def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
 
 
 A_IN_PLACE_N = 192  # from M > SKINNY_M, N up to this (static) and a row-major A: the tiles read A in place
+# ... and up to this N where A's rows are not a multiple of 4 KB apart: a strip's 12 rows then fall in different
+# L1 sets (4 KB a way on Zen 4 and Zen 5); 4 KB apart they share one set of 8-12 ways and evict each other
+A_IN_PLACE_N_SPREAD = 512
+L1_WAY_FLOATS = 1024  # 4 KB
 
 
 def _a_in_place(em, g: GemmOperands) -> tuple[str, int] | None:
     """(pointer to A's block at (m0, k0), its row stride) where the panels' tiles read A in place (vtc_ukr_a_edge)
     instead of a packed panel: N static and at most A_IN_PLACE_N (each A element serves at most six tiles: a
     2048 x 2048 @ 2048 x 64 product spent ~24% of the kernel in vtc_pack_a_rows, ~0.87x ONNX Runtime's
-    MatMul, which reads A in place), M > SKINNY_M, A one plain strided load with unit stride along k; else None."""
-    if (not isinstance(g.n, int) or g.n > A_IN_PLACE_N or not isinstance(g.m, int) or g.m <= SKINNY_M
+    MatMul, which reads A in place), or at most A_IN_PLACE_N_SPREAD where A's row stride is not a multiple of
+    L1_WAY_FLOATS (docs/gemm.md, helper rect), M > SKINNY_M, A one plain strided load with unit stride along k;
+    else None."""
+    if (not isinstance(g.n, int) or g.n > A_IN_PLACE_N_SPREAD or not isinstance(g.m, int) or g.m <= SKINNY_M
             or g.dtype != torch.float32 or gemm_pack.pack_a(em, g, "", False) is not None):
         return None
     st = _strided(g.a, g, em)
@@ -1633,7 +1639,7 @@ def _a_in_place(em, g: GemmOperands) -> tuple[str, int] | None:
         return None
     buf, off, co, _ = st
     sm = co.get(g.vars[1], 0)
-    if sm <= 0:
+    if sm <= 0 or g.n > A_IN_PLACE_N and sm % L1_WAY_FLOATS == 0:
         return None
     return f"({em.ptr[buf]} + {off} + m0 * {sm} + k0)", sm
 

@@ -364,6 +364,7 @@ class CallPlan:
                     _range_failed(name, fused, tensors)  # the kernel did not run
                 for i, t in zip(outs, made):
                     slots[i] = t
+            kernel_packed.parts = parts  # type: ignore[attr-defined]  # a plan of this one kernel: called directly
             return kernel_packed
 
         def kernel(slots: Slots) -> None:
@@ -501,8 +502,9 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
         result = "outs"
     else:
         parts, sources = direct
-        env.update(fn=kernel_function(parts.address), pack=pointer_array(parts.ck._pointers._length_),
-                   threads=torch.get_num_threads)
+        packed_weight = parts.weight is not None
+        env.update(fn=kernel_function(parts.address), pack=pointer_array(parts.ck._pointers._length_ + packed_weight),
+                   threads=torch.get_num_threads, weight=parts.weight, flag=conv_bcast.PACKED_FLAG)
         ptrs = []
         for p, (kind, x) in enumerate(sources):
             if kind == "const":
@@ -518,15 +520,20 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
             lines.append(f"    o{q} = alloc{q}()")
             ptrs.append(f"o{q}.data_ptr()")
         ptrs += [str(int(x)) for x in parts.sizes]
+        threads = "threads()"
+        if packed_weight:  # as kernel_packed: the state held while the kernel runs (a re-pack never frees it)
+            lines.append("    st = weight()")
+            ptrs.append("st[2]")
+            threads = "threads() | flag"
         if not parts.fused:
-            lines.append(f"    fn(pack({', '.join(ptrs)}), threads())")
+            lines.append(f"    fn(pack({', '.join(ptrs)}), {threads})")
         else:  # the kernel's index range checks, then the kernel, in one C call (as _kernel_closure's)
             fused = parts.fused
             env.update(call_checked=checked_caller(), kaddr=ctypes.c_void_p(parts.address),
                        nchecks=ctypes.c_int64(len(fused)),
                        table=(ctypes.c_int64 * (4 * len(fused)))(*[x for _, row in fused for x in row]),
                        failed=lambda tensors: _range_failed(parts.name, fused, tensors))
-            lines += [f"    if call_checked(kaddr, pack({', '.join(ptrs)}), threads(), table, nchecks) >= 0:",
+            lines += [f"    if call_checked(kaddr, pack({', '.join(ptrs)}), {threads}, table, nchecks) >= 0:",
                       f"        failed(({''.join(f'x{p}, ' for p in range(len(sources)))}))"]
         result = "o0" if post is None else "[o0]"
     if post is None:
@@ -548,14 +555,14 @@ def _range_failed(name: str, fused: list, tensors: tuple) -> None:
 
 def direct_kernel(plan: CallPlan) -> tuple["KernelParts", list[tuple[str, Any]]] | None:
     """(parts, where each input comes from: ("arg", input position) or ("const", tensor)) where the plan is one
-    generated kernel called on its own, with no packed weight, arena or range check but those its C call runs
-    (``KernelParts.fused``), reading graph inputs and constants only and writing the graph's one output, which
-    needs no copy; else None."""
+    generated kernel called on its own (with its weight packed once or not), with no arena or range check but
+    those its C call runs (``KernelParts.fused``), reading graph inputs and constants only and writing the graph's
+    one output, which needs no copy; else None."""
     if len(plan.fns) != 1 or plan.const_copies or plan.own_outputs is not None or plan.arena_kernels \
             or plan.segment_arena:
         return None
     parts = getattr(plan.fns[0], "parts", None)
-    if parts is None or parts.python_checks or parts.weight is not None or parts.checked:
+    if parts is None or parts.python_checks or parts.checked:
         return None
     if list(parts.outs) != list(plan.outputs) or len(parts.outs) != 1:  # one output: no kernel of several that
         return None  # is a whole plan was found, to test that form with
