@@ -2,7 +2,7 @@
 
 At 2 <= M < WT_MIN_M rows a constant weight (B = W^T, one weight for the whole kernel) is packed once by the
 call plan into ``packed_panels`` at the skinny KC (SKINNY_KC's equal slices) and the kernel reads its 32-column
-panels as streams (R rows of A broadcast, two panels' vectors per k step) instead of the dot products against
+panels as streams (R rows of A, packed as rows, broadcast against two panels' vectors per k step) instead of the dot products against
 W's rows.  One row keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
 tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
 64-column edges, K across the skinny KC (2049, 4100: two and three slices, the later ones adding to C), a bias
@@ -81,6 +81,22 @@ def test_the_kernel_text_and_the_spec():
         if spec is not None:
             assert spec[1:5] == (0, 300, 70, 300)  # offset, W's row stride, N, K
         assert _count(compiled) == (1 if m >= 2 else 0)
+
+
+def test_a_is_packed_as_rows_for_the_packed_loop():
+    """vtc_skinny_pk broadcasts A's elements from rows of kc floats (``_pack_a(rows=True)``), not from an MR-row
+    panel read at 48 bytes a k step.  Fails before: the packed loop packed A with vtc_pack_a_rows into panels."""
+    lin = _linear(700, 900, 3, bias=False)
+    x = rand((3, 700), gen(3))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **_tol(700))
+    (k,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
+    src = gemm.generate(k)
+    body = src.split('extern "C"')[1]
+    packed_loop = body[body.index("if (bpk) {"):body.index("vtc_skinny_packed(mb, nb, kb, ap")]
+    assert "ap + ii * kb" in packed_loop and "vtc_pack_a_rows" not in packed_loop
+    assert "_mm512_set1_ps(a[r * kc + p])" in src
 
 
 def test_rows_of_two_batches_and_a_relu_epilogue():

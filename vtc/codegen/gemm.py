@@ -993,10 +993,11 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
   }
 }
 
-// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * 32 + j % 32 + j / 32 * 32 * kc] for r < R, j < cols <= 32 * P:
-// R skinny rows of a packed A panel against P panels of a weight packed once (packed_panels: kc x 32 floats
-// each, one stream per panel, no row stride to jump); each k step broadcasts R elements of A and loads 2 P
-// vectors of B
+// c[r * ldc + j] (+)= sum_p a[r * kc + p] * b[p * 32 + j % 32 + j / 32 * 32 * kc] for r < R, j < cols <= 32 * P:
+// R skinny rows of A (packed as rows, kc floats each: R short streams in L1, where an MR-row panel would be read
+// at 48 bytes a k step, 96 KB a 2048-deep slice from L2, next to B's stream) against P panels of a weight packed
+// once (packed_panels: kc x 32 floats each, one stream per panel, no row stride to jump); each k step broadcasts
+// R elements of A and loads 2 P vectors of B
 template <int R, int P>
 static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const float* __restrict b,
                                  float* __restrict c, int64_t ldc, bool add, int64_t cols) {
@@ -1011,7 +1012,7 @@ static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const fl
     for (int v = 0; v < 2 * P; ++v) bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[p * VTC_MR + r]);
+      const __m512 x = _mm512_set1_ps(a[r * kc + p]);
       #pragma GCC unroll 4
       for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
     }
@@ -1045,7 +1046,7 @@ static inline void vtc_skinny_pk_rows(int64_t kc, const float* a, const float* b
   if (cols > 32) vtc_skinny_pk<R, 1>(kc, a, b + 32 * kc, c + 32, ldc, add, cols - 32);
 }
 
-// C[m x n] (+)= A (m rows of kc in VTC_MR-row panels, as _pack_a packs them) @ B's panels packed once (the
+// C[m x n] (+)= A (m rows of kc floats, as _pack_a packs them with rows) @ B's panels packed once (the
 // block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each A panel's rows in
 // equal chunks of at most VTC_SKINNY_R (9-11 rows: two chunks, the second reading the pair from L1 / L2)
 __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, int64_t kc, const float* a, const float* b,
@@ -1056,7 +1057,7 @@ __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, in
       const int64_t pr = std::min<int64_t>(VTC_MR, m - i0), nch = (pr + VTC_SKINNY_R - 1) / VTC_SKINNY_R;
       for (int64_t h = 0; h < nch; ++h) {
         const int64_t lo = pr * h / nch, r = pr * (h + 1) / nch - lo;
-        const float* ai = a + i0 * kc + lo;
+        const float* ai = a + (i0 + lo) * kc;
         const float* bj = b + j * kc;
         float* ci = c + (i0 + lo) * ldc + j;
         switch (r) {
@@ -1429,7 +1430,7 @@ def generate(k: Kernel) -> str:
                   *[ind + "  " + x for x in block],
                   f"{ind}    if (({bt} * tm + mi) * K + k0 != s_key) {{  // A packed once per thread and slice",
                   f"{ind}      s_key = ({bt} * tm + mi) * K + k0;",
-                  *_pack_a(em, g, ind + "      "),
+                  *_pack_a(em, g, ind + "      ", rows=True),
                   f"{ind}    }}",
                   f"{ind}    vtc_skinny_packed(mb, nb, kb, ap, bpk + k0 * NP + n0 * kb, ct, LDC, k0 > 0);",
                   f"{ind}  }}",
