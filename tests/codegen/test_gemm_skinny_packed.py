@@ -2,8 +2,9 @@
 
 At 2 <= M < WT_MIN_M rows a constant weight (B = W^T, one weight for the whole kernel) is packed once by the
 call plan into ``packed_panels`` at the skinny KC (SKINNY_KC's equal slices) and the kernel reads its 32-column
-panels as streams (R rows of A, packed as rows, broadcast against two panels' vectors per k step) instead of the dot products against
-W's rows.  One row keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
+panels as streams (R rows of A, packed as rows, broadcast against two panels' vectors per k step) instead of the
+dot products against W's rows; one row too on a W of at least SKINNY_PACKED_WT_MIN_BYTES.  One row on a smaller W
+keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
 tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
 64-column edges, K across the skinny KC (2049, 4100: two and three slices, the later ones adding to C), a bias
 and a ReLU epilogue, a 3-D x (rows of two batches folded), 1 and 2 threads, and again after each in-place
@@ -66,7 +67,7 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
 
 def test_the_kernel_text_and_the_spec():
     """The packed loop is in the kernel of every dot-path row count (one text for all M: size-generic kernels);
-    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only.  Fails before: no vtc_skinny_packed."""
+    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only (one row: from a larger W).  Fails before: no vtc_skinny_packed."""
     for m in (1, 2, 6, 11):
         lin = _linear(300, 70, m)
         x = rand((m, 300), gen(m))
@@ -81,6 +82,28 @@ def test_the_kernel_text_and_the_spec():
         if spec is not None:
             assert spec[1:5] == (0, 300, 70, 300)  # offset, W's row stride, N, K
         assert _count(compiled) == (1 if m >= 2 else 0)
+
+
+ONE_ROW = [((1, 600, 300), 1), ((1, 2049, 70), 1), ((1, 600, 300), 2), ((1, 4100, 45), 2)]
+
+
+@pytest.mark.parametrize("shape,threads", ONE_ROW, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in ONE_ROW])
+def test_one_row_on_a_large_weight_packed_once(shape, threads):
+    """One row on a W of SKINNY_PACKED_WT_MIN_BYTES or more (N across the 32 / 64-column edges, K over two and three
+    KC slices).  Fails before: one row kept the dot path (count 0)."""
+    m, k, n = shape
+    assert 4 * k * n >= gemm.SKINNY_PACKED_WT_MIN_BYTES
+    lin = _linear(k, n, k + n, bias=n % 2 == 1)
+    x = rand((m, k), gen(n))
+    with torch_threads(threads):
+        with torch.no_grad():
+            compiled = vtc.compile(lin, (x,), gemm="vtc")
+            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
+            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+            assert _count(compiled) == 1, compiled._first.executor.call_plan().why_not_packed
+            lin.weight.mul_(-2.0)
+            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+            torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **_tol(k))
 
 
 def test_a_is_packed_as_rows_for_the_packed_loop():
