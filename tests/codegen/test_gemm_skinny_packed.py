@@ -205,3 +205,36 @@ def test_avx2_and_scalar_builds_of_the_same_source(march, tmp_path):
     (k,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
     assert "vtc_skinny_packed(" in gemm.generate(k)
     torch.testing.assert_close(run_gemm_built_for(march, k, compiled, inputs, tmp_path), fn(*inputs), **_tol(37))
+
+
+A_FORMS = {
+    "cat_k": lambda x, w: torch.cat([x[:, :300], torch.relu(x[:, 300:])], dim=1) @ w.t(),
+    "gathered_rows": lambda x, w: x[torch.arange(x.shape[0] - 1, -1, -1)] @ w.t(),
+    "transposed": lambda x, w: x.t().contiguous().t() @ w.t(),
+    "columns_of_a_wider_x": lambda x, w: x[:, 1:] @ w[:, 1:].t(),
+}
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("form", sorted(A_FORMS))
+def test_a_through_a_mapping_on_the_packed_loop(form, m):
+    """A packed as rows (``_pack_a(rows=True)``) whatever it is read through: a cat along K with a producer, gathered
+    rows, a transposed copy, a column slice; W of 600 x 700 floats (1.7 MB: one row packs too)."""
+    w = torch.nn.Parameter(rand((700, 600), gen(40)) / 600 ** 0.5)
+    fn = A_FORMS[form]
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = w
+
+        def forward(self, x):
+            return fn(x, self.w)
+
+    mod, x = M(), rand((m, 600), gen(41 + m))
+    with torch.no_grad():
+        compiled = vtc.compile(mod, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(600))
+        assert gemm.SKINNY_PACKED_PATH in [q["path"] for q in compiled.report.to_dict()["gemm"]]
+        w.mul_(-0.5)
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(600))
