@@ -1047,7 +1047,7 @@ static inline void vtc_skinny_pk_rows(int64_t kc, const float* a, const float* b
 }
 
 // C[m x n] (+)= A (m rows of kc floats, as _pack_a packs them with rows) @ B's panels packed once (the
-// block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each A panel's rows in
+// block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each VTC_MR rows of A in
 // equal chunks of at most VTC_SKINNY_R (9-11 rows: two chunks, the second reading the pair from L1 / L2)
 __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, int64_t kc, const float* a, const float* b,
                                                         float* c, int64_t ldc, bool add) {
