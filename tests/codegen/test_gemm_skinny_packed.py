@@ -2,8 +2,9 @@
 
 At 2 <= M < WT_MIN_M rows a constant weight (B = W^T, one weight for the whole kernel) is packed once by the
 call plan into ``packed_panels`` at the skinny KC (SKINNY_KC's equal slices) and the kernel reads its 32-column
-panels as streams (R rows of A broadcast, two panels' vectors per k step) instead of the dot products against
-W's rows.  One row keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
+panels as streams (R rows of A, packed as rows, broadcast against two panels' vectors per k step) instead of the
+dot products against W's rows; one row too on a W of at least SKINNY_PACKED_WT_MIN_BYTES.  One row on a smaller W
+keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
 tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
 64-column edges, K across the skinny KC (2049, 4100: two and three slices, the later ones adding to C), a bias
 and a ReLU epilogue, a 3-D x (rows of two batches folded), 1 and 2 threads, and again after each in-place
@@ -66,7 +67,7 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
 
 def test_the_kernel_text_and_the_spec():
     """The packed loop is in the kernel of every dot-path row count (one text for all M: size-generic kernels);
-    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only.  Fails before: no vtc_skinny_packed."""
+    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only (one row: from a larger W).  Fails before: no vtc_skinny_packed."""
     for m in (1, 2, 6, 11):
         lin = _linear(300, 70, m)
         x = rand((m, 300), gen(m))
@@ -81,6 +82,44 @@ def test_the_kernel_text_and_the_spec():
         if spec is not None:
             assert spec[1:5] == (0, 300, 70, 300)  # offset, W's row stride, N, K
         assert _count(compiled) == (1 if m >= 2 else 0)
+
+
+ONE_ROW = [((1, 600, 300), 1), ((1, 2049, 70), 1), ((1, 600, 300), 2), ((1, 4100, 45), 2)]
+
+
+@pytest.mark.parametrize("shape,threads", ONE_ROW, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in ONE_ROW])
+def test_one_row_on_a_large_weight_packed_once(shape, threads):
+    """One row on a W of SKINNY_PACKED_WT_MIN_BYTES or more (N across the 32 / 64-column edges, K over two and three
+    KC slices).  Fails before: one row kept the dot path (count 0)."""
+    m, k, n = shape
+    assert 4 * k * n >= gemm.SKINNY_PACKED_WT_MIN_BYTES
+    lin = _linear(k, n, k + n, bias=n % 2 == 1)
+    x = rand((m, k), gen(n))
+    with torch_threads(threads):
+        with torch.no_grad():
+            compiled = vtc.compile(lin, (x,), gemm="vtc")
+            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
+            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+            assert _count(compiled) == 1, compiled._first.executor.call_plan().why_not_packed
+            lin.weight.mul_(-2.0)
+            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+            torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **_tol(k))
+
+
+def test_a_is_packed_as_rows_for_the_packed_loop():
+    """vtc_skinny_pk broadcasts A's elements from rows of kc floats (``_pack_a(rows=True)``), not from an MR-row
+    panel read at 48 bytes a k step.  Fails before: the packed loop packed A with vtc_pack_a_rows into panels."""
+    lin = _linear(700, 900, 3, bias=False)
+    x = rand((3, 700), gen(3))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), lin(x), **_tol(700))
+    (k,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
+    src = gemm.generate(k)
+    body = src.split('extern "C"')[1]
+    packed_loop = body[body.index("if (bpk) {"):body.index("vtc_skinny_packed(mb, nb, kb, ap")]
+    assert "ap + ii * kb" in packed_loop and "vtc_pack_a_rows" not in packed_loop
+    assert "_mm512_set1_ps(a[r * kc + p])" in src
 
 
 def test_rows_of_two_batches_and_a_relu_epilogue():
@@ -166,3 +205,36 @@ def test_avx2_and_scalar_builds_of_the_same_source(march, tmp_path):
     (k,) = [kk for kk in kernels(compiled) if kk.kind == "gemm"]
     assert "vtc_skinny_packed(" in gemm.generate(k)
     torch.testing.assert_close(run_gemm_built_for(march, k, compiled, inputs, tmp_path), fn(*inputs), **_tol(37))
+
+
+A_FORMS = {
+    "cat_k": lambda x, w: torch.cat([x[:, :300], torch.relu(x[:, 300:])], dim=1) @ w.t(),
+    "gathered_rows": lambda x, w: x[torch.arange(x.shape[0] - 1, -1, -1)] @ w.t(),
+    "transposed": lambda x, w: x.t().contiguous().t() @ w.t(),
+    "columns_of_a_wider_x": lambda x, w: x[:, 1:] @ w[:, 1:].t(),
+}
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("form", sorted(A_FORMS))
+def test_a_through_a_mapping_on_the_packed_loop(form, m):
+    """A packed as rows (``_pack_a(rows=True)``) whatever it is read through: a cat along K with a producer, gathered
+    rows, a transposed copy, a column slice; W of 600 x 700 floats (1.7 MB: one row packs too)."""
+    w = torch.nn.Parameter(rand((700, 600), gen(40)) / 600 ** 0.5)
+    fn = A_FORMS[form]
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = w
+
+        def forward(self, x):
+            return fn(x, self.w)
+
+    mod, x = M(), rand((m, 600), gen(41 + m))
+    with torch.no_grad():
+        compiled = vtc.compile(mod, (x,), gemm="vtc")
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(600))
+        assert gemm.SKINNY_PACKED_PATH in [q["path"] for q in compiled.report.to_dict()["gemm"]]
+        w.mul_(-0.5)
+        torch.testing.assert_close(compiled(x), mod(x), **_tol(600))

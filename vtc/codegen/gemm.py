@@ -135,7 +135,7 @@ SKINNY = {"dot": (40.0, 232.0), "rows": (12.0, 42.0), "torch": (41.0, 128.0)}  #
 # M <= WIDE_ROWS_M against a row-major B: vtc_ukr_rows (1 and 2 x 4096 @ 4096 x 4096 in 2.6-2.8 ms, 1 thread, Zen 5:
 # ~24 GB/s of B where the 32-column panels read ~11)
 SKINNY["wide_rows"] = (24.0, 232.0)
-# 2..SKINNY_M rows on W packed once (vtc_skinny_packed, kernel_path SKINNY_PACKED_PATH): the dot path's rates scaled
+# 1..SKINNY_M rows on W packed once (vtc_skinny_packed, kernel_path SKINNY_PACKED_PATH): the dot path's rates scaled
 # by what Zen 5 measured against it (1 thread, CPU time, 2 / 8 x 4096 -> 4096: ~47 GB/s of W and ~188 GFLOPS
 # against the dot path's ~38 and ~133, docs/gemm.md, session 15), the flops capped at the panels' rate
 SKINNY["packed"] = (50.0, 280.0)
@@ -427,7 +427,7 @@ def gemm_kernel(low, n: Node) -> Kernel:
     return k
 
 
-SKINNY_PACKED_PATH = "skinny_packed"  # kernel_path where 2..SKINNY_M rows run vtc_skinny_packed on W packed once
+SKINNY_PACKED_PATH = "skinny_packed"  # kernel_path where 1..SKINNY_M rows run vtc_skinny_packed on W packed once
 
 
 def _packed_path(low, k: Kernel, shapes: dict) -> str:
@@ -993,10 +993,11 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
   }
 }
 
-// c[r * ldc + j] (+)= sum_p a[p * VTC_MR + r] * b[p * 32 + j % 32 + j / 32 * 32 * kc] for r < R, j < cols <= 32 * P:
-// R skinny rows of a packed A panel against P panels of a weight packed once (packed_panels: kc x 32 floats
-// each, one stream per panel, no row stride to jump); each k step broadcasts R elements of A and loads 2 P
-// vectors of B
+// c[r * ldc + j] (+)= sum_p a[r * kc + p] * b[p * 32 + j % 32 + j / 32 * 32 * kc] for r < R, j < cols <= 32 * P:
+// R skinny rows of A (packed as rows, kc floats each: R short streams in L1, where an MR-row panel would be read
+// at 48 bytes a k step, 96 KB a 2048-deep slice from L2, next to B's stream) against P panels of a weight packed
+// once (packed_panels: kc x 32 floats each, one stream per panel, no row stride to jump); each k step broadcasts
+// R elements of A and loads 2 P vectors of B
 template <int R, int P>
 static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const float* __restrict b,
                                  float* __restrict c, int64_t ldc, bool add, int64_t cols) {
@@ -1011,7 +1012,7 @@ static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const fl
     for (int v = 0; v < 2 * P; ++v) bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(a[p * VTC_MR + r]);
+      const __m512 x = _mm512_set1_ps(a[r * kc + p]);
       #pragma GCC unroll 4
       for (int v = 0; v < 2 * P; ++v) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
     }
@@ -1045,8 +1046,8 @@ static inline void vtc_skinny_pk_rows(int64_t kc, const float* a, const float* b
   if (cols > 32) vtc_skinny_pk<R, 1>(kc, a, b + 32 * kc, c + 32, ldc, add, cols - 32);
 }
 
-// C[m x n] (+)= A (m rows of kc in VTC_MR-row panels, as _pack_a packs them) @ B's panels packed once (the
-// block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each A panel's rows in
+// C[m x n] (+)= A (m rows of kc floats, as _pack_a packs them with rows) @ B's panels packed once (the
+// block at (k0, n0) of packed_panels, n0 a multiple of 32): per pair of B panels, each VTC_MR rows of A in
 // equal chunks of at most VTC_SKINNY_R (9-11 rows: two chunks, the second reading the pair from L1 / L2)
 __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, int64_t kc, const float* a, const float* b,
                                                         float* c, int64_t ldc, bool add) {
@@ -1056,7 +1057,7 @@ __attribute__((noinline)) static void vtc_skinny_packed(int64_t m, int64_t n, in
       const int64_t pr = std::min<int64_t>(VTC_MR, m - i0), nch = (pr + VTC_SKINNY_R - 1) / VTC_SKINNY_R;
       for (int64_t h = 0; h < nch; ++h) {
         const int64_t lo = pr * h / nch, r = pr * (h + 1) / nch - lo;
-        const float* ai = a + i0 * kc + lo;
+        const float* ai = a + (i0 + lo) * kc;
         const float* bj = b + j * kc;
         float* ci = c + (i0 + lo) * ldc + j;
         switch (r) {
@@ -1205,7 +1206,7 @@ def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
       C^T = W @ A^T with W's rows read in place as the broadcast operand (no B pack: a logits GEMM's weight
       is 32000 x 512, each element used only M times) and A^T packed once per thread (``_weight_rows``);
     - "panels": both operands packed into panels (Goto's algorithm);
-    - `packed` (``_packed_path``) where the call plan passes B packed once: SKINNY_PACKED_PATH at 2..SKINNY_M rows
+    - `packed` (``_packed_path``) where the call plan passes B packed once: SKINNY_PACKED_PATH at 1..SKINNY_M rows
       (``vtc_skinny_packed``, instead of "dot" or "weight_rows"), "panels" (instead of "weight_rows" at rows
       that the 12-row tiles pad less, ``_panels_pad_less``).
     """
@@ -1303,16 +1304,16 @@ def _weight_packing(em, g: GemmOperands) -> tuple:
 
     None where the weight_rows path runs (it packs no B); weight_rows rows on a constant W of at most
     WT_PACKED_MAX_BYTES: the panels on W packed once where they pad M less (the C tests the pointer, so a
-    size-generic kernel or a runtime W still reads W in place); 2..SKINNY_M rows: vtc_skinny_packed where
+    size-generic kernel or a runtime W still reads W in place); 1..SKINNY_M rows: vtc_skinny_packed where
     ``_skinny_packed_rows``."""
     wt = _wt_operands(g, em.shapes)
     lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
     spec = _packed_spec(em, g, lazy)
-    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (2 rows and up)
+    skinny = _skinny_spec(em, g) if spec is None else None  # the dot path's weight, packed once (_skinny_packed_rows)
     m = g.m
     wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
     packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
-    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):  # (one row: the dot path reads W at stream rate)
+    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):
         packed_weight = skinny
     return lazy, spec, skinny, packed_weight
 
@@ -1429,7 +1430,7 @@ def generate(k: Kernel) -> str:
                   *[ind + "  " + x for x in block],
                   f"{ind}    if (({bt} * tm + mi) * K + k0 != s_key) {{  // A packed once per thread and slice",
                   f"{ind}      s_key = ({bt} * tm + mi) * K + k0;",
-                  *_pack_a(em, g, ind + "      "),
+                  *_pack_a(em, g, ind + "      ", rows=True),
                   f"{ind}    }}",
                   f"{ind}    vtc_skinny_packed(mb, nb, kb, ap, bpk + k0 * NP + n0 * kb, ct, LDC, k0 > 0);",
                   f"{ind}  }}",
@@ -1555,28 +1556,27 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
     return buf, offset, sk, g.k, g.n, partial(packed_panels, kc=packed_kc(g.k), wt=False)
 
 
-SKINNY_PACKED = True  # the dot path's weight (B = W^T, 2 <= M < WT_MIN_M) packed once into packed_panels (docs/gemm.md)
-SKINNY_PACKED_MIN_M = 2
+SKINNY_PACKED = True  # the dot path's weight (B = W^T, M <= SKINNY_M) packed once into packed_panels (docs/gemm.md)
 SKINNY_PACKED_MAX_M = SKINNY_M  # up to here: WT_MIN_M..SKINNY_M rows instead of weight_rows, on a W of at least
 SKINNY_PACKED_WT_MIN_BYTES = 1 << 19  # this size (a smaller W, read in place from L2, was as fast or faster)
 
 
 def _skinny_packed_rows(m: int, w_bytes: int) -> bool:
-    """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (below
-    them the dot path), and WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at least
-    SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024 0.170 ->
-    0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15)."""
-    if m < SKINNY_PACKED_MIN_M or m > SKINNY_PACKED_MAX_M:
+    """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (else the
+    dot path), and one row (else the dot path) or WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at
+    least SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024
+    0.170 -> 0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15); one row 1 x 1024 -> 4096 0.259
+    -> 0.244, 1 x 4096 -> 1024 0.273 -> 0.236 ms, level at 512 x 512 (docs/gemm.md, session 19)."""
+    if m > SKINNY_PACKED_MAX_M:
         return False
-    return m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
+    return 2 <= m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
 
 def _skinny_spec(em, g: GemmOperands) -> tuple | None:
     """The spec of the dot path's weight packed once (as ``_packed_spec``'s: W's buffer, offset, row stride, N, K,
     ``packed_panels`` at the skinny kc), or None: the dot path (``_dot_path``: M <= SKINNY_M, B = W^T of a
     plain strided weight) with one weight for the whole kernel (no batch term), static sizes, AVX-512.  The
-    kernel text does not depend on M; the spec is set (the call plan packs) for SKINNY_PACKED_MIN_M <= M <
-    WT_MIN_M only."""
+    kernel text does not depend on M; the spec is set (the call plan packs) where ``_skinny_packed_rows``."""
     from functools import partial
 
     from vtc.codegen.conv_t import has_avx512
