@@ -264,3 +264,51 @@ def test_a_scale_of_gqa_keys_on_their_way_to_a_gemm_is_walked_as_the_gemm_walks_
                               est.access(m, read).kind)
     assert walks["sdpa_keys"][0] and not walks["keys_summed"][0]
     assert walks["sdpa_keys"][1] != walks["sdpa_keys"][2] == walks["keys_summed"][1]  # reordered only for the GEMM
+
+
+def test_a_gemm_operand_torch_would_copy_is_priced_as_the_generated_gemm_packing_it():
+    """bmm(a, pad(v^T)): B is no strided view.  Kept, the pad is one copy kernel (through v^T's mapping) and torch's
+    bmm reads it; virtual, torch's bmm needs the same copy, so the estimate was a +0.00 tie, left physical, where
+    the lowering's gemm="auto" would have run the generated GEMM packing B through its mapping, no copy at all
+    (EfficientViT's LiteMLA lost its packed-dot k^T v so: tests/codegen/test_gemm_dot.py).  With the GEMM a
+    library node (as ``node_kinds`` may leave it, asked with every movement op virtual) the pad pays under
+    gemm="auto", and stays the tie where the GEMM is torch's whatever the plan (gemm="torch")."""
+    import torch.nn.functional as F
+
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import PULL, VTOG, node_kinds
+
+    from .graphs import capture
+
+    def fn(a, v):
+        return torch.bmm(a, F.pad(v.transpose(1, 2), (0, 1), value=1.0))
+
+    g, _ = capture(fn, torch.randn(4, 16, 64), torch.randn(4, 9, 64))
+    kinds = {**node_kinds(g, "cpu", "auto"), "bmm": "library"}
+    saved = {}
+    for gemm in ("auto", "torch"):
+        vtog = VTOG(g, kinds, "cpu", gemm)
+        est = Estimator(vtog, CostModel(FALLBACK))
+        pad = next(c for c in vtog.choices if c.op == "constant_pad_nd" and c.direction == PULL)
+        saved[gemm] = est.saving(pad, frozenset({"permute"}))
+    assert saved["auto"].seconds > 1e-6 and "packed through by the generated GEMM (bmm)" in saved["auto"].reason
+    assert abs(saved["torch"].seconds) < 1e-12, saved
+
+
+def test_a_kept_op_indexed_by_a_virtual_index_tensor_is_priced_as_torch():
+    """``Lowering.move_kernels`` hands torch a kept movement op whose index tensor is virtual (its range check
+    would name a tensor no step fills): ``Estimator.generated_move`` says so too."""
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import VTOG
+
+    from .graphs import capture
+
+    def fn(x, idx):
+        return x.index_select(0, idx.view(-1)) * 2
+
+    g, _ = capture(fn, torch.randn(10, 4), torch.randint(0, 10, (2, 3)))
+    est = Estimator(VTOG(g), CostModel(FALLBACK))
+    assert est.generated_move("index_select", frozenset())
+    assert not est.generated_move("index_select", frozenset({"view"}))
+    (run,) = est.op_terms("index_select", frozenset({"view"}))
+    assert "(torch" in run.note

@@ -103,12 +103,13 @@ def test_kv_cache_example_removes_every_movement_op():
 
 def test_chain_that_pays_only_as_a_whole():
     """cat + channel shuffle in front of a conv through torch (gemm="torch"; the generated implicit GEMM
-    would read through both): each op alone costs a realisation; together one copy."""
+    would read through both): one copy for the conv in all.  Once each op alone cost a realisation, and only the
+    whole chain paid; since a kept movement op's copy kernel reads its virtual inputs through their mappings
+    (``Lowering.move_kernels``, session 17) the clone may stay that one copy, reading through the rest."""
     inputs = (torch.randn(1, 4, 6, 6), torch.randn(4, 4, 1, 1), torch.randn(4, 4, 1, 1))
     c, plan = compiled(channel_shuffle, inputs, gemm="torch")
-    assert not plan.kept
-    grouped = [d for d in plan.decisions if d.chosen and "taken with the" in d.reason]
-    assert grouped and all(d.round == grouped[0].round for d in grouped)
+    assert set(plan.kept) <= {node(c.graph, "clone").name}
+    assert not [s for s in c._first.executor.steps if s.kind == "run" and s.node.kind == "movement"]
     assert c.report.materialized_movement_bytes == c.graph.nodes[-1].inputs[0].nbytes  # one copy for the conv
 
 

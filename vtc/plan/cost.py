@@ -683,6 +683,7 @@ class Estimator:
         self._acc_by_structure: dict[tuple, Access] = {}  # access() of a mapping by its structure()
         self._st: dict[int, tuple[Mapping, Strided | None]] = {}
         self._runs: dict[tuple, Mapping] = {}
+        self._packs: dict[str, bool] = {}  # packs_through, per node
         self.rereads: dict[str, int] = {}
         self._compute: float | None = None
         self.anc: dict[str, frozenset[str]] = {}
@@ -852,6 +853,7 @@ class Estimator:
         acc = self.access(m, value)
         st = self.strided(m)
         copied = False
+        packs = []  # library GEMMs the generated kernel may run instead, packing `value` through its mapping
         for r in self.readers(value, state):
             kind = "kernel" if r in self.pushed else self.vtog.kinds.get(r)
             if kind == "kernel":
@@ -862,7 +864,13 @@ class Estimator:
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
                 continue
+            if (r not in ("<output>", "<index>") and self.nodes[r].kind == "movement"
+                    and self.vtog.backend == "cpu" and self.generated_move(r, state)):
+                continue  # a kept op's copy kernel reads it through the mapping (priced in op_terms)
             if st is None:
+                if r not in ("<output>", "<index>") and self.packs_through(r):
+                    packs.append(r)
+                    continue
                 if not copied:
                     copied = True
                     who = "the graph output" if r == "<output>" else "an index" if r == "<index>" else r
@@ -883,35 +891,89 @@ class Estimator:
             if why:
                 t = self.model.copy(v.numel, size, acc, generated=False) + self.model.fresh(v.nbytes)
                 terms.append(Term(("libcopy", value, r), t, why))
+        if packs and not copied:  # (with a copy made for another reader, torch's GEMM reads that copy)
+            terms.extend(self._pack_terms(value, m, packs))
         return terms
 
-    def op_terms(self, op: str, state: frozenset) -> list[Term]:
-        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): with
-        every input physical, a generated copy kernel through its pull mapping (into recycled storage);
-        else torch on the inputs (reading strided views of virtual ones in place) into a fresh buffer."""
+    def packs_through(self, r: str) -> bool:
+        """Whether library node `r` is a GEMM that the lowering may run as a generated kernel instead when an
+        operand is virtual and no strided view (``vtc.codegen.gemm.choose`` under gemm="auto", CPU backend):
+        ``node_kinds`` asked with every movement op virtual, where a plan may leave other operands' copies."""
+        hit = self._packs.get(r)
+        if hit is None:
+            from vtc.codegen.gemm import could_generate
+
+            hit = self._packs[r] = (self.vtog.backend == "cpu" and self.vtog.gemm == "auto"
+                                    and self.vtog.kinds.get(r) == "library" and could_generate(self.nodes[r]))
+        return hit
+
+    def _pack_terms(self, value: str, m: Mapping, packs: list[str]) -> list[Term]:
+        """Virtual `value` (no strided view) read by library GEMMs `packs` (``packs_through``) and nothing else
+        that needs it in memory: the lowering either realises it with a copy kernel for torch's GEMM or runs
+        the generated GEMM, whose pack loops read it through its mapping (``gemm.choose`` takes the cheaper);
+        each GEMM is priced as the cheaper of the two here, the pack through the mapping as what it costs
+        over packing a row-major operand (a kept movement op in front would leave torch only the copy)."""
+        v = self.values[value]
+        size = _size(v)
+        base = self.access(m, value)
+        copy = self.model.copy(v.numel, size, base) + self.model.derive(m, self.cold)
+        dense = self.model.read(v.numel, size, DENSE)
+        reads = []
+        for r in packs:
+            acc = self.kernel_access(m, value, self.nodes[r])
+            t = max(0.0, self.model.read(v.numel, size, acc) - dense) + self.model.derive(m, self.cold)
+            reads.append(Term(("read", value, r), t, f"{r} (torch's, or the generated GEMM packing it through its "
+                                                     f"mapping when cheaper) reads it through its mapping, "
+                                                     f"{acc.describe()}"))
+        if sum(t.seconds for t in reads) < copy:
+            return reads
+        return [Term(("realise", value), copy, f"not a strided view: a copy kernel realises it for {packs[0]} "
+                                               f"({base.describe()})")]
+
+    def generated_move(self, op: str, state: frozenset) -> bool:
+        """True when kept movement op `op` runs as a generated copy kernel (``vtc.codegen.lower.move_kernels``):
+        it has a pull mapping, every dtype it touches has generated code, it is no scatter (``CLONE_FIRST``)
+        with a virtual input under `state`, and no index tensor of its mapping is virtual under `state` (the
+        kernel's range check would name a tensor no step fills: torch runs it on the realised index).  Such a
+        kernel reads a virtual input through that input's mapping, as any kernel does (before session 17 torch
+        ran every kept op with a virtual input, on realised views); else torch runs it on realised inputs."""
         from vtc.codegen.ops import C_TYPES
 
+        n = self.nodes[op]
+        maps = self.vtog.pulls.get(op)
+        if maps is None or not all(v.dtype in C_TYPES for v in [*n.inputs, *n.outputs]):
+            return False
+        if any(self.mapping(t, state) is not None for mp in maps for t in mp.index_tensors if t in self.values):
+            return False
+        if self.vtog.backend != "cpu" or n.op in CLONE_FIRST:  # (another backend: priced as before session 17)
+            return all(self.mapping(v.name, state) is None for v in n.inputs)
+        return True
+
+    def op_terms(self, op: str, state: frozenset) -> list[Term]:
+        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): a
+        generated copy kernel through its pull mapping composed with its virtual inputs' mappings (into recycled
+        storage); else (no pull mapping, a dtype without generated code) torch on the inputs (reading strided
+        views of virtual ones in place) into a fresh buffer."""
         n = self.nodes[op]
         if op in state or op in self.pushed:
             return []
         maps = self.vtog.pulls.get(op)
-        generated = maps is not None and all(self.mapping(v.name, state) is None for v in n.inputs) and all(
-            v.dtype in C_TYPES for v in [*n.inputs, *n.outputs])
+        generated = self.generated_move(op, state)
         out = []
         for k, o in enumerate(n.outputs):
             size = _size(o)
             if maps is None:
                 acc = DENSE
             else:
-                inner = {s: mi for s in maps[k].sources
-                         if (mi := self.mapping(s, state)) is not None and self.strided(mi) is not None}
+                inner = {s: mi for s in maps[k].sources if (mi := self.mapping(s, state)) is not None
+                         and (generated or self.strided(mi) is not None)}
                 key = (op, k, tuple(id(mi) for mi in inner.values()))
                 m = self._runs.get(key)
                 if m is None:
                     m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
                 acc = self.access(m, o.name)
             if generated:
-                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k], self.cold), "a copy kernel"
+                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(m, self.cold), "a copy kernel"
             else:
                 fresh = self.model.fresh(o.nbytes)
                 t = self.model.copy(o.numel, size, acc, generated=False) + fresh
@@ -1004,7 +1066,10 @@ class Estimator:
         ks = [r for r in readers if self.vtog.kinds.get(r) == "kernel"]
         if ks:
             how.append(f"read through by {', '.join(ks[:3])}{'...' if len(ks) > 3 else ''}")
-        libs = [r for r in readers if r not in ks]
+        packed = [r for r in readers if r not in ks and ("read", outs[0], r) in {t.key for t in after}]
+        if packed:  # _pack_terms
+            how.append(f"packed through by the generated GEMM ({', '.join(packed[:3])})")
+        libs = [r for r in readers if r not in ks and r not in packed]
         if libs:
             st = self.strided(self.mapping(outs[0], state))
             how.append(("zero-copy view for " if st is not None else "one copy kernel for ") + ", ".join(libs[:3]))
