@@ -206,3 +206,23 @@ def _scalars(k):
     from vtc.codegen.kernel_ir import scalars_under
 
     return scalars_under([st.value for st in k.stores])
+
+
+def test_a_channel_shuffle_is_one_copy_pass():
+    """ShuffleNet's unit: split -> branch -> cat -> channel shuffle (view, transpose, clone, view) -> output.
+    The output needs the shuffled layout: one copy kernel gathers it from the input's half and the branch's
+    last convolution (its batch norm and ReLU computed in that kernel), whether it runs as the kept clone
+    (reading through the cat, ``Lowering.move_kernels``) or as the output's realisation.  Pushing the cat is
+    priced against its pull (``Estimator._against_pull``): it would only add a copy of the input's half into
+    the cat (the clone stays the output's copy), so it is not taken.  Failed before: the push was priced
+    against a kept cat, taken, and the unit ran two copies (``k_push_split_with_sizes_0_cat``, ``k_clone``)."""
+    from vtc.zoo.shufflenet import unit
+
+    model, (x,) = unit(channels=24, hw=8, batch=2)
+    with torch.no_grad():
+        c, plan = compiled(model, (x,))
+    assert not plan.pushed
+    kernels = [s.kernel.step.kernel for s in c._first.executor.steps if s.kind == "kernel"]
+    copies = [k.name for k in kernels if k.kind in ("move", "copy", "push")]
+    assert len(copies) == 1 and len(kernels) == 4, [k.name for k in kernels]
+    assert not [s for s in c._first.executor.steps if s.kind in ("run", "gather")]

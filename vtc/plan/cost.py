@@ -1078,9 +1078,32 @@ class Estimator:
         return f"{acc.describe()}; removes {choice.op}'s copy of {_bytes(moved)}; {'; '.join(how)}"
 
     def _push_saving(self, choice: Choice, state: frozenset) -> Saving:
-        """A push: the op's copy disappears; the producers write through, readers read through the target."""
+        """A push: the op's copy disappears; the producers write through, readers read through the target.
+
+        Where the push would replace the op's pull (`state` holds it: ``vtc.codegen.push.take_pushes``), it is
+        priced against that pull (``_against_pull``), not against the op kept."""
         op = self.nodes[choice.op]
-        before = self.op_terms(op.name, state - {op.name})  # the op kept, run as the lowering would
+        after = self._push_terms(choice, state)
+        if op.name in state:
+            before, rest = self._against_pull(choice, state)
+            after += rest
+        else:
+            before = self.op_terms(op.name, state - {op.name})  # the op kept, run as the lowering would
+        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
+        if sec > 0:
+            acc = self.access(choice.edges[0].mapping, choice.edges[0].src)
+            pushed = {e.src for e in choice.edges}
+            reason = (f"{', '.join('%' + s for s in sorted(pushed))} written in place into "
+                      f"%{choice.edges[0].dst} ({acc.describe()}); removes {op.name}'s copy")
+        else:
+            bad = sorted(after, key=lambda t: -t.seconds)
+            reason = bad[0].note if bad else "removing it saves nothing measurable"
+        return Saving(sec, reason)
+
+    def _push_terms(self, choice: Choice, state: frozenset) -> list[Term]:
+        """What push `choice` costs: its inputs that no kernel computes copied into place, the stores through
+        its mapping, and the other readers of its inputs reading them through its output."""
+        op = self.nodes[choice.op]
         pushed = {e.src for e in choice.edges}
         after: list[Term] = []
         for x in op.inputs:
@@ -1113,15 +1136,40 @@ class Estimator:
                 else:
                     after.append(Term(("realise", e.src), self.model.copy(v.numel, size, acc),
                                       f"%{e.src} is not a strided view of %{e.dst}: a copy realises it for {r}"))
-        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
-        if sec > 0:
-            acc = self.access(choice.edges[0].mapping, choice.edges[0].src)
-            reason = (f"{', '.join('%' + s for s in sorted(pushed))} written in place into "
-                      f"%{choice.edges[0].dst} ({acc.describe()}); removes {op.name}'s copy")
-        else:
-            bad = sorted(after, key=lambda t: -t.seconds)
-            reason = bad[0].note if bad else "removing it saves nothing measurable"
-        return Saving(sec, reason)
+        return after
+
+    def _against_pull(self, choice: Choice, state: frozenset) -> tuple[list[Term], list[Term]]:
+        """(before, after) terms of push `choice` in place of its op's pull in `state`, over the op's group.
+
+        Pulled, the op copies nothing, and a kept op reading through it is a copy kernel that reads its
+        inputs through the mapping (``generated_move``): nothing is copied for it.  Pushed, the op's output is
+        physical, and a kept op of its group may then pay as a pull (``vtc.plan.greedy.resume`` takes it):
+        EfficientViT's q/k/v view of the cat that its convolutions store into is read through as a strided
+        view, where a channel shuffle's clone stays the graph output's one copy and the push only adds the
+        copy of the input that no kernel computes (the split half)."""
+        from vtc.plan.greedy import EPSILON_S
+
+        op = choice.op
+        without = state - {op}
+        old = self.pushed
+        self.pushed = old | {op}
+        try:
+            pulled: set[str] = set()
+            while True:
+                values, kept = self.affected({op} | pulled, without)
+                free = [k for k in kept if k not in pulled and k != op and k not in self.pushed
+                        and (c := self.vtog.choice(k)) is not None and not c.invalid
+                        and not self.vtog.conflict(choice, c)]
+                gains = {k: self.saving_of({k}, without | pulled).seconds for k in free}
+                best = max(gains, key=gains.get, default=None)
+                if best is None or gains[best] <= EPSILON_S:
+                    break
+                pulled.add(best)
+            after = [t for t in self.terms(values, kept, without | pulled)
+                     if not (t.key[0] == "read" and t.key[2] == op)]  # its writers: _push_terms
+        finally:
+            self.pushed = old
+        return self.terms(values, kept, state), after
 
     def pull_to_push_saving(self, choice: Choice, state: frozenset) -> Saving:
         """A push taken in place of the pull of the same op (``state`` holds it): a head merge that a generated
