@@ -10,7 +10,7 @@ import torch
 from vtc.index.mapping import compose
 from vtc.plan import cost
 from vtc.plan.cost import (BROADCAST, CHUNKED, CONTIGUOUS, FALLBACK, INDIRECT, SCATTERED, VIEW, CostModel, Saving,
-                           access, blas_layout, fmt_seconds, index_ops)
+                           access, blas_layout, fmt_seconds, index_ops, op_counts)
 from vtc.virtual import movement
 from vtc.virtual.movement import Src
 
@@ -61,6 +61,24 @@ def test_reshape_of_transpose_is_not_strided_and_counts_div_mod():
     m = compose(r, {"t": t})
     a = access(m, 4)
     assert m.strided() is None and a.kind == SCATTERED and a.index_ops == 2  # i0 // 4 and i0 % 4
+
+
+def test_index_ops_that_only_an_outer_index_decides_count_once_per_run():
+    """A channel shuffle read through its cat: the piece test and the div / mod of the channel depend on the
+    channel only, so the kernel computes them once per row of 28 (GCC hoists them and unswitches the inner
+    loop); a cat along the last dim picks its source per element."""
+    cat = pull(torch.ops.aten.cat.default, [Src("a", (1, 6, 4, 28)), Src("b", (1, 6, 4, 28))], 1, out=(1, 12, 4, 28))
+    shuffled = pull(torch.ops.aten.view.default, Src("c", (1, 6, 2, 4, 28)), [1, 12, 4, 28], out=(1, 12, 4, 28))
+    t = pull(torch.ops.aten.permute.default, Src("v", (1, 2, 6, 4, 28)), [0, 2, 1, 3, 4], out=(1, 6, 2, 4, 28))
+    v = pull(torch.ops.aten.view.default, Src("cat", (1, 12, 4, 28)), [1, 2, 6, 4, 28], out=(1, 2, 6, 4, 28))
+    m = compose(shuffled, {"c": compose(t, {"v": compose(v, {"cat": cat})})})
+    assert op_counts(m) == (0, 3)  # i1 % 2, i1 // 2, the choice between a and b
+    a = access(m, 4)
+    assert (a.index_ops, a.run_ops, a.run) == (3, 3, 28) and a.loop_ops == 3 / 28
+    fixed = CostModel(FALLBACK)
+    assert fixed.compute(1344, a) == pytest.approx(fixed.compute(1344, replace(a, index_ops=3, run_ops=0)) / 28)
+    rows = pull(torch.ops.aten.cat.default, [Src("a", (8, 32)), Src("b", (8, 32))], 1, out=(8, 64))
+    assert op_counts(rows) == (1, 0)
 
 
 def test_blas_layouts():

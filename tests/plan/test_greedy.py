@@ -69,8 +69,10 @@ def test_cat_read_by_a_kernel_is_virtual_over_both_inputs():
 
 def test_conflict_resolved_by_the_larger_saving():
     """With pushes allowed, relu is written into the row-wise cat (contiguous), not into the column-wise one
-    (16-byte runs, a cache line each)."""
-    g, _ = capture(two_cats, torch.randn(64, 4), torch.randn(64, 4), torch.randn(64, 1))
+    (16-byte runs, a cache line each).  Each push leaves the other input copied into place: as many elements
+    both ways (with a z of one column, the column-wise push copies a quarter as much, and wins since the
+    row-wise cat's piece test is priced once per row, ``cost.op_counts``)."""
+    g, _ = capture(two_cats, torch.randn(64, 4), torch.randn(64, 4), torch.randn(64, 4))
     v = VTOG(g)
     est = Estimator(v)
     s = select(v, est, (PULL, PUSH))

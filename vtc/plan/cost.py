@@ -248,10 +248,17 @@ class Access:
     window_lines: float = float("inf")  # cache lines per element over a block of inner rows (see _window)
     window_bytes: float = float("inf")  # bytes of the distinct lines that block touches (reuse if it fits cache)
     sourced_pieces: int = 1  # pieces that read a source (a cat of two: 2): more than one is a choice per element
+    run_ops: int = 0  # of index_ops, those a generated kernel computes once per run of the innermost dim (op_counts)
+    run: int = 1  # elements of that run
 
     @property
     def type_i(self) -> bool:
         return self.kind in TYPE_I
+
+    @property
+    def loop_ops(self) -> float:
+        """Index ops per element of a generated kernel's loop: ``run_ops`` shared by the run."""
+        return self.index_ops - self.run_ops + self.run_ops / self.run
 
     def describe(self) -> str:
         """A short phrase for logs: "Type I (strided view, stride 1)", "contiguous chunks of 32 B", ..."""
@@ -260,19 +267,31 @@ class Access:
         if self.kind in (VIEW, BROADCAST):
             return f"Type I (strided view, inner stride {self.stride})"
         if self.kind == INDIRECT:
-            return f"indirect (index loads, {self.index_ops} index ops per element)"
+            return f"indirect (index loads, {self.loop_ops:.3g} index ops per element)"
         what = "chunked" if self.kind == CHUNKED else "scattered"
         return (f"{what}: contiguous runs of {self.chunk_bytes:.0f} B, {self.lines_per_element:.2f} cache lines "
-                f"and {self.index_ops} index ops per element")
+                f"and {self.loop_ops:.3g} index ops per element")
 
 
 def index_ops(m: Mapping) -> int:
     """div/mod/select/min/max/load nodes per element, in each piece's linear source offset (as the code
     generator emits it) and predicate, plus one select per extra piece."""
-    from vtc.index.expr import lift
+    return sum(op_counts(m))
 
+
+def op_counts(m: Mapping) -> tuple[int, int]:
+    """``index_ops`` of m split in two: (those that depend on the innermost index, those that do not).
+
+    The innermost index is that of the last dim of more than one element, over which the generated kernels'
+    inner loop runs; the C compiler computes an op that does not depend on it once per run of that dim (GCC
+    -O3: loop-invariant motion, and a piece test that picks the source by an outer index, as a channel
+    shuffle's cat does, unswitches the inner loop: ``-fopt-info-loop`` on its gather says "Unswitching loop
+    on condition")."""
+    from vtc.index.expr import free_vars, lift
+
+    inner = next((f"i{k}" for k in reversed(range(len(m.shape))) if m.shape[k] > 1), None)
     seen: set[int] = set()
-    n = 0
+    inside = outside = 0
     for p in m.pieces:
         exprs = [p.when]
         if p.source is not None:
@@ -282,30 +301,43 @@ def index_ops(m: Mapping) -> int:
             exprs.append(lin)
         for e in exprs:
             for x in walk(e):
-                if id(x) not in seen:
-                    seen.add(id(x))
-                    n += x.op in INDEX_OPS
-    return n + len(m.pieces) - 1
+                if id(x) not in seen and x.op in INDEX_OPS:
+                    if inner in free_vars(x):
+                        inside += 1
+                    else:
+                        outside += 1
+                seen.add(id(x))
+    if any(inner in free_vars(p.when) for p in m.pieces):
+        inside += len(m.pieces) - 1
+    else:
+        outside += len(m.pieces) - 1
+    return inside, outside
+
+
+def _run(m: Mapping) -> int:
+    """Elements of m's innermost dim of more than one element (the generated kernels' inner loop)."""
+    return next((n for n in reversed(m.shape) if n > 1), 1)
 
 
 def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
     """How reading the tensor `m` describes, in row-major order, touches its sources."""
     src_bytes = sum(_numel(s) for s in m.sources.values()) * itemsize
-    ops = index_ops(m)
+    inside, outside = op_counts(m)
+    ops, hoisted = inside + outside, dict(run_ops=outside, run=_run(m))
     if m.index_tensors or any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):
         chunk, stride, lines = _probe(m, itemsize, line)  # with random indices in each load's range
-        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line))
+        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line), **hoisted)
     st = m.strided()
     if st is not None:
         chunk, stride, lines = _strided_walk(st, m.shape, itemsize, line)
         dense = [s for s, n in zip(st.strides, m.shape) if n > 1]
         want = [s for s, n in zip(contiguous_strides(m.shape), m.shape) if n > 1]
         kind = CONTIGUOUS if dense == want else BROADCAST if stride == 0 else VIEW
-        window = _window(m, itemsize, line) if kind == VIEW and lines * line > itemsize else ()
-        return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window)
+        window = _window(m, itemsize, line) if kind == VIEW and lines * line > itemsize else (float("inf"),) * 2
+        return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window, **hoisted)
     chunk, stride, lines = _probe(m, itemsize, line)
     return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes, None,
-                  *_window(m, itemsize, line), sum(p.source is not None for p in m.pieces))
+                  *_window(m, itemsize, line), sum(p.source is not None for p in m.pieces), **hoisted)
 
 
 def structure(m: Mapping) -> tuple | None:
@@ -542,11 +574,12 @@ class CostModel:
         """Seconds of index arithmetic and scalar loads to read numel elements through acc once.
 
         Where neighbouring elements are neighbours in memory (inner stride 0 or 1) the loop is vectorised and
-        its index arithmetic is shared by the lanes of a vector; elsewhere every element pays for its own."""
+        its index arithmetic is shared by the lanes of a vector; elsewhere every element pays for its own.  Ops
+        that do not depend on the innermost index are computed once per run of it (``Access.loop_ops``)."""
         if acc.stride in (0, 1):
-            ns = acc.index_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
+            ns = acc.loop_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
         else:
-            ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
+            ns = acc.loop_ops * self.index_op_ns + self.scalar_load_ns
             if acc.sourced_pieces > 1 and acc.source_bytes > self.l1_bytes:
                 ns += self.picked_gather_ns
         return numel * ns * 1e-9 / max(self.machine.threads, 1)
@@ -570,8 +603,8 @@ class CostModel:
             ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
             read = self.transfer(self.traffic(numel, itemsize, acc)) + numel * ns * 1e-9 / max(self.machine.threads, 1)
         else:
-            read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0),
-                                                                                     itemsize)
+            no_index = replace(acc, index_ops=0, run_ops=0)
+            read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, no_index, itemsize)
             if acc.stride not in (0, 1):  # TensorIterator's scalar loop over a non-contiguous input
                 read += numel * self.torch_strided_ns * 1e-9 / max(self.machine.threads, 1)
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
