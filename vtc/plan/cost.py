@@ -912,8 +912,11 @@ class Estimator:
                                       f"not a strided view: a copy kernel realises it for {who} "
                                       f"({acc.describe()})"))
                 continue
-            if r in ("<output>", "<index>"):
-                continue  # the output and index loads take any view
+            if r == "<output>":  # the output takes any view: one step of the executor makes it (_realize)
+                terms.append(Term(("view", value), self.model.call_us * 1e-6, "a view step hands it to the output"))
+                continue
+            if r == "<index>":
+                continue  # index loads take any view
             if self.nodes[r].kind == "movement":  # a kept op reads views in place (its own copy is priced) ...
                 if needs_dense(self.nodes[r]) and not is_dense(st, v.shape) and not copied:
                     copied = True  # ... except aten.view, which needs it row-major: a copy kernel realises it
