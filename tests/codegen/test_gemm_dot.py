@@ -101,8 +101,11 @@ def test_a_producer_read_elsewhere_is_not_priced_as_inlined():
 def test_lite_linear_attention_matches_eager(batch, hw):
     """EfficientViT's LiteMLA under the default plan: k^T v as packed dot products, relu(q) (k^T v) generated
     with the ReLU in its pack, the division read by the projection's pack; nothing materialised but, at most,
-    the permute in front of the projection: the greedy's choice for it is a few µs either way and follows the
-    machine figures (kept on the fixed ones the tests use, virtual on a measured 2-thread set at 10 GB/s)."""
+    the permute in front of the projection (or the clone after it): the greedy's choice for it is a few µs either
+    way and follows the machine figures (kept on the fixed ones the tests use, virtual on a measured 2-thread set at
+    10 GB/s).  The view of the padded v (k^T v's B) stays virtual: kept, its copy kernel would leave torch's bmm a
+    physical operand and the estimate priced both sides as that one copy, a tie left physical
+    (``Estimator._pack_terms`` prices the generated GEMM's pack through the mapping instead)."""
     torch.manual_seed(batch * 100 + hw)
     m = LiteMLA(32, 16).eval()
     x = torch.randn(batch, 32, hw, hw)
@@ -114,9 +117,11 @@ def test_lite_linear_attention_matches_eager(batch, hw):
     assert bmm["bmm"]["path"] == gemm_dot.PATH, bmm
     if hw == 28:  # on the small maps torch's bmm after the ReLU kernel is estimated as fast
         assert bmm["bmm_1"]["choice"] == "vtc" and "%relu" in bmm["bmm_1"]["why"], bmm
-    # nothing materialised but, at most, the permute in front of the projection
+    # nothing materialised but, at most, one copy in front of the projection: the permute, or (since a kept
+    # movement op's copy kernel reads its virtual inputs through their mappings) the clone after it
     kept = [o for o in r["movement"] if o["fate"] not in ("virtual", "view", "pushed")]
-    assert len(kept) <= 1 and all(o["op"] == "aten.permute.default" and o["fate"] == "kept" for o in kept), kept
+    assert len(kept) <= 1 and all(o["op"] in ("aten.permute.default", "aten.clone.default") and o["fate"] == "kept"
+                                  for o in kept), kept
     assert r["materialized_movement_bytes"] == sum(o["bytes"] for o in kept)
 
 

@@ -10,7 +10,7 @@ import torch
 from vtc.index.mapping import compose
 from vtc.plan import cost
 from vtc.plan.cost import (BROADCAST, CHUNKED, CONTIGUOUS, FALLBACK, INDIRECT, SCATTERED, VIEW, CostModel, Saving,
-                           access, blas_layout, fmt_seconds, index_ops)
+                           access, blas_layout, fmt_seconds, index_ops, op_counts)
 from vtc.virtual import movement
 from vtc.virtual.movement import Src
 
@@ -61,6 +61,24 @@ def test_reshape_of_transpose_is_not_strided_and_counts_div_mod():
     m = compose(r, {"t": t})
     a = access(m, 4)
     assert m.strided() is None and a.kind == SCATTERED and a.index_ops == 2  # i0 // 4 and i0 % 4
+
+
+def test_index_ops_that_only_an_outer_index_decides_count_once_per_run():
+    """A channel shuffle read through its cat: the piece test and the div / mod of the channel depend on the
+    channel only, so the kernel computes them once per row of 28 (GCC hoists them and unswitches the inner
+    loop); a cat along the last dim picks its source per element."""
+    cat = pull(torch.ops.aten.cat.default, [Src("a", (1, 6, 4, 28)), Src("b", (1, 6, 4, 28))], 1, out=(1, 12, 4, 28))
+    shuffled = pull(torch.ops.aten.view.default, Src("c", (1, 6, 2, 4, 28)), [1, 12, 4, 28], out=(1, 12, 4, 28))
+    t = pull(torch.ops.aten.permute.default, Src("v", (1, 2, 6, 4, 28)), [0, 2, 1, 3, 4], out=(1, 6, 2, 4, 28))
+    v = pull(torch.ops.aten.view.default, Src("cat", (1, 12, 4, 28)), [1, 2, 6, 4, 28], out=(1, 2, 6, 4, 28))
+    m = compose(shuffled, {"c": compose(t, {"v": compose(v, {"cat": cat})})})
+    assert op_counts(m) == (0, 3)  # i1 % 2, i1 // 2, the choice between a and b
+    a = access(m, 4)
+    assert (a.index_ops, a.run_ops, a.run) == (3, 3, 28) and a.loop_ops == 3 / 28
+    fixed = CostModel(FALLBACK)
+    assert fixed.compute(1344, a) == pytest.approx(fixed.compute(1344, replace(a, index_ops=3, run_ops=0)) / 28)
+    rows = pull(torch.ops.aten.cat.default, [Src("a", (8, 32)), Src("b", (8, 32))], 1, out=(8, 64))
+    assert op_counts(rows) == (1, 0)
 
 
 def test_blas_layouts():
@@ -264,3 +282,51 @@ def test_a_scale_of_gqa_keys_on_their_way_to_a_gemm_is_walked_as_the_gemm_walks_
                               est.access(m, read).kind)
     assert walks["sdpa_keys"][0] and not walks["keys_summed"][0]
     assert walks["sdpa_keys"][1] != walks["sdpa_keys"][2] == walks["keys_summed"][1]  # reordered only for the GEMM
+
+
+def test_a_gemm_operand_torch_would_copy_is_priced_as_the_generated_gemm_packing_it():
+    """bmm(a, pad(v^T)): B is no strided view.  Kept, the pad is one copy kernel (through v^T's mapping) and torch's
+    bmm reads it; virtual, torch's bmm needs the same copy, so the estimate was a +0.00 tie, left physical, where
+    the lowering's gemm="auto" would have run the generated GEMM packing B through its mapping, no copy at all
+    (EfficientViT's LiteMLA lost its packed-dot k^T v so: tests/codegen/test_gemm_dot.py).  With the GEMM a
+    library node (as ``node_kinds`` may leave it, asked with every movement op virtual) the pad pays under
+    gemm="auto", and stays the tie where the GEMM is torch's whatever the plan (gemm="torch")."""
+    import torch.nn.functional as F
+
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import PULL, VTOG, node_kinds
+
+    from .graphs import capture
+
+    def fn(a, v):
+        return torch.bmm(a, F.pad(v.transpose(1, 2), (0, 1), value=1.0))
+
+    g, _ = capture(fn, torch.randn(4, 16, 64), torch.randn(4, 9, 64))
+    kinds = {**node_kinds(g, "cpu", "auto"), "bmm": "library"}
+    saved = {}
+    for gemm in ("auto", "torch"):
+        vtog = VTOG(g, kinds, "cpu", gemm)
+        est = Estimator(vtog, CostModel(FALLBACK))
+        pad = next(c for c in vtog.choices if c.op == "constant_pad_nd" and c.direction == PULL)
+        saved[gemm] = est.saving(pad, frozenset({"permute"}))
+    assert saved["auto"].seconds > 1e-6 and "packed through by the generated GEMM (bmm)" in saved["auto"].reason
+    assert abs(saved["torch"].seconds) < 1e-12, saved
+
+
+def test_a_kept_op_indexed_by_a_virtual_index_tensor_is_priced_as_torch():
+    """``Lowering.move_kernels`` hands torch a kept movement op whose index tensor is virtual (its range check
+    would name a tensor no step fills): ``Estimator.generated_move`` says so too."""
+    from vtc.plan.cost import Estimator
+    from vtc.plan.vtog import VTOG
+
+    from .graphs import capture
+
+    def fn(x, idx):
+        return x.index_select(0, idx.view(-1)) * 2
+
+    g, _ = capture(fn, torch.randn(10, 4), torch.randint(0, 10, (2, 3)))
+    est = Estimator(VTOG(g), CostModel(FALLBACK))
+    assert est.generated_move("index_select", frozenset())
+    assert not est.generated_move("index_select", frozenset({"view"}))
+    (run,) = est.op_terms("index_select", frozenset({"view"}))
+    assert "(torch" in run.note

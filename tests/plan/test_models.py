@@ -17,10 +17,13 @@ KEPT = {
     # node names as the fast capture (vtc.frontend.fx_capture) makes them: an eval-mode dropout is no clone
     # a chain whose first op reads a physical tensor keeps that op where the rest would be a torch copy of a
     # transposed view (priced with its scalar loop, CostModel.torch_strided_ns): the generated copy kernel runs it
-    "llama_layer": {("clone", "clone"), ("clone_1", "clone"), ("clone_3", "clone")},
-    "gpt2": {("clone", "clone"), ("permute", "permute"), ("permute_5", "permute")}
-    | {(f"clone_{k}", "clone") for k in (2, 3, 4, 6, 7)},  # every repeat/head clone or the permute in front
-    "shufflenet": set(),  # channel shuffles pay as whole chains: one copy kernel per conv operand
+    # since session 17 a kept op's copy kernel reads its virtual inputs through their mappings
+    # (Lowering.move_kernels), so the one copy of a chain may be its last op (a clone reading through the
+    # permute or expand in front, the channel shuffle's clone) where it was the first or the conv's realisation
+    "llama_layer": {("clone_1", "clone"), ("clone_3", "clone"), ("expand_1", "expand")},
+    "gpt2": {("clone", "clone"), ("clone_1", "clone"), ("clone_5", "clone")}
+    | {(f"clone_{k}", "clone") for k in (2, 3, 4, 6, 7)},  # every repeat/head clone
+    "shufflenet": {("clone_1", "clone"), ("clone_3", "clone"), ("clone_5", "clone")},  # one copy per shuffle
 }
 
 

@@ -203,6 +203,18 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     return vtc, lib
 
 
+def could_generate(n: Node) -> bool:
+    """Whether the generated kernel can run float32 GEMM node n (``_unsupported`` says nothing against it), so that
+    under gemm="auto" ``choose`` weighs packing a virtual operand through its mapping against torch on a copy of
+    it.  For the planner's estimate (``vtc.plan.cost.Estimator.packs_through``), which has no lowering: bf16
+    GEMMs, whose kernel asks more of the CPU and the operands (``gemm_bf16.why_not``), count as not."""
+    if n.op not in GEMM_OPS:
+        return False
+    args = bind(n.target, n.args, n.kwargs)
+    vals = [v for v in args.values() if isinstance(v, Value)] + list(n.outputs)
+    return all(v.dtype == torch.float32 for v in vals) and not _unsupported(n, args, None)
+
+
 def needs_copy(low, v) -> bool:
     """True for a virtual operand that torch cannot take as a zero-copy view (it would be copied first)."""
     if not isinstance(v, Value) or not low.plan.is_virtual(v.name):

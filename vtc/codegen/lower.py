@@ -641,21 +641,33 @@ class Lowering:
     def move_kernels(self, n: Node) -> list[KernelStep] | None:
         """Copy kernels running kept movement node n (one per used output, through its own pull mapping).
 
+        An input that is virtual (or inlined) is read through its own mapping (``value_at``), as a pointwise
+        kernel reads it: Swin's relative-position bias, gathered from its table, viewed [N, N, heads] and
+        permuted to [heads, N, N], is one kernel that gathers into the permuted layout, and a window partition's
+        clone reads through the views and permute before it.
+
         None, with the reason in ``why_torch``, when n runs through torch instead: it has no pull
-        mapping, a dtype has no generated code, or an input is not physical (realised for torch).
+        mapping, a dtype has no generated code, or it is a scatter (``cost.CLONE_FIRST``: a KV-cache index_put)
+        with a virtual input, which torch runs on the realised input (measured faster than a kernel deriving
+        the scatter's inverse through the input's mapping: tests/plan/test_cost.py).
         """
+        from vtc.plan.cost import CLONE_FIRST
         from vtc.plan.virtualize import pull_of
 
         bad = [v for v in [*n.inputs, *n.outputs] if v.dtype not in C_TYPES]
         if bad:
             self._torch(n, f"dtype {bad[0].dtype} of %{bad[0].name} has no generated code")
             return None
-        if not all(self.is_physical(v.name) for v in n.inputs):
-            self._torch(n, "kept movement op with a virtual input: realised and run through torch")
+        if n.op in CLONE_FIRST and not all(self.is_physical(v.name) for v in n.inputs):
+            self._torch(n, "kept scatter with a virtual input: realised and run through torch")
             return None
         maps = pull_of(n)
         if isinstance(maps, str):
             self._torch(n, maps)
+            return None
+        virtual_index = [t for m in maps for t in m.index_tensors if t in self.values and not self.is_physical(t)]
+        if virtual_index:  # its range check names a tensor no step fills: torch runs n on the realised index
+            self._torch(n, f"kept movement op indexed by the virtual %{virtual_index[0]}: realised and run through torch")
             return None
         out = []
         for o, m in zip(n.outputs, maps):
@@ -670,8 +682,13 @@ class Lowering:
                 return None
             k = self._finish(Kernel(f"k_{_ident(o.name)}", "move", o.shape, 0, [],
                                     [Store(Buffer(o.name, o.shape, o.dtype), idx, value)], source_nodes=[n.name]))
-            checks = [c for c in m.checks if c.tensor not in self.folded]
-            out.append(KernelStep(k, list(dict.fromkeys(checks)), [m] if m.index_tensors else []))
+            inner = self.mappings_read(k)  # a virtual input's mappings: their index tensors' checks, derived
+            loaded = {b.name for b in k.inputs}
+            checks = [c for c in m.checks if c.tensor not in self.folded] + [
+                c for mm in inner for c in mm.checks
+                if c.tensor not in self.folded and (c.tensor in loaded or c.tensor not in self.values)]
+            derived = [m] if m.index_tensors else []
+            out.append(KernelStep(k, list(dict.fromkeys(checks)), derived + [mm for mm in inner if mm is not m]))
         return out
 
     def mappings_read(self, k: Kernel) -> list[Mapping]:

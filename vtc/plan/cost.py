@@ -248,10 +248,17 @@ class Access:
     window_lines: float = float("inf")  # cache lines per element over a block of inner rows (see _window)
     window_bytes: float = float("inf")  # bytes of the distinct lines that block touches (reuse if it fits cache)
     sourced_pieces: int = 1  # pieces that read a source (a cat of two: 2): more than one is a choice per element
+    run_ops: int = 0  # of index_ops, those a generated kernel computes once per run of the innermost dim (op_counts)
+    run: int = 1  # elements of that run
 
     @property
     def type_i(self) -> bool:
         return self.kind in TYPE_I
+
+    @property
+    def loop_ops(self) -> float:
+        """Index ops per element of a generated kernel's loop: ``run_ops`` shared by the run."""
+        return self.index_ops - self.run_ops + self.run_ops / self.run
 
     def describe(self) -> str:
         """A short phrase for logs: "Type I (strided view, stride 1)", "contiguous chunks of 32 B", ..."""
@@ -260,19 +267,31 @@ class Access:
         if self.kind in (VIEW, BROADCAST):
             return f"Type I (strided view, inner stride {self.stride})"
         if self.kind == INDIRECT:
-            return f"indirect (index loads, {self.index_ops} index ops per element)"
+            return f"indirect (index loads, {self.loop_ops:.3g} index ops per element)"
         what = "chunked" if self.kind == CHUNKED else "scattered"
         return (f"{what}: contiguous runs of {self.chunk_bytes:.0f} B, {self.lines_per_element:.2f} cache lines "
-                f"and {self.index_ops} index ops per element")
+                f"and {self.loop_ops:.3g} index ops per element")
 
 
 def index_ops(m: Mapping) -> int:
     """div/mod/select/min/max/load nodes per element, in each piece's linear source offset (as the code
     generator emits it) and predicate, plus one select per extra piece."""
-    from vtc.index.expr import lift
+    return sum(op_counts(m))
 
+
+def op_counts(m: Mapping) -> tuple[int, int]:
+    """``index_ops`` of m split in two: (those that depend on the innermost index, those that do not).
+
+    The innermost index is that of the last dim of more than one element, over which the generated kernels'
+    inner loop runs; the C compiler computes an op that does not depend on it once per run of that dim (GCC
+    -O3: loop-invariant motion, and a piece test that picks the source by an outer index, as a channel
+    shuffle's cat does, unswitches the inner loop: ``-fopt-info-loop`` on its gather says "Unswitching loop
+    on condition")."""
+    from vtc.index.expr import free_vars, lift
+
+    inner = next((f"i{k}" for k in reversed(range(len(m.shape))) if m.shape[k] > 1), None)
     seen: set[int] = set()
-    n = 0
+    inside = outside = 0
     for p in m.pieces:
         exprs = [p.when]
         if p.source is not None:
@@ -282,30 +301,43 @@ def index_ops(m: Mapping) -> int:
             exprs.append(lin)
         for e in exprs:
             for x in walk(e):
-                if id(x) not in seen:
-                    seen.add(id(x))
-                    n += x.op in INDEX_OPS
-    return n + len(m.pieces) - 1
+                if id(x) not in seen and x.op in INDEX_OPS:
+                    if inner in free_vars(x):
+                        inside += 1
+                    else:
+                        outside += 1
+                seen.add(id(x))
+    if any(inner in free_vars(p.when) for p in m.pieces):
+        inside += len(m.pieces) - 1
+    else:
+        outside += len(m.pieces) - 1
+    return inside, outside
+
+
+def _run(m: Mapping) -> int:
+    """Elements of m's innermost dim of more than one element (the generated kernels' inner loop)."""
+    return next((n for n in reversed(m.shape) if n > 1), 1)
 
 
 def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
     """How reading the tensor `m` describes, in row-major order, touches its sources."""
     src_bytes = sum(_numel(s) for s in m.sources.values()) * itemsize
-    ops = index_ops(m)
+    inside, outside = op_counts(m)
+    ops, hoisted = inside + outside, dict(run_ops=outside, run=_run(m))
     if m.index_tensors or any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):
         chunk, stride, lines = _probe(m, itemsize, line)  # with random indices in each load's range
-        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line))
+        return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line), **hoisted)
     st = m.strided()
     if st is not None:
         chunk, stride, lines = _strided_walk(st, m.shape, itemsize, line)
         dense = [s for s, n in zip(st.strides, m.shape) if n > 1]
         want = [s for s, n in zip(contiguous_strides(m.shape), m.shape) if n > 1]
         kind = CONTIGUOUS if dense == want else BROADCAST if stride == 0 else VIEW
-        window = _window(m, itemsize, line) if kind == VIEW and lines * line > itemsize else ()
-        return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window)
+        window = _window(m, itemsize, line) if kind == VIEW and lines * line > itemsize else (float("inf"),) * 2
+        return Access(kind, chunk, stride, lines, ops, src_bytes, st, *window, **hoisted)
     chunk, stride, lines = _probe(m, itemsize, line)
     return Access(CHUNKED if chunk >= line else SCATTERED, chunk, stride, lines, ops, src_bytes, None,
-                  *_window(m, itemsize, line), sum(p.source is not None for p in m.pieces))
+                  *_window(m, itemsize, line), sum(p.source is not None for p in m.pieces), **hoisted)
 
 
 def structure(m: Mapping) -> tuple | None:
@@ -542,11 +574,12 @@ class CostModel:
         """Seconds of index arithmetic and scalar loads to read numel elements through acc once.
 
         Where neighbouring elements are neighbours in memory (inner stride 0 or 1) the loop is vectorised and
-        its index arithmetic is shared by the lanes of a vector; elsewhere every element pays for its own."""
+        its index arithmetic is shared by the lanes of a vector; elsewhere every element pays for its own.  Ops
+        that do not depend on the innermost index are computed once per run of it (``Access.loop_ops``)."""
         if acc.stride in (0, 1):
-            ns = acc.index_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
+            ns = acc.loop_ops * self.index_op_ns * itemsize / max(self.machine.vector_bytes, itemsize)
         else:
-            ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
+            ns = acc.loop_ops * self.index_op_ns + self.scalar_load_ns
             if acc.sourced_pieces > 1 and acc.source_bytes > self.l1_bytes:
                 ns += self.picked_gather_ns
         return numel * ns * 1e-9 / max(self.machine.threads, 1)
@@ -570,8 +603,8 @@ class CostModel:
             ns = acc.index_ops * self.index_op_ns + self.scalar_load_ns
             read = self.transfer(self.traffic(numel, itemsize, acc)) + numel * ns * 1e-9 / max(self.machine.threads, 1)
         else:
-            read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, replace(acc, index_ops=0),
-                                                                                     itemsize)
+            no_index = replace(acc, index_ops=0, run_ops=0)
+            read = self.transfer(self.traffic(numel, itemsize, acc)) + self.compute(numel, no_index, itemsize)
             if acc.stride not in (0, 1):  # TensorIterator's scalar loop over a non-contiguous input
                 read += numel * self.torch_strided_ns * 1e-9 / max(self.machine.threads, 1)
         return self.call_us * 1e-6 + self.write(numel, itemsize) + read
@@ -683,6 +716,7 @@ class Estimator:
         self._acc_by_structure: dict[tuple, Access] = {}  # access() of a mapping by its structure()
         self._st: dict[int, tuple[Mapping, Strided | None]] = {}
         self._runs: dict[tuple, Mapping] = {}
+        self._packs: dict[str, bool] = {}  # packs_through, per node
         self.rereads: dict[str, int] = {}
         self._compute: float | None = None
         self.anc: dict[str, frozenset[str]] = {}
@@ -852,6 +886,7 @@ class Estimator:
         acc = self.access(m, value)
         st = self.strided(m)
         copied = False
+        packs = []  # library GEMMs the generated kernel may run instead, packing `value` through its mapping
         for r in self.readers(value, state):
             kind = "kernel" if r in self.pushed else self.vtog.kinds.get(r)
             if kind == "kernel":
@@ -862,7 +897,13 @@ class Estimator:
                 terms.append(Term(("read", value, r), t, f"{r} reads it{again} through its mapping, "
                                                              f"{acc.describe()}", cost=not acc.type_i or n > 1))
                 continue
+            if (r not in ("<output>", "<index>") and self.nodes[r].kind == "movement"
+                    and self.vtog.backend == "cpu" and self.generated_move(r, state)):
+                continue  # a kept op's copy kernel reads it through the mapping (priced in op_terms)
             if st is None:
+                if r not in ("<output>", "<index>") and self.packs_through(r):
+                    packs.append(r)
+                    continue
                 if not copied:
                     copied = True
                     who = "the graph output" if r == "<output>" else "an index" if r == "<index>" else r
@@ -871,8 +912,11 @@ class Estimator:
                                       f"not a strided view: a copy kernel realises it for {who} "
                                       f"({acc.describe()})"))
                 continue
-            if r in ("<output>", "<index>"):
-                continue  # the output and index loads take any view
+            if r == "<output>":  # the output takes any view: one step of the executor makes it (_realize)
+                terms.append(Term(("view", value), self.model.call_us * 1e-6, "a view step hands it to the output"))
+                continue
+            if r == "<index>":
+                continue  # index loads take any view
             if self.nodes[r].kind == "movement":  # a kept op reads views in place (its own copy is priced) ...
                 if needs_dense(self.nodes[r]) and not is_dense(st, v.shape) and not copied:
                     copied = True  # ... except aten.view, which needs it row-major: a copy kernel realises it
@@ -883,35 +927,89 @@ class Estimator:
             if why:
                 t = self.model.copy(v.numel, size, acc, generated=False) + self.model.fresh(v.nbytes)
                 terms.append(Term(("libcopy", value, r), t, why))
+        if packs and not copied:  # (with a copy made for another reader, torch's GEMM reads that copy)
+            terms.extend(self._pack_terms(value, m, packs))
         return terms
 
-    def op_terms(self, op: str, state: frozenset) -> list[Term]:
-        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): with
-        every input physical, a generated copy kernel through its pull mapping (into recycled storage);
-        else torch on the inputs (reading strided views of virtual ones in place) into a fresh buffer."""
+    def packs_through(self, r: str) -> bool:
+        """Whether library node `r` is a GEMM that the lowering may run as a generated kernel instead when an
+        operand is virtual and no strided view (``vtc.codegen.gemm.choose`` under gemm="auto", CPU backend):
+        ``node_kinds`` asked with every movement op virtual, where a plan may leave other operands' copies."""
+        hit = self._packs.get(r)
+        if hit is None:
+            from vtc.codegen.gemm import could_generate
+
+            hit = self._packs[r] = (self.vtog.backend == "cpu" and self.vtog.gemm == "auto"
+                                    and self.vtog.kinds.get(r) == "library" and could_generate(self.nodes[r]))
+        return hit
+
+    def _pack_terms(self, value: str, m: Mapping, packs: list[str]) -> list[Term]:
+        """Virtual `value` (no strided view) read by library GEMMs `packs` (``packs_through``) and nothing else
+        that needs it in memory: the lowering either realises it with a copy kernel for torch's GEMM or runs
+        the generated GEMM, whose pack loops read it through its mapping (``gemm.choose`` takes the cheaper);
+        each GEMM is priced as the cheaper of the two here, the pack through the mapping as what it costs
+        over packing a row-major operand (a kept movement op in front would leave torch only the copy)."""
+        v = self.values[value]
+        size = _size(v)
+        base = self.access(m, value)
+        copy = self.model.copy(v.numel, size, base) + self.model.derive(m, self.cold)
+        dense = self.model.read(v.numel, size, DENSE)
+        reads = []
+        for r in packs:
+            acc = self.kernel_access(m, value, self.nodes[r])
+            t = max(0.0, self.model.read(v.numel, size, acc) - dense) + self.model.derive(m, self.cold)
+            reads.append(Term(("read", value, r), t, f"{r} (torch's, or the generated GEMM packing it through its "
+                                                     f"mapping when cheaper) reads it through its mapping, "
+                                                     f"{acc.describe()}"))
+        if sum(t.seconds for t in reads) < copy:
+            return reads
+        return [Term(("realise", value), copy, f"not a strided view: a copy kernel realises it for {packs[0]} "
+                                               f"({base.describe()})")]
+
+    def generated_move(self, op: str, state: frozenset) -> bool:
+        """True when kept movement op `op` runs as a generated copy kernel (``vtc.codegen.lower.move_kernels``):
+        it has a pull mapping, every dtype it touches has generated code, it is no scatter (``CLONE_FIRST``)
+        with a virtual input under `state`, and no index tensor of its mapping is virtual under `state` (the
+        kernel's range check would name a tensor no step fills: torch runs it on the realised index).  Such a
+        kernel reads a virtual input through that input's mapping, as any kernel does (before session 17 torch
+        ran every kept op with a virtual input, on realised views); else torch runs it on realised inputs."""
         from vtc.codegen.ops import C_TYPES
 
+        n = self.nodes[op]
+        maps = self.vtog.pulls.get(op)
+        if maps is None or not all(v.dtype in C_TYPES for v in [*n.inputs, *n.outputs]):
+            return False
+        if any(self.mapping(t, state) is not None for mp in maps for t in mp.index_tensors if t in self.values):
+            return False
+        if self.vtog.backend != "cpu" or n.op in CLONE_FIRST:  # (another backend: priced as before session 17)
+            return all(self.mapping(v.name, state) is None for v in n.inputs)
+        return True
+
+    def op_terms(self, op: str, state: frozenset) -> list[Term]:
+        """The copy a kept movement op makes, as the lowering runs it (``vtc.codegen.lower.move_kernels``): a
+        generated copy kernel through its pull mapping composed with its virtual inputs' mappings (into recycled
+        storage); else (no pull mapping, a dtype without generated code) torch on the inputs (reading strided
+        views of virtual ones in place) into a fresh buffer."""
         n = self.nodes[op]
         if op in state or op in self.pushed:
             return []
         maps = self.vtog.pulls.get(op)
-        generated = maps is not None and all(self.mapping(v.name, state) is None for v in n.inputs) and all(
-            v.dtype in C_TYPES for v in [*n.inputs, *n.outputs])
+        generated = self.generated_move(op, state)
         out = []
         for k, o in enumerate(n.outputs):
             size = _size(o)
             if maps is None:
                 acc = DENSE
             else:
-                inner = {s: mi for s in maps[k].sources
-                         if (mi := self.mapping(s, state)) is not None and self.strided(mi) is not None}
+                inner = {s: mi for s in maps[k].sources if (mi := self.mapping(s, state)) is not None
+                         and (generated or self.strided(mi) is not None)}
                 key = (op, k, tuple(id(mi) for mi in inner.values()))
                 m = self._runs.get(key)
                 if m is None:
                     m = self._runs[key] = compose(maps[k], inner) if inner else maps[k]
                 acc = self.access(m, o.name)
             if generated:
-                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(maps[k], self.cold), "a copy kernel"
+                t, how = self.model.copy(o.numel, size, acc) + self.model.derive(m, self.cold), "a copy kernel"
             else:
                 fresh = self.model.fresh(o.nbytes)
                 t = self.model.copy(o.numel, size, acc, generated=False) + fresh
@@ -1004,7 +1102,10 @@ class Estimator:
         ks = [r for r in readers if self.vtog.kinds.get(r) == "kernel"]
         if ks:
             how.append(f"read through by {', '.join(ks[:3])}{'...' if len(ks) > 3 else ''}")
-        libs = [r for r in readers if r not in ks]
+        packed = [r for r in readers if r not in ks and ("read", outs[0], r) in {t.key for t in after}]
+        if packed:  # _pack_terms
+            how.append(f"packed through by the generated GEMM ({', '.join(packed[:3])})")
+        libs = [r for r in readers if r not in ks and r not in packed]
         if libs:
             st = self.strided(self.mapping(outs[0], state))
             how.append(("zero-copy view for " if st is not None else "one copy kernel for ") + ", ".join(libs[:3]))
@@ -1013,9 +1114,32 @@ class Estimator:
         return f"{acc.describe()}; removes {choice.op}'s copy of {_bytes(moved)}; {'; '.join(how)}"
 
     def _push_saving(self, choice: Choice, state: frozenset) -> Saving:
-        """A push: the op's copy disappears; the producers write through, readers read through the target."""
+        """A push: the op's copy disappears; the producers write through, readers read through the target.
+
+        Where the push would replace the op's pull (`state` holds it: ``vtc.codegen.push.take_pushes``), it is
+        priced against that pull (``_against_pull``), not against the op kept."""
         op = self.nodes[choice.op]
-        before = self.op_terms(op.name, state - {op.name})  # the op kept, run as the lowering would
+        after = self._push_terms(choice, state)
+        if op.name in state:
+            before, rest = self._against_pull(choice, state)
+            after += rest
+        else:
+            before = self.op_terms(op.name, state - {op.name})  # the op kept, run as the lowering would
+        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
+        if sec > 0:
+            acc = self.access(choice.edges[0].mapping, choice.edges[0].src)
+            pushed = {e.src for e in choice.edges}
+            reason = (f"{', '.join('%' + s for s in sorted(pushed))} written in place into "
+                      f"%{choice.edges[0].dst} ({acc.describe()}); removes {op.name}'s copy")
+        else:
+            bad = sorted(after, key=lambda t: -t.seconds)
+            reason = bad[0].note if bad else "removing it saves nothing measurable"
+        return Saving(sec, reason)
+
+    def _push_terms(self, choice: Choice, state: frozenset) -> list[Term]:
+        """What push `choice` costs: its inputs that no kernel computes copied into place, the stores through
+        its mapping, and the other readers of its inputs reading them through its output."""
+        op = self.nodes[choice.op]
         pushed = {e.src for e in choice.edges}
         after: list[Term] = []
         for x in op.inputs:
@@ -1048,15 +1172,40 @@ class Estimator:
                 else:
                     after.append(Term(("realise", e.src), self.model.copy(v.numel, size, acc),
                                       f"%{e.src} is not a strided view of %{e.dst}: a copy realises it for {r}"))
-        sec = sum(t.seconds for t in before) - sum(t.seconds for t in after)
-        if sec > 0:
-            acc = self.access(choice.edges[0].mapping, choice.edges[0].src)
-            reason = (f"{', '.join('%' + s for s in sorted(pushed))} written in place into "
-                      f"%{choice.edges[0].dst} ({acc.describe()}); removes {op.name}'s copy")
-        else:
-            bad = sorted(after, key=lambda t: -t.seconds)
-            reason = bad[0].note if bad else "removing it saves nothing measurable"
-        return Saving(sec, reason)
+        return after
+
+    def _against_pull(self, choice: Choice, state: frozenset) -> tuple[list[Term], list[Term]]:
+        """(before, after) terms of push `choice` in place of its op's pull in `state`, over the op's group.
+
+        Pulled, the op copies nothing, and a kept op reading through it is a copy kernel that reads its
+        inputs through the mapping (``generated_move``): nothing is copied for it.  Pushed, the op's output is
+        physical, and a kept op of its group may then pay as a pull (``vtc.plan.greedy.resume`` takes it):
+        EfficientViT's q/k/v view of the cat that its convolutions store into is read through as a strided
+        view, where a channel shuffle's clone stays the graph output's one copy and the push only adds the
+        copy of the input that no kernel computes (the split half)."""
+        from vtc.plan.greedy import EPSILON_S
+
+        op = choice.op
+        without = state - {op}
+        old = self.pushed
+        self.pushed = old | {op}
+        try:
+            pulled: set[str] = set()
+            while True:
+                values, kept = self.affected({op} | pulled, without)
+                free = [k for k in kept if k not in pulled and k != op and k not in self.pushed
+                        and (c := self.vtog.choice(k)) is not None and not c.invalid
+                        and not self.vtog.conflict(choice, c)]
+                gains = {k: self.saving_of({k}, without | pulled).seconds for k in free}
+                best = max(gains, key=gains.get, default=None)
+                if best is None or gains[best] <= EPSILON_S:
+                    break
+                pulled.add(best)
+            after = [t for t in self.terms(values, kept, without | pulled)
+                     if not (t.key[0] == "read" and t.key[2] == op)]  # its writers: _push_terms
+        finally:
+            self.pushed = old
+        return self.terms(values, kept, state), after
 
     def pull_to_push_saving(self, choice: Choice, state: frozenset) -> Saving:
         """A push taken in place of the pull of the same op (``state`` holds it): a head merge that a generated

@@ -77,7 +77,7 @@ def estimated_times(graph: Graph, plan: Plan, backend: str = "cpu") -> str:
     from vtc.plan.cost import Estimator
     from vtc.plan.vtog import VTOG, node_kinds
 
-    vtog = VTOG(graph, node_kinds(graph, backend))
+    vtog = VTOG(graph, node_kinds(graph, backend), backend)
     est = Estimator(vtog)
     every = frozenset(vtog.pulls)
     mine = frozenset(op for op in vtog.pulls if op not in plan.kept)

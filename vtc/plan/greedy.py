@@ -175,7 +175,7 @@ def _escape(alive: list[Choice], estimator: Estimator, state: frozenset) -> list
 
 def plan_greedy(graph: Graph, backend: str = "cpu", model: CostModel | None = None) -> Plan:
     """The greedy plan of `graph` for `backend` under cost `model`; kept ops carry their reasons."""
-    vtog = VTOG(graph, node_kinds(graph, backend))
+    vtog = VTOG(graph, node_kinds(graph, backend), backend)
     return plan_of(graph, "greedy", vtog, select(vtog, Estimator(vtog, model), (PULL,)))
 
 

@@ -51,7 +51,8 @@ def make_plan(graph: Graph, options: dict, model: CostModel | None = None) -> Pl
         cached, key = plan_cache.load(graph, options)
         if cached is not None:
             return cached
-    vtog = VTOG(graph, node_kinds(graph, backend, options.get("gemm", "auto")))
+    gemm = options.get("gemm", "auto")
+    vtog = VTOG(graph, node_kinds(graph, backend, gemm), backend, gemm)
     est = Estimator(vtog, model)
     strategy = select(vtog, est, (PULL,))
     if backend == "cpu" and options.get("push", True):  # generated kernels store through push mappings

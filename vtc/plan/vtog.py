@@ -119,8 +119,10 @@ class VTOG:
     for the CPU backend.
     """
 
-    def __init__(self, graph: Graph, kinds: dict[str, str] | None = None) -> None:
-        self.graph = graph
+    def __init__(self, graph: Graph, kinds: dict[str, str] | None = None, backend: str = "cpu",
+                 gemm: str = "auto") -> None:
+        self.graph, self.backend = graph, backend  # the backend `kinds` are for (cpu: generated kernels)
+        self.gemm = gemm  # the compile option `kinds` are for (under "auto" the lowering picks each GEMM's side)
         self.kinds = kinds if kinds is not None else node_kinds(graph, "cpu")
         self.producer: dict[str, Node] = {o.name: n for n in graph.nodes for o in n.outputs}
         self.users = graph.users()
