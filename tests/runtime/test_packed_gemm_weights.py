@@ -224,3 +224,32 @@ def test_threads_share_the_packed_weight_while_it_changes():
 
                 assert errors_in_threads(work, 4) == []
                 lin.weight.mul_(-1.5)
+
+
+def _packed_copies_of(weight: torch.Tensor) -> list:
+    import gc
+    ptr = weight.untyped_storage().data_ptr()
+    return [o for o in gc.get_objects()
+            if isinstance(o, packed.PackedConvWeight) and o.w.untyped_storage().data_ptr() == ptr]
+
+
+@pytest.mark.parametrize("rows", [1, 200], ids=["one_row_skinny_packed", "panels"])
+def test_executors_of_one_model_share_one_packed_copy_per_weight(rows):
+    """A replan (as a dynamic model's specializations) reuses the weight packed by the first executor: one copy
+    while either holds it, both follow an in-place change, none once both are gone (two copies before)."""
+    import gc
+    lin = _linear(300, 1024, rows)  # 1.2 MB: packed once at one row too (gemm.SKINNY_PACKED_WT_MIN_BYTES)
+    x = rand((rows, 300), gen(rows))
+    with torch.no_grad():
+        first = vtc.compile(lin, (x,), gemm="vtc")
+        second = first.replan(plan="all")
+        for c in (first, second):
+            torch.testing.assert_close(c(x), lin(x), **ROW_TOL)
+            assert _plan(c).counts["packed_conv_weights"] == 1, _plan(c).why_not_packed
+        assert len(_packed_copies_of(lin.weight)) == 1
+        lin.weight.mul_(-0.5)
+        for c in (first, second):
+            torch.testing.assert_close(c(x), lin(x), **ROW_TOL)
+    del first, second, c
+    gc.collect()
+    assert _packed_copies_of(lin.weight) == []

@@ -427,8 +427,8 @@ class CallPlan:
 
     def _packed_conv_weight(self, ck) -> Callable[[], tuple] | None:
         """For a conv_bcast kernel whose weight is a constant: the ``state`` of its W^T packed once
-        (``vtc.runtime.packed.PackedConvWeight``), else None (the kernel packs it per call; why in
-        ``why_not_packed``)."""
+        (``vtc.runtime.packed.PackedConvWeight``, the one copy the model's other call plans share), else None (the
+        kernel packs it per call; why in ``why_not_packed``)."""
         gemm = getattr(ck.step.kernel, "gemm", None)
         if not packed.CONV_ENABLED or gemm is None or not hasattr(gemm, "packed_weight") or ck._sizes:
             return None
@@ -440,7 +440,7 @@ class CallPlan:
         if why is not None:
             self.why_not_packed[ck.step.kernel.name] = why
             return None
-        return packed.PackedConvWeight(w, *spec[1:]).state
+        return packed.shared_conv_weight(w, *spec[1:]).state
 
 
 def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list) -> list:

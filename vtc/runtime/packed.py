@@ -20,6 +20,7 @@ not measured here and keep torch's mm.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -154,6 +155,25 @@ class PackedConvWeight:
                 if st[0] != self.w._version:
                     st = self._state = self._pack()
         return st
+
+
+# (address, offset, shape, strides, dtype, spec, layout) of a weight -> its PackedConvWeight while a call plan holds
+# it: the executors of one model (a dynamic model's example-size and size-generic specializations, a replan) share
+# one packed copy per weight and layout (a transformers decode loop held two copies of every packed weight before)
+_SHARED_CONV: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
+                       layout: Callable[..., torch.Tensor] | None = None) -> PackedConvWeight:
+    """The PackedConvWeight of `w` with this spec and layout: the one another call plan holds, else a new one."""
+    lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
+    key = (w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype,
+           offset, lda, m, k, lay)
+    with _SHARED_LOCK:
+        entry = _SHARED_CONV.get(key)
+        if entry is None:
+            entry = _SHARED_CONV[key] = PackedConvWeight(w, offset, lda, m, k, layout)
+        return entry
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
