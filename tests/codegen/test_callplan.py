@@ -90,7 +90,7 @@ def test_the_executor_checks_inputs_it_is_given_directly():
 
 @pytest.mark.parametrize("options, kinds", [
     (dict(plan="all"), {"kernel"}), (dict(plan="none"), {"kernel", "run"}),
-    (dict(backend="torch"), {"run", "gather", "view"}), (dict(oracle=True), {"run", "gather"}),
+    (dict(backend="torch"), {"run", "gather"}), (dict(oracle=True), {"run", "gather"}),
     (dict(plan="all", gemm="torch"), {"kernel", "run"})])
 def test_same_as_step_by_step(options, kinds):
     """Kernels, torch ops with list arguments (cat, index_put), gathers, views, kept movement ops."""
