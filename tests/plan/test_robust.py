@@ -112,9 +112,12 @@ def test_library_gemm_speed_follows_the_measured_ratio_beyond_its_noise():
     assumed = TORCH_GFLOPS / VTC_GFLOPS
     speed = cost.library_gemm_speed(cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55))
     assert speed == pytest.approx(0.55 / assumed)
-    for ratio in (assumed * 0.85, assumed * 1.15, 0.0):
+    for ratio in (assumed * 0.97, assumed * 1.03, 0.0):
         assert cost.library_gemm_speed(cost.Machine(bandwidth_gbs=20.0, measured=True,
                                                      library_gemm_ratio=ratio)) == 1.0
+    # a Zen 4 EPYC's 0.93 (MKL 20% slower than the generated GEMM on a Llama prefill's Linear layers at 2 threads)
+    zen4 = cost.library_gemm_speed(cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.93))
+    assert zen4 == pytest.approx(0.93 / assumed) and zen4 < 0.95
     assert cost.library_gemm_speed(FALLBACK) == 1.0
 
 
@@ -127,7 +130,7 @@ def test_library_gemm_speed_in_bf16_follows_the_bf16_ratio():
     zen = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55, library_bf16_ratio=1.07)
     assert cost.library_gemm_speed(zen, dtype=torch.bfloat16) == pytest.approx(1.07 / assumed)
     assert cost.library_gemm_speed(zen) == pytest.approx(0.55 / (TORCH_GFLOPS_F32 / VTC_GFLOPS_F32))
-    for ratio in (assumed * 1.1, 0.0):
+    for ratio in (assumed * 1.03, 0.0):
         m = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.55, library_bf16_ratio=ratio)
         assert cost.library_gemm_speed(m, dtype=torch.bfloat16) == 1.0
     assert cost.library_gemm_speed(FALLBACK, dtype=torch.bfloat16) == 1.0
