@@ -5,9 +5,9 @@ call plan into ``packed_panels`` at the skinny KC (SKINNY_KC's equal slices) and
 panels as streams (R rows of A, packed as rows, broadcast against two panels' vectors per k step) instead of the
 dot products against W's rows; one row too on a W of at least SKINNY_PACKED_WT_MIN_BYTES.  One row on a smaller W
 keeps the dot path (nothing packed), as does a weight with a batch term (12-16 rows:
-tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 2-11 (the 6-row chunks of an A panel: 7 = 4 + 3, 11 = 6 + 5), N across the 32 /
-64-column edges, K across the skinny KC (2049, 4100: two and three slices, the later ones adding to C), a bias
-and a ReLU epilogue, a 3-D x (rows of two batches folded), 1 and 2 threads, and again after each in-place
+tests/codegen/test_gemm_2threads.py).  Checked at odd sizes: M 1-11 (the 6-row chunks of an A panel: 7 = 4 + 3,
+11 = 6 + 5), N across the 32 / 64-column edges, K across the skinny KC (2049, 4100: two and three slices, the
+later ones adding to C), a bias and a ReLU epilogue, a 3-D x (rows of two batches folded), 1 and 2 threads, and again after each in-place
 change of the weight (packed again) and through the executor's reference path (no packed weight: the dot path).
 """
 from __future__ import annotations
@@ -45,12 +45,17 @@ SHAPES = [(2, 17, 131), (3, 257, 75), (5, 300, 1), (7, 2049, 33), (8, 1025, 97),
 
 
 CASES = [(s, 1) for s in SHAPES] + [((8, 1025, 97), 2), ((4, 1023, 600), 2), ((11, 4100, 65), 2)]
+# one row on a W of SKINNY_PACKED_WT_MIN_BYTES or more (N across the 32 / 64-column edges, K over two and three
+# KC slices)
+ONE_ROW = [((1, 600, 300), 1), ((1, 2049, 70), 1), ((1, 600, 300), 2), ((1, 4100, 45), 2)]
+CASES += ONE_ROW
 
 
 @pytest.mark.parametrize("shape,threads", CASES, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in CASES])
 def test_few_rows_on_a_weight_packed_once(shape, threads):
-    """Fails before: nothing was packed at M <= SKINNY_M (count 0)."""
+    """Fails before: nothing was packed at M <= SKINNY_M (count 0); one row kept the dot path until session 19."""
     m, k, n = shape
+    assert m > 1 or 4 * k * n >= gemm.SKINNY_PACKED_WT_MIN_BYTES
     lin = _linear(k, n, m + k + n, bias=m % 2 == 1)
     x = rand((m, k), gen(n))
     with torch_threads(threads):
@@ -67,7 +72,8 @@ def test_few_rows_on_a_weight_packed_once(shape, threads):
 
 def test_the_kernel_text_and_the_spec():
     """The packed loop is in the kernel of every dot-path row count (one text for all M: size-generic kernels);
-    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only (one row: from a larger W).  Fails before: no vtc_skinny_packed."""
+    the weight is asked for (``packed_weight``) at 2..WT_MIN_M - 1 rows only (one row: from a larger W).  Fails
+    before: no vtc_skinny_packed."""
     for m in (1, 2, 6, 11):
         lin = _linear(300, 70, m)
         x = rand((m, 300), gen(m))
@@ -82,28 +88,6 @@ def test_the_kernel_text_and_the_spec():
         if spec is not None:
             assert spec[1:5] == (0, 300, 70, 300)  # offset, W's row stride, N, K
         assert _count(compiled) == (1 if m >= 2 else 0)
-
-
-ONE_ROW = [((1, 600, 300), 1), ((1, 2049, 70), 1), ((1, 600, 300), 2), ((1, 4100, 45), 2)]
-
-
-@pytest.mark.parametrize("shape,threads", ONE_ROW, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in ONE_ROW])
-def test_one_row_on_a_large_weight_packed_once(shape, threads):
-    """One row on a W of SKINNY_PACKED_WT_MIN_BYTES or more (N across the 32 / 64-column edges, K over two and three
-    KC slices).  Fails before: one row kept the dot path (count 0)."""
-    m, k, n = shape
-    assert 4 * k * n >= gemm.SKINNY_PACKED_WT_MIN_BYTES
-    lin = _linear(k, n, k + n, bias=n % 2 == 1)
-    x = rand((m, k), gen(n))
-    with torch_threads(threads):
-        with torch.no_grad():
-            compiled = vtc.compile(lin, (x,), gemm="vtc")
-            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
-            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
-            assert _count(compiled) == 1, compiled._first.executor.call_plan().why_not_packed
-            lin.weight.mul_(-2.0)
-            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
-            torch.testing.assert_close(compiled._first.executor.run_steps([x])[0], lin(x), **_tol(k))
 
 
 def test_a_is_packed_as_rows_for_the_packed_loop():
