@@ -98,14 +98,17 @@ def test_off_packs_a(monkeypatch):
     assert not any(_in_place(gemm.generate(k_)) for k_ in _gemms(c))
 
 
-@pytest.mark.parametrize("m,k,n", [(2048, 300, 64), (301, 600, 127)])
+@pytest.mark.parametrize("m,k,n", [(2048, 300, 64), (301, 600, 127), (1000, 300, 384), (301, 257, 500)])
 def test_every_thread_count_covers_the_output_once(m, k, n):
-    """Above the parallel threshold (M split across threads), 1-4 threads on one kernel."""
-    g = gen(46)
+    """Above the parallel threshold (M split across threads), 1-4 threads on one kernel reading A in place (N up
+    to A_IN_PLACE_N, and up to A_IN_PLACE_N_SPREAD where A's rows are not 4 KB apart)."""
+    g = gen(46 if n <= gemm.A_IN_PLACE_N else 48)
     a, b = rand((m, k), g), rand((k, n), g)
     c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
     (k_,) = _gemms(c)
-    lib = cbuild.build(gemm.generate(k_), name="gemm_a_in_place")
+    src = gemm.generate(k_)
+    assert _in_place(src) == AVX512
+    lib = cbuild.build(src, name="gemm_a_in_place")
     want = a @ b
     for nthreads in (1, 2, 3, 4):
         torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **GEMM_TOL)
@@ -126,17 +129,3 @@ def test_wider_n_in_place_where_a_rows_are_not_4kb_apart():
     assert_matches_eager(c, fn, inputs, **GEMM_TOL)
     if AVX512:
         assert [_in_place(gemm.generate(k_)) for k_ in _gemms(c)] == [True, True, False, False, True, False]
-
-
-@pytest.mark.parametrize("m,k,n", [(1000, 300, 384), (301, 257, 500)])
-def test_wider_n_every_thread_count_covers_the_output_once(m, k, n):
-    g = gen(48)
-    a, b = rand((m, k), g), rand((k, n), g)
-    c = compile_cpu(lambda a, b: a @ b, (a, b), gemm="vtc")
-    (k_,) = _gemms(c)
-    src = gemm.generate(k_)
-    assert _in_place(src) == AVX512
-    lib = cbuild.build(src, name="gemm_a_in_place_wide")
-    want = a @ b
-    for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(call_gemm_kernel(lib, k_, c, (a, b), nthreads), want, **GEMM_TOL)
