@@ -24,7 +24,7 @@ import functools
 import os
 import threading
 import weakref
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -99,13 +99,22 @@ _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared(w: torch.Tensor, a_rows: int) -> _Packed:
-    key = (w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), a_rows)
+def _weight_key(w: torch.Tensor) -> tuple:
+    """What identifies weight `w` in a table of packed copies (an entry holds w: no other tensor takes its address)."""
+    return w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride()
+
+
+def _one_per_key(table: weakref.WeakValueDictionary, key: tuple, make: Callable[[], Any]) -> Any:
+    """The entry of `table` at `key` while a caller holds it, else a new one from `make()`."""
     with _SHARED_LOCK:
-        entry = _SHARED.get(key)
+        entry = table.get(key)
         if entry is None:
-            entry = _SHARED[key] = _Packed(w, a_rows)
+            entry = table[key] = make()
         return entry
+
+
+def _shared(w: torch.Tensor, a_rows: int) -> _Packed:
+    return _one_per_key(_SHARED, (*_weight_key(w), a_rows), lambda: _Packed(w, a_rows))
 
 
 def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -167,13 +176,8 @@ def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
                        layout: Callable[..., torch.Tensor] | None = None) -> PackedConvWeight:
     """The PackedConvWeight of `w` with this spec and layout: the one another call plan holds, else a new one."""
     lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
-    key = (w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype,
-           offset, lda, m, k, lay)
-    with _SHARED_LOCK:
-        entry = _SHARED_CONV.get(key)
-        if entry is None:
-            entry = _SHARED_CONV[key] = PackedConvWeight(w, offset, lda, m, k, layout)
-        return entry
+    return _one_per_key(_SHARED_CONV, (*_weight_key(w), w.dtype, offset, lda, m, k, lay),
+                        lambda: PackedConvWeight(w, offset, lda, m, k, layout))
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
