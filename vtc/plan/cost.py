@@ -292,7 +292,8 @@ def op_counts(m: Mapping) -> tuple[int, int]:
     on condition")."""
     from vtc.index.expr import free_vars, lift
 
-    inner = next((f"i{k}" for k in reversed(range(len(m.shape))) if m.shape[k] > 1), None)
+    k = _inner_dim(m)
+    inner = None if k is None else f"i{k}"
     seen: set[int] = set()
     inside = outside = 0
     for p in m.pieces:
@@ -317,9 +318,15 @@ def op_counts(m: Mapping) -> tuple[int, int]:
     return inside, outside
 
 
+def _inner_dim(m: Mapping) -> int | None:
+    """m's innermost dim of more than one element (the generated kernels' inner loop), None where it has none."""
+    return next((k for k in reversed(range(len(m.shape))) if m.shape[k] > 1), None)
+
+
 def _run(m: Mapping) -> int:
-    """Elements of m's innermost dim of more than one element (the generated kernels' inner loop)."""
-    return next((n for n in reversed(m.shape) if n > 1), 1)
+    """Elements of m's innermost dim of more than one element (1 where it has none)."""
+    k = _inner_dim(m)
+    return 1 if k is None else m.shape[k]
 
 
 def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
@@ -449,7 +456,7 @@ def _window(m: Mapping, itemsize: int, line: int) -> tuple[float, float]:
     lines a block of rows touches fit in cache, each is brought from memory once.
     Infinite when the window does not span two rows of the innermost dim.
     """
-    inner = next((n for n in reversed(m.shape) if n > 1), 1)
+    inner = _run(m)
     size = min(_numel(m.shape), max(WINDOW, min(16 * inner, 4 * WINDOW)))
     if size < 2 * inner:
         return float("inf"), float("inf")
