@@ -16,7 +16,11 @@ Counts are per call of the compiled graph:
   parameters excluded), from the executor's liveness;
 - ``gemm``: per GEMM node (mm/bmm/addmm/baddbmm) the choice between the
   generated kernel ("vtc") and torch's library on views ("torch"), why, and
-  both estimated costs (``vtc.codegen.gemm.GemmChoice``; backend="cpu" only).
+  both estimated costs (``vtc.codegen.gemm.GemmChoice``; backend="cpu" only);
+- ``packing``: set at the first call, when the weights are packed once (``vtc.runtime.packed``): MKL's
+  (``packed_weights``) and the generated kernels' (``packed_conv_weights``) copies, their ``packed_bytes``,
+  and how many weights were left unpacked because their copies would pass ``budget_bytes``
+  (``unpacked_for_budget``; why per step in the call plan's ``why_not_packed``).
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ class Report:
     movement: list[MovementEntry] = field(default_factory=list)
     chains: list[ChainEntry] = field(default_factory=list)
     gemm: list[dict] = field(default_factory=list)
+    packing: dict = field(default_factory=dict)  # the executor's, filled in when its call plan is built
 
     def to_dict(self) -> dict:
         """The report as plain data (json-serialisable)."""
@@ -83,6 +88,11 @@ class Report:
         if self.gemm:
             own = sum(1 for g in self.gemm if g["choice"] == "vtc")
             lines.append(f"  GEMMs: {own} generated, {len(self.gemm) - own} through torch")
+        p = self.packing
+        if p.get("packed_weights") or p.get("packed_conv_weights") or p.get("unpacked_for_budget"):
+            lines.append(f"  weights packed once: {p['packed_weights'] + p['packed_conv_weights']} "
+                         f"({_mb(p['packed_bytes'])}), {p['unpacked_for_budget']} left unpacked for the "
+                         f"packed-weight budget of {_mb(p['budget_bytes'])}")
         if self.fallback_ops:
             lines.append(f"  fallback ops (run by the framework): {', '.join(sorted(set(self.fallback_ops)))}")
         return "\n".join(lines)
@@ -152,6 +162,7 @@ def build_report(graph: Graph, plan: Plan, executor) -> Report:
         movement=movement,
         chains=chains,
         gemm=[c.to_dict() for c in getattr(executor.lowering, "gemm_choices", {}).values()],
+        packing=executor.packing,
     )
 
 

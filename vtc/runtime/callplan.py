@@ -44,6 +44,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import struct
+import warnings
 import weakref
 from typing import Any, Callable, NamedTuple
 
@@ -104,6 +105,8 @@ class CallPlan:
                        "packed_weights": 0, "packed_conv_weights": 0,
                        "segments": 0, "segment_kernels": 0}  # kernels run in one C call (vtc.runtime.segment)
         self.why_not_packed: dict[str, str] = {}  # planned "mkl_packed", but the weight tensor does not fit: why
+        self.packed_copies: dict[int, int] = {}  # id -> bytes of each packed copy the plan holds (shared: once)
+        self.over_budget = 0  # weights left unpacked: their copy would pass vtc.runtime.packed.BUDGET_BYTES
         self.gemm_choices = getattr(executor.lowering, "gemm_choices", None) or {}
         # kernel outputs that only kernels read: placed in a per-call arena at offsets fixed here (_arena_layout)
         self.arena_slot = len(self.template)  # a call's slots[arena_slot]: its arena's pointer lists, by kernel
@@ -133,6 +136,20 @@ class CallPlan:
         self._flush(segment)
         self.own_outputs = _owning_outputs(executor, graph)
         self.const_copies = bool(executor.const_copies)
+        self._report_packing(executor)
+
+    def _report_packing(self, executor) -> None:
+        """The weights packed once and left unpacked for the budget, into the executor's ``packing`` (the
+        report's), and a PackedBudgetWarning where the budget left some unpacked."""
+        executor.packing.update(
+            packed_weights=self.counts["packed_weights"], packed_conv_weights=self.counts["packed_conv_weights"],
+            packed_bytes=sum(self.packed_copies.values()), unpacked_for_budget=self.over_budget,
+            budget_bytes=packed.BUDGET_BYTES)
+        if self.over_budget:
+            warnings.warn(f"vtc: {self.over_budget} weight(s) not packed once, which would pass the packed-weight "
+                          f"budget of {packed.BUDGET_BYTES / (1 << 20):.1f} MB (VTC_PACKED_WEIGHTS_MB); their GEMMs "
+                          "pack them per call (report.packing, the call plan's why_not_packed)", PackedBudgetWarning,
+                          stacklevel=2)
 
     def __call__(self, inputs: list[torch.Tensor], checked: bool = False) -> list[torch.Tensor]:
         """The graph's outputs for `inputs`; checked: their dtypes and shapes are known to be the graph's
@@ -276,8 +293,14 @@ class CallPlan:
         if why is not None:
             self.why_not_packed[node.name] = why
             return None
+        try:
+            linear = packed.packed_linear(int(args[-2].shape[0]), b, bias)
+        except packed.OverBudget as e:
+            self._refused(node.name, e)
+            return None
         self.counts["packed_weights"] += 1
-        return packed.packed_linear(int(args[-2].shape[0]), b, bias)
+        self.packed_copies[id(linear.entry)] = linear.entry.nbytes
+        return linear
 
     def _view(self, s) -> Callable[[Slots], None] | None:
         """A zero-copy strided view; one of a constant is made here, once, and kept in the template."""
@@ -440,7 +463,22 @@ class CallPlan:
         if why is not None:
             self.why_not_packed[ck.step.kernel.name] = why
             return None
-        return packed.shared_conv_weight(w, *spec[1:]).state
+        try:
+            entry = packed.shared_conv_weight(w, *spec[1:])
+        except packed.OverBudget as e:
+            self._refused(ck.step.kernel.name, e)
+            return None
+        self.packed_copies[id(entry)] = entry.nbytes
+        return entry.state
+
+    def _refused(self, name: str, e: "packed.OverBudget") -> None:
+        """Step `name`'s weight left unpacked for the budget (its GEMM packs it per call)."""
+        self.why_not_packed[name] = str(e)
+        self.over_budget += 1
+
+
+class PackedBudgetWarning(UserWarning):
+    """Weights left unpacked because their packed copies would pass vtc.runtime.packed.BUDGET_BYTES."""
 
 
 def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list) -> list:

@@ -86,6 +86,7 @@ class Executor:
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
         self.peak_bytes = self._liveness()
         self._call_plan = None  # vtc.runtime.callplan.CallPlan: the steps set up for fast calls, on the first call
+        self.packing: dict = {}  # the weights its call plan packed once, set when the plan is built (the report's)
 
     # -- building -------------------------------------------------------------
     def _realize_step(self, name: str) -> Step:

@@ -17,6 +17,14 @@ Executors of one model (a ``replan``, each input-size specialization of a dynami
 copy per weight and row count: ``_SHARED`` finds it while any executor still holds it.
 Only float32 with static sizes and at least ``MIN_ROWS`` rows: decoding's skinny GEMMs (a few rows) are
 not measured here and keep torch's mm.
+
+All packed copies alive in the process together (MKL's panels, which take 1.4x the weight at 1024 x 4096 and more
+at smaller ones, and the generated kernels' ``PackedConvWeight``) stay within ``BUDGET_BYTES``: a copy that would
+pass it is not made and its GEMM / convolution runs as without one (torch's mm; the kernel packing W per call),
+the reason in the call plan's ``why_not_packed`` (``OverBudget``).  A copy's bytes come back when no call plan
+holds it any more.  ``VTC_PACKED_WEIGHTS_MB`` sets the budget in MB (0: no packed copies); the default is a quarter
+of the machine's memory (or of the process's cgroup limit where lower): a model whose weights fit in memory keeps
+fitting with its packed copies while its weights take up to about three quarters of it (docs/robustness.md).
 """
 from __future__ import annotations
 
@@ -28,12 +36,69 @@ from typing import Any, Callable
 
 import torch
 
+
+def _memory_bytes() -> int:
+    """The machine's memory, or the process's cgroup limit (v2, then v1) where that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                limit = f.read().strip()
+        except OSError:
+            continue
+        if limit.isdigit():
+            total = min(total, int(limit))
+    return total
+
+
+def budget_bytes(environ) -> int:
+    """The bytes all packed copies alive may take together (the module's docstring): ``VTC_PACKED_WEIGHTS_MB``
+    MB (0: none, as VTC_PACKED_WEIGHTS=0), else a quarter of the memory."""
+    mb = environ.get("VTC_PACKED_WEIGHTS_MB")
+    return _memory_bytes() // 4 if mb is None else int(float(mb) * (1 << 20))
+
+
+BUDGET_BYTES = budget_bytes(os.environ)
+
+
 MIN_ROWS = 32  # fewer rows: torch's mm (the packed path was measured at 128 and 256 rows)
-ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and torch.backends.mkl.is_available()
+ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and BUDGET_BYTES > 0 and torch.backends.mkl.is_available()
            and hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear"))
 OPS = ("aten.mm.default", "aten.addmm.default")
 # generated convolutions' weights packed once per version (PackedConvWeight; VTC_PACKED_WEIGHTS=0 turns both off)
-CONV_ENABLED = os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0"
+CONV_ENABLED = os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and BUDGET_BYTES > 0
+
+
+class OverBudget(Exception):
+    """A packed copy not made: the copies alive and it would pass BUDGET_BYTES (the message says by how much)."""
+
+
+class _Held:
+    """The bytes of the packed copies alive now; each copy gives its bytes back when it is freed."""
+
+    def __init__(self) -> None:
+        self.bytes, self.lock = 0, threading.RLock()  # reentrant: a copy freed by the GC in a thread holding it
+
+    def admit(self, nbytes: int, what: str) -> None:
+        """Raises OverBudget where `nbytes` more would pass BUDGET_BYTES."""
+        with self.lock:
+            if self.bytes + nbytes > BUDGET_BYTES:
+                raise OverBudget(f"{what} {nbytes / (1 << 20):.1f} MB would pass the packed-weight budget: "
+                                 f"{self.bytes / (1 << 20):.1f} MB held of {BUDGET_BYTES / (1 << 20):.1f} MB "
+                                 "(VTC_PACKED_WEIGHTS_MB, vtc.runtime.packed.BUDGET_BYTES)")
+
+    def add(self, entry: Any, nbytes: int) -> None:
+        """Counts `entry`'s `nbytes` until it is freed."""
+        with self.lock:
+            self.bytes += nbytes
+        weakref.finalize(entry, self._give_back, nbytes)
+
+    def _give_back(self, nbytes: int) -> None:
+        with self.lock:
+            self.bytes -= nbytes
+
+
+HELD = _Held()
 
 
 def planned(low, n, a, b) -> str:
@@ -82,6 +147,7 @@ class _Packed:
     def __init__(self, w: torch.Tensor, a_rows: int):
         self.w, self.a_rows, self.lock = w, a_rows, threading.Lock()
         self.panels, self.version = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows), w._version
+        self.nbytes = self.panels.numel() * self.panels.element_size()  # a re-pack has the same size
 
     def current(self) -> torch.Tensor:
         """The packed panels of W as it is now."""
@@ -104,27 +170,34 @@ def _weight_key(w: torch.Tensor) -> tuple:
     return w.untyped_storage().data_ptr(), w.storage_offset(), tuple(w.shape), w.stride()
 
 
-def _one_per_key(table: weakref.WeakValueDictionary, key: tuple, make: Callable[[], Any]) -> Any:
-    """The entry of `table` at `key` while a caller holds it, else a new one from `make()`."""
+def _one_per_key(table: weakref.WeakValueDictionary, key: tuple, make: Callable[[], Any], w_bytes: int) -> Any:
+    """The entry of `table` at `key` while a caller holds it, else a new one from `make()` (a copy of a weight of
+    `w_bytes`, its own size ``.nbytes``); OverBudget where the new copy would pass BUDGET_BYTES (checked before
+    packing on the weight's own bytes, then on the copy's, which a layout's padding makes larger)."""
     with _SHARED_LOCK:
         entry = table.get(key)
         if entry is None:
-            entry = table[key] = make()
+            HELD.admit(w_bytes, "the weight's packed copy of at least")
+            entry = make()
+            HELD.admit(entry.nbytes, "the weight's packed copy of")
+            HELD.add(entry, entry.nbytes)
+            table[key] = entry
         return entry
 
 
 def _shared(w: torch.Tensor, a_rows: int) -> _Packed:
-    return _one_per_key(_SHARED, (*_weight_key(w), a_rows), lambda: _Packed(w, a_rows))
+    return _one_per_key(_SHARED, (*_weight_key(w), a_rows), lambda: _Packed(w, a_rows), w.nbytes)
 
 
 def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function computing ``a @ b (+ bias)`` for `a` of `a_rows` rows with b = W^T packed once (or found
-    packed by another executor of the same weight)."""
+    packed by another executor of the same weight); OverBudget where a new copy would pass BUDGET_BYTES."""
     w = b.t()
     entry, linear = _shared(w, a_rows), torch.ops.mkl._mkl_linear
 
     def run(a: torch.Tensor) -> torch.Tensor:
         return linear(a, entry.current(), w, bias, a_rows)
+    run.entry = entry  # type: ignore[attr-defined]  # the packed copy (the call plan counts its bytes)
     return run
 
 
@@ -148,6 +221,7 @@ class PackedConvWeight:
         self.w, self.spec, self.lock = w, (offset, lda, m, k), threading.Lock()
         self.layout = layout or packed_layout  # a generated GEMM's B: its spec names vtc.codegen.gemm.packed_panels
         self._state = self._pack()
+        self.nbytes = self._state[1].numel() * self._state[1].element_size()  # a re-pack has the same size
 
     def _pack(self) -> tuple[int, torch.Tensor, int]:
         version = self.w._version  # read first: a change during the pack is seen by the next call
@@ -174,10 +248,11 @@ _SHARED_CONV: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
                        layout: Callable[..., torch.Tensor] | None = None) -> PackedConvWeight:
-    """The PackedConvWeight of `w` with this spec and layout: the one another call plan holds, else a new one."""
+    """The PackedConvWeight of `w` with this spec and layout: the one another call plan holds, else a new one
+    (OverBudget where that would pass BUDGET_BYTES)."""
     lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
     return _one_per_key(_SHARED_CONV, (*_weight_key(w), w.dtype, offset, lda, m, k, lay),
-                        lambda: PackedConvWeight(w, offset, lda, m, k, layout))
+                        lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * w.element_size())
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:

@@ -1,0 +1,189 @@
+"""The budget on packed weight copies (vtc.runtime.packed.BUDGET_BYTES), against torch eager.
+
+Every packed copy alive in the process (MKL's panels of a library Linear, a generated GEMM's B panels, a
+conv_bcast kernel's W^T, a skinny decode GEMM's W) is counted; one that would pass the budget is not made and its
+GEMM runs as it does without one (torch's mm; the kernel packing or reading W per call), the reason in the call
+plan's ``why_not_packed``, the count in ``report.packing`` and a PackedBudgetWarning.  A copy's bytes come back
+when no call plan holds it any more; a re-pack after an in-place change of the weight counts nothing more.
+Every test here fails before the budget (``packed.BUDGET_BYTES``, ``packed.HELD`` did not exist).
+"""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import vtc
+from vtc.codegen import conv_bcast, conv_t, gemm
+from vtc.runtime import packed
+from vtc.runtime.callplan import PackedBudgetWarning
+
+from tests.codegen.util import ROW_TOL, compile_cpu, errors_in_threads, gen, rand
+
+needs_mkl = pytest.mark.skipif(not packed.ENABLED, reason="MKL's packed GEMM is not available in this torch")
+needs_avx512 = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED,
+                                  reason="the generated kernels' packed weights are AVX-512 only")
+GEMM_TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def budget(monkeypatch):
+    """set(extra): the budget made the bytes held now (other tests' copies still alive) plus `extra`."""
+    gc.collect()
+
+    def set_budget(extra: int) -> None:
+        monkeypatch.setattr(packed, "BUDGET_BYTES", packed.HELD.bytes + extra)
+    return set_budget
+
+
+def _plan(compiled):
+    return compiled._first.executor.call_plan()
+
+
+def _linear(k: int, n: int, seed: int, bias: bool = True) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(k, n, bias=bias)
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    """Two Linears (an addmm and an mm on weight transposes) around a GELU."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Linear(256, 64, bias=False))
+
+
+def _over_budget(plan) -> list[str]:
+    return sorted(n for n, why in plan.why_not_packed.items() if "packed-weight budget" in why)
+
+
+def test_the_budget_from_the_environment():
+    assert packed.budget_bytes({"VTC_PACKED_WEIGHTS_MB": "0"}) == 0
+    assert packed.budget_bytes({"VTC_PACKED_WEIGHTS_MB": "1.5"}) == 3 << 19
+    assert 0 < packed.budget_bytes({}) == packed._memory_bytes() // 4
+
+
+@needs_mkl
+def test_linears_over_the_budget_run_torch_mm(budget):
+    model = _mlp(1)
+    x = rand((1, 64, 128), gen(1))
+    compiled = compile_cpu(model, (x,), gemm="torch")
+    nodes = sorted(g["node"] for g in compiled.report.to_dict()["gemm"] if g["library"] == "mkl_packed")
+    assert len(nodes) == 2
+    budget(0)
+    with torch.no_grad():
+        with pytest.warns(PackedBudgetWarning, match="2 weight"):
+            torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+        x = rand((1, 64, 128), gen(2))
+        torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+    plan = _plan(compiled)
+    assert plan.counts["packed_weights"] == 0 and _over_budget(plan) == nodes
+    packing = compiled.report.to_dict()["packing"]
+    assert packing["unpacked_for_budget"] == 2 and packing["packed_bytes"] == 0
+    assert "2 left unpacked for the packed-weight budget" in compiled.report.summary()
+
+
+@needs_mkl
+def test_packed_bytes_come_back_when_the_model_is_freed(budget):
+    """One copy counted once (a re-pack after an in-place change adds nothing); freed with the model, so that a
+    budget for one copy lets a new compile pack one again (without the give-back it packed none)."""
+    model = _mlp(3)
+    x = rand((1, 64, 128), gen(3))
+    budget(1 << 40)
+    held = packed.HELD.bytes
+    first = compile_cpu(model, (x,), gemm="torch")
+    with torch.no_grad():
+        first(x)
+        sizes = sorted(_plan(first).packed_copies.values())
+        assert len(sizes) == 2 and packed.HELD.bytes == held + sum(sizes)
+        assert first.report.to_dict()["packing"]["packed_bytes"] == sum(sizes)
+        model[0].weight.mul_(-2.0)  # packed again at the next call, in place of the old copy
+        torch.testing.assert_close(first(x), model(x), **GEMM_TOL)
+        assert packed.HELD.bytes == held + sum(sizes)
+    del first
+    gc.collect()
+    assert packed.HELD.bytes == held
+    budget(sizes[1] + sizes[0] // 2)  # room for one copy, either
+    for _ in range(2):
+        compiled = compile_cpu(model, (x,), gemm="torch")
+        with torch.no_grad():
+            with pytest.warns(PackedBudgetWarning, match="1 weight"):
+                torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+        plan = _plan(compiled)
+        assert plan.counts["packed_weights"] == 1 and len(_over_budget(plan)) == 1
+        assert packed.HELD.bytes <= packed.BUDGET_BYTES
+        del compiled, plan
+        gc.collect()
+        assert packed.HELD.bytes == held
+
+
+@needs_avx512
+def test_a_generated_gemm_over_the_budget_packs_b_per_call(budget):
+    lin = _linear(300, 100, 5)
+    x = rand((200, 300), gen(5))
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["panels"]
+        budget(0)
+        with pytest.warns(PackedBudgetWarning):
+            torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+        lin.weight.mul_(-1.5)
+        torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
+    plan = _plan(compiled)
+    assert plan.counts["packed_conv_weights"] == 0 and len(_over_budget(plan)) == 1
+
+
+@needs_avx512
+def test_a_convolution_over_the_budget_packs_its_weight_per_call(budget):
+    torch.manual_seed(6)
+    m = torch.nn.Sequential(torch.nn.Conv2d(64, 96, 1), torch.nn.ReLU()).eval()
+    x = rand((1, 64, 7, 7), gen(6))
+    with torch.no_grad():
+        compiled = vtc.compile(m, (x,))
+        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [conv_bcast.FORM]
+        budget(0)
+        with pytest.warns(PackedBudgetWarning):
+            torch.testing.assert_close(compiled(x), m(x), **ROW_TOL)
+        m[0].weight.mul_(2.0)
+        torch.testing.assert_close(compiled(x), m(x), **ROW_TOL)
+    plan = _plan(compiled)
+    assert plan.counts["packed_conv_weights"] == 0 and len(_over_budget(plan)) == 1
+
+
+@needs_avx512
+@pytest.mark.parametrize("m,k,n", [(1, 600, 300), (4, 300, 70)], ids=["1x600x300", "4x300x70"])
+def test_a_skinny_decode_gemm_over_the_budget_reads_w_in_place(budget, m, k, n):
+    lin = _linear(k, n, m)
+    x = rand((m, k), gen(m))
+    tol = dict(rtol=1e-4, atol=2e-6 * k ** 0.5 + 1e-5)
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
+        budget(0)
+        with pytest.warns(PackedBudgetWarning):
+            torch.testing.assert_close(compiled(x), lin(x), **tol)
+        lin.weight.mul_(-2.0)
+        torch.testing.assert_close(compiled(x), lin(x), **tol)
+    plan = _plan(compiled)
+    assert plan.counts["packed_conv_weights"] == 0 and len(_over_budget(plan)) == 1
+
+
+@needs_avx512
+def test_threads_building_plans_at_once_stay_within_the_budget(budget):
+    """Four models' call plans built at once by four threads, room for two copies: two are packed, two not,
+    every result that of eager."""
+    lins = [_linear(256, 64, 10 + j) for j in range(4)]
+    x = rand((150, 256), gen(10))
+    with torch.no_grad():
+        compiled = [vtc.compile(lin, (x,), gemm="vtc") for lin in lins]
+        copy = 256 * 64 * 4  # B [256, 64] in 32-column panels: no padding
+        budget(2 * copy + copy // 2)
+        outs: list = [None] * 4
+
+        def work(j: int) -> None:
+            outs[j] = compiled[j](x)
+        with pytest.warns(PackedBudgetWarning):
+            assert errors_in_threads(work, 4) == []
+        for out, lin in zip(outs, lins):
+            torch.testing.assert_close(out, lin(x), **ROW_TOL)
+    assert sorted(_plan(c).counts["packed_conv_weights"] for c in compiled) == [0, 0, 1, 1]
+    assert packed.HELD.bytes <= packed.BUDGET_BYTES
