@@ -7,13 +7,13 @@
 ``rss``: transformers' Llama of ``bench.hf_decode`` (4 layers, hidden 512, vocab 32000; 168 MB of float32
 weights) compiled for one-token steps on a StaticCache of 512 tokens (32 filled by eager), ``--steps`` steps;
 prints the process's resident memory (VmRSS) before compiling and after the steps, and the report's
-``packing``.  ``--budget half``:
-a budget of half the model's weight bytes (set before the first call).  One process per budget: RSS is per
-process.
+``packing``.  ``--budget half``: a budget of half the model's weight bytes (set before the first call).  One
+process per budget: RSS is per process.
 
-``time``: the bench unit llama3_decode_b1 (one Llama-3 layer, 54 MB of weights) and the transformers decode step,
-each compiled twice on copies of the model (no shared packed copy): once at the default budget, once at half of
-its weights; the calls interleaved in one process, 1 thread, CPU time (``time.thread_time``), medians.
+``time``: the bench units llama3_decode_b1 and llama3_prefill_b1 (one Llama-3 layer, 54 MB of weights) and the
+transformers decode step, each compiled twice on copies of the model (no shared packed copy): at the default
+budget and at half of its weights; the calls interleaved in one process, 1 thread, CPU time
+(``time.thread_time``), medians.
 """
 from __future__ import annotations
 
@@ -101,6 +101,9 @@ def _median_ms(fns: dict, rounds: int) -> dict:
     return {n: sorted(s)[len(s) // 2] for n, s in samples.items()}
 
 
+UNITS = ("llama3_decode_b1", "llama3_prefill_b1")  # the prefill unit: MKL's packed copies (library Linears)
+
+
 def timing(rounds: int) -> None:
     import warnings
 
@@ -112,15 +115,16 @@ def timing(rounds: int) -> None:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     with torch.no_grad():
-        unit, inputs = get("llama3_decode_b1").build()
+        units = {name: get(name).build() for name in UNITS}
         cfg, hf = _model()
         fns, counts = {}, {}
         for label, half in (("default", False), ("half", True)):
-            m = copy.deepcopy(unit)
-            c = vtc.compile(m, inputs)
-            fns[f"unit {label}"] = lambda c=c: c(*inputs)
-            _with_budget(_weight_bytes(m) // 2 if half else None, fns[f"unit {label}"])
-            counts[f"unit {label}"] = c.report.to_dict()["packing"]
+            for name, (unit, inputs) in units.items():
+                m = copy.deepcopy(unit)
+                c = vtc.compile(m, inputs)
+                fns[f"{name} {label}"] = lambda c=c, inputs=inputs: c(*inputs)
+                _with_budget(_weight_bytes(m) // 2 if half else None, fns[f"{name} {label}"])
+                counts[f"{name} {label}"] = c.report.to_dict()["packing"]
             h = copy.deepcopy(hf)
             step, c = _hf_step(h, _hf_cache(h, cfg))
             fns[f"hf {label}"] = step
@@ -129,7 +133,7 @@ def timing(rounds: int) -> None:
         got = _median_ms(fns, rounds)
     for n in fns:
         p = counts[n]
-        print(f"{n:<14} {got[n]:8.3f} ms  packed {p['packed_weights'] + p['packed_conv_weights']} "
+        print(f"{n:<26} {got[n]:8.3f} ms  packed {p['packed_weights'] + p['packed_conv_weights']} "
               f"({p['packed_bytes'] / 2**20:.1f} MB), {p['unpacked_for_budget']} left unpacked")
     print(f"held {packed.HELD.bytes / 2**20:.1f} MB")
 

@@ -16,8 +16,8 @@ import torch
 
 import vtc
 from vtc.codegen import conv_bcast, conv_t, gemm
+from vtc import PackedBudgetWarning
 from vtc.runtime import packed
-from vtc.runtime.callplan import PackedBudgetWarning
 
 from tests.codegen.util import ROW_TOL, compile_cpu, errors_in_threads, gen, rand
 

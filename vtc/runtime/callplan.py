@@ -148,7 +148,7 @@ class CallPlan:
         if self.over_budget:
             warnings.warn(f"vtc: {self.over_budget} weight(s) not packed once, which would pass the packed-weight "
                           f"budget of {packed.BUDGET_BYTES / (1 << 20):.1f} MB (VTC_PACKED_WEIGHTS_MB); their GEMMs "
-                          "pack them per call (report.packing, the call plan's why_not_packed)", PackedBudgetWarning,
+                          "pack them per call (report.packing, the call plan's why_not_packed)", packed.PackedBudgetWarning,
                           stacklevel=2)
 
     def __call__(self, inputs: list[torch.Tensor], checked: bool = False) -> list[torch.Tensor]:
@@ -475,10 +475,6 @@ class CallPlan:
         """Step `name`'s weight left unpacked for the budget (its GEMM packs it per call)."""
         self.why_not_packed[name] = str(e)
         self.over_budget += 1
-
-
-class PackedBudgetWarning(UserWarning):
-    """Weights left unpacked because their packed copies would pass vtc.runtime.packed.BUDGET_BYTES."""
 
 
 def _contiguous_checked(name: str, tensors: tuple, strided: list, checked: list) -> list:

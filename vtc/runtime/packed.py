@@ -69,6 +69,10 @@ OPS = ("aten.mm.default", "aten.addmm.default")
 CONV_ENABLED = os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and BUDGET_BYTES > 0
 
 
+class PackedBudgetWarning(UserWarning):
+    """Weights left unpacked at a call plan's build because their packed copies would pass BUDGET_BYTES."""
+
+
 class OverBudget(Exception):
     """A packed copy not made: the copies alive and it would pass BUDGET_BYTES (the message says by how much)."""
 
