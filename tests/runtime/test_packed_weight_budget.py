@@ -60,6 +60,9 @@ def test_the_budget_from_the_environment():
     assert packed.budget_bytes({"VTC_PACKED_WEIGHTS_MB": "0"}) == 0
     assert packed.budget_bytes({"VTC_PACKED_WEIGHTS_MB": "1.5"}) == 3 << 19
     assert 0 < packed.budget_bytes({}) == packed._memory_bytes() // 4
+    for bad in ("-1", "lots", "nan", ""):
+        with pytest.raises(ValueError, match="VTC_PACKED_WEIGHTS_MB"):
+            packed.budget_bytes({"VTC_PACKED_WEIGHTS_MB": bad})
 
 
 @needs_mkl

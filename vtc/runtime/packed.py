@@ -55,7 +55,15 @@ def budget_bytes(environ) -> int:
     """The bytes all packed copies alive may take together (the module's docstring): ``VTC_PACKED_WEIGHTS_MB``
     MB (0: none, as VTC_PACKED_WEIGHTS=0), else a quarter of the memory."""
     mb = environ.get("VTC_PACKED_WEIGHTS_MB")
-    return _memory_bytes() // 4 if mb is None else int(float(mb) * (1 << 20))
+    if mb is None:
+        return _memory_bytes() // 4
+    try:
+        budget = float(mb)
+    except ValueError:
+        budget = -1.0
+    if not budget >= 0:  # NaN too
+        raise ValueError(f"VTC_PACKED_WEIGHTS_MB={mb!r}: a number of MB >= 0 (0: no packed weight copies)")
+    return int(budget * (1 << 20))
 
 
 BUDGET_BYTES = budget_bytes(os.environ)
