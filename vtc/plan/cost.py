@@ -182,7 +182,7 @@ def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> 
 
 # the Linear (rows, in, out) of the few-rows ratio: MKL's packed GEMM against the generated panels on W packed
 # once, both on whole 12 x 32 tiles (so the ratio compares the rates vtc.codegen.gemm assumes); a Zen 4 EPYC
-# measured MKL at 0.53-0.57x there (32-96 rows x 768 -> 3072, 1 thread) and 0.85x at 384^3
+# measured MKL at 0.52-0.65x there (32-96 rows x 768 -> 3072, 1 thread CPU time) and 0.85x at 384^3
 FEW_ROWS_SHAPE = (48, 768, 3072)
 FEW_ROWS_MAX = 127  # rows up to which a GEMM over more than vtc.codegen.gemm.SKINNY_M rows takes the few-rows ratio
 
@@ -237,7 +237,7 @@ def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.floa
     for it (vtc.codegen.gemm for float32: 1.0 is about as fast as the generated GEMM, 0.5 half as fast;
     vtc.codegen.gemm_bf16 for bfloat16: 1.0 is AMX, ~8x the generated kernel, 0.125 as fast as it).
     A float32 GEMM of `rows` rows, more than vtc.codegen.gemm.SKINNY_M and at most FEW_ROWS_MAX, takes the
-    ratio measured on a Linear of that many rows (``library_few_rows_ratio``) where there is one; any other the
+    ratio measured on a Linear of few rows (``library_few_rows_ratio``) where there is one; any other the
     square one.  Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy
     measurement does not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured
     (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
