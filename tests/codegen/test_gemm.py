@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from dataclasses import replace
 
 import pytest
 import torch
@@ -365,6 +366,38 @@ def test_auto_generates_one_or_two_rows_against_a_runtime_b_where_torch_is_measu
     c = _check(lambda x, b, y: (x @ b, y @ b), inputs)
     r = report(c)["gemm"]
     assert [x["choice"] for x in r] == ["vtc", "torch"], r
+
+
+# (square ratio, few-rows ratio): a Zen 4 EPYC's (MKL at 0.88x the generated GEMM on 384^3, ~0.57x on a Linear of 48
+# rows, 1 thread CPU time), the same without the few-rows figure (as measured before it), an Intel Xeon's (MKL as fast)
+ZEN4, ZEN4_SQUARE_ONLY, INTEL = (0.88, 0.57), (0.88, 0.0), (1.0, 1.0)
+
+
+@pytest.mark.parametrize("ratios, few_rows_choice", [(ZEN4, "vtc"), (ZEN4_SQUARE_ONLY, "torch"), (INTEL, "torch")])
+def test_auto_takes_the_few_rows_ratio_for_a_linear_of_few_rows(monkeypatch, ratios, few_rows_choice):
+    """A Linear of 49 rows (Swin-T's stage 4) runs on MKL's packed weight unless the machine's few-rows ratio says
+    MKL is slow there: on the Zen 4, 2.8 vs 1.5 ms at 2 threads (49 x 768 -> 3072), where the 384^3 ratio alone
+    (0.88: inside the estimates' margin) left it on MKL.  A Linear of 128 or 256 rows (a prefill's) takes the square
+    ratio whatever the few-rows one is: its choice is the one the square ratio alone gives.  Fails before the
+    few-rows figure (no such Machine field; the 49-row Linear on torch)."""
+    from vtc.plan import cost
+
+    square, few = ratios
+    figures = cost.Machine(bandwidth_gbs=20.0, measured=True, gemm_gflops=100.0, library_gemm_ratio=square,
+                           library_few_rows_ratio=few)
+    g = gen(27)
+    choices = {}
+    for rows in (49, 128):
+        torch.manual_seed(rows)
+        linear = torch.nn.Linear(256, 512).eval()
+        x = rand((rows, 256), g)
+        for name, m in (("given", figures), ("square only", replace(figures, library_few_rows_ratio=0.0))):
+            monkeypatch.setattr(cost, "_machine", lambda m=m: m)
+            with torch.no_grad():
+                c = _check(linear, (x,))
+            choices[rows, name] = [r["choice"] for r in report(c)["gemm"]]
+    assert choices[49, "given"] == [few_rows_choice], choices
+    assert choices[128, "given"] == choices[128, "square only"], choices
 
 
 @pytest.mark.parametrize("m", [2, 3, 17, 127, 300])  # two rows at least: both pieces of the cat

@@ -14,6 +14,7 @@ and the greedy plan equals plan="all" over the whole plausible range.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,6 +122,24 @@ def test_library_gemm_speed_follows_the_measured_ratio_beyond_its_noise():
     assert cost.library_gemm_speed(FALLBACK) == 1.0
 
 
+def test_library_gemm_speed_takes_the_few_rows_ratio_between_the_skinny_rows_and_few_rows_max():
+    """A float32 GEMM of SKINNY_M + 1 .. FEW_ROWS_MAX rows takes the ratio measured on a Linear of few rows (a Zen 4
+    EPYC: 0.57 there, 0.88 at 384^3); fewer or more rows, bf16, and a machine without the figure take the square
+    ratio.  Fails before the figure (no such Machine field)."""
+    from vtc.codegen.gemm import SKINNY_M
+
+    assumed = TORCH_GFLOPS_F32 / VTC_GFLOPS_F32
+    zen4 = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=0.88, library_few_rows_ratio=0.57)
+    for rows in (SKINNY_M + 1, 49, cost.FEW_ROWS_MAX):
+        assert cost.library_gemm_speed(zen4, rows=rows) == pytest.approx(0.57 / assumed), rows
+    for rows in (None, SKINNY_M, cost.FEW_ROWS_MAX + 1, 256):
+        assert cost.library_gemm_speed(zen4, rows=rows) == pytest.approx(0.88 / assumed), rows
+    assert cost.library_gemm_speed(replace(zen4, library_few_rows_ratio=0.0), rows=49) == pytest.approx(0.88 / assumed)
+    assert cost.library_gemm_speed(zen4, dtype=torch.bfloat16, rows=49) == 1.0  # no bf16 ratio measured
+    intel = cost.Machine(bandwidth_gbs=20.0, measured=True, library_gemm_ratio=1.0, library_few_rows_ratio=1.0)
+    assert cost.library_gemm_speed(intel, rows=49) == cost.library_gemm_speed(intel) == 1.0
+
+
 def test_library_gemm_speed_in_bf16_follows_the_bf16_ratio():
     """bf16 has its own ratio and assumed rates (vtc.codegen.gemm_bf16: torch on AMX tiles, ~8x the generated
     kernel): torch's bf16 GEMM measured as fast as the generated one (AMD EPYC Zen 5, no AMX: 1.07) scales its
@@ -147,7 +166,7 @@ def test_measuring_the_machine_compiles_a_gemm_without_measuring_again(tmp_path,
     cost.machine.cache_clear()
     try:
         m = cost.machine()
-        assert m.measured and m.library_gemm_ratio > 0, m
+        assert m.measured and m.library_gemm_ratio > 0 and m.library_few_rows_ratio > 0, m
         assert (m.library_bf16_ratio > 0) == (gemm_bf16.support() == ""), m  # 0.0: no AVX512_BF16, not measured
         assert cost.machine() is m  # not the FALLBACK the inner call returned
         assert torch.get_num_threads() == threads  # the 1-thread measurement restores the thread count

@@ -65,11 +65,12 @@ class Machine:
     gemm_gflops: float = 20.0  # float32 GEMM rate of torch.mm on a mid-sized square problem
     library_gemm_ratio: float = 0.0  # torch.mm's float32 rate / vtc's generated GEMM's, 1 thread (0: not measured)
     library_bf16_ratio: float = 0.0  # the same in bf16 (vtc.codegen.gemm_bf16; 0: not measured, no AVX512_BF16)
+    library_few_rows_ratio: float = 0.0  # the float32 ratio on a Linear of FEW_ROWS_SHAPE (0: not measured)
 
 
 FALLBACK = Machine(bandwidth_gbs=10.0, cache_line=64, vector_bytes=32, cache_bytes=1 << 20, threads=1, measured=False,
                    gemm_gflops=20.0)
-MACHINE_VERSION = 5  # bump when Machine gains a figure: older cached files are measured again
+MACHINE_VERSION = 6  # bump when Machine gains a figure: older cached files are measured again
 _VECTOR_BYTES = {"AVX512": 64, "AVX512_BF16": 64, "AMX": 64, "AVX2": 32, "SVE256": 32, "ZVECTOR": 16,
                  "VSX": 16, "NEON": 16, "DEFAULT": 16, "NO AVX": 16}
 MEASURE_BYTES = 64 << 20
@@ -107,7 +108,8 @@ def _machine() -> Machine:
         m = Machine(bandwidth_gbs=_measure_bandwidth(), vector_bytes=_VECTOR_BYTES.get(cap, 16),
                     threads=torch.get_num_threads(), measured=True, gemm_gflops=_measure_gemm(),
                     library_gemm_ratio=_measure_library_ratio(),
-                    library_bf16_ratio=_measure_library_ratio(dtype=torch.bfloat16))
+                    library_bf16_ratio=_measure_library_ratio(dtype=torch.bfloat16),
+                    library_few_rows_ratio=_measure_few_rows_ratio())
     finally:
         _measuring = False
     if path is not None:
@@ -163,34 +165,60 @@ def _measure_gemm(n: int = 384) -> float:
 
 def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> float:
     """torch.mm's rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product in `dtype` (float32, or
-    bfloat16: vtc.codegen.gemm_bf16): 1 thread, the calling thread's CPU time (a ratio that other jobs on the
-    machine do not move), calls alternating, median of 2 * MEASURE_RUNS each; 0.0 where the kernel cannot be
-    built (no AVX512_BF16 for bf16: vtc then runs torch's GEMMs anyway).
+    bfloat16: vtc.codegen.gemm_bf16), timed by ``_cpu_time_ratio``; 0.0 where the kernel cannot be built (no
+    AVX512_BF16 for bf16: vtc then runs torch's GEMMs anyway).
     torch's float32 GEMM (MKL) runs as fast as the generated one on the Intel CPUs the rates of
     vtc.codegen.gemm were measured on, and at half its speed on an AMD EPYC (Zen 5: 1024^3 at 1 thread 20.2 vs
     9.75 ms, ONNX Runtime 9.5 ms); torch's bf16 GEMM runs on AMX tiles where the CPU has them (~11x the
     generated vdpbf16ps kernel on a Sapphire Rapids-class Xeon) and as fast as it where not (Zen 5: 1024^3
     4.52 vs 4.64 ms), so gemm="auto" asks how the two compare here."""
-    import vtc
     from vtc.codegen import gemm_bf16
-    from vtc.runtime.cbuild import KernelBuildError
 
     if dtype == torch.bfloat16 and gemm_bf16.support():
         return 0.0
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return _cpu_time_ratio(lambda x, y: x @ y, (a, b), lambda: torch.mm(a, b))
+
+
+# the Linear (rows, in, out) of the few-rows ratio: MKL's packed GEMM against the generated panels on W packed
+# once, both on whole 12 x 32 tiles (so the ratio compares the rates vtc.codegen.gemm assumes); a Zen 4 EPYC
+# measured MKL at 0.52-0.65x there (32-96 rows x 768 -> 3072, 1 thread CPU time) and 0.85x at 384^3
+FEW_ROWS_SHAPE = (48, 768, 3072)
+FEW_ROWS_MAX = 127  # rows up to which a GEMM over more than vtc.codegen.gemm.SKINNY_M rows takes the few-rows ratio
+
+
+def _measure_few_rows_ratio() -> float:
+    """torch's float32 Linear of FEW_ROWS_SHAPE on its weight packed once (as the call plan runs it: vtc.runtime
+    .packed; torch's plain mm where MKL's packed GEMM is not available) over the generated kernel's rate, timed
+    by ``_cpu_time_ratio``."""
+    rows, k, n = FEW_ROWS_SHAPE
+    linear = torch.nn.Linear(k, n)
+    return _cpu_time_ratio(linear, (torch.randn(rows, k),), None)
+
+
+def _cpu_time_ratio(fn, inputs: tuple, library) -> float:
+    """Seconds of fn compiled with gemm="vtc" over seconds of `library()` (None: fn compiled with gemm="torch"):
+    1 thread, the calling thread's CPU time (a ratio that other jobs on the machine do not move), calls
+    alternating, median of 2 * MEASURE_RUNS each; 0.0 where the generated kernel cannot be built."""
+    import vtc
+    from vtc.runtime.cbuild import KernelBuildError
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            compiled = vtc.compile(lambda x, y: x @ y, (a, b), plan="all", gemm="vtc")
-        fns = (lambda: torch.mm(a, b), lambda: compiled(a, b))
-        times: tuple[list[float], list[float]] = ([], [])
-        for i in range(2 * MEASURE_RUNS + 1):
-            for fn, ts in zip(fns, times):
-                t0 = time.thread_time()
-                fn()
-                if i:  # the first round warms up
-                    ts.append(time.thread_time() - t0)
+            generated = vtc.compile(fn, inputs, plan="all", gemm="vtc")
+            if library is None:
+                compiled = vtc.compile(fn, inputs, plan="all", gemm="torch")
+                library = lambda: compiled(*inputs)  # noqa: E731
+            fns = (library, lambda: generated(*inputs))
+            times: tuple[list[float], list[float]] = ([], [])
+            for i in range(2 * MEASURE_RUNS + 1):
+                for f, ts in zip(fns, times):
+                    t0 = time.thread_time()
+                    f()
+                    if i:  # the first round warms up
+                        ts.append(time.thread_time() - t0)
     except KernelBuildError:
         return 0.0
     finally:
@@ -204,17 +232,22 @@ def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> 
 LIBRARY_SPEED_NOISE = 0.05
 
 
-def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.float32) -> float:
+def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.float32, rows: int | None = None) -> float:
     """How fast torch's GEMM in `dtype` is here relative to the rates its generated twin's cost model assumes
     for it (vtc.codegen.gemm for float32: 1.0 is about as fast as the generated GEMM, 0.5 half as fast;
     vtc.codegen.gemm_bf16 for bfloat16: 1.0 is AMX, ~8x the generated kernel, 0.125 as fast as it).
-    Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy measurement does
-    not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1,
-    no compiler, no AVX512_BF16)."""
+    A float32 GEMM of `rows` rows, more than vtc.codegen.gemm.SKINNY_M and at most FEW_ROWS_MAX, takes the
+    ratio measured on a Linear of few rows (``library_few_rows_ratio``) where there is one; any other the
+    square one.  Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy
+    measurement does not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured
+    (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
     from vtc.codegen import gemm, gemm_bf16
 
     m = m or machine()
     ratio, rates = ((m.library_bf16_ratio, gemm_bf16) if dtype == torch.bfloat16 else (m.library_gemm_ratio, gemm))
+    if (dtype != torch.bfloat16 and rows is not None and gemm.SKINNY_M < rows <= FEW_ROWS_MAX
+            and m.library_few_rows_ratio > 0):
+        ratio = m.library_few_rows_ratio
     if not m.measured or ratio <= 0:
         return 1.0
     speed = ratio / (rates.TORCH_GFLOPS / rates.VTC_GFLOPS)
