@@ -360,8 +360,17 @@ def run_case(case: Case) -> list[str]:
         _close(compiled(*x), m(*x), "first call")
         done.append("first")
         for step in case.after:
-            if step == "again":
-                _close(compiled(*x), m(*x), "the same call again")
+            if step == "again":  # the outputs own their memory: changing them changes no input and no later call
+                outs = compiled(*x)
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                ptrs = {t.untyped_storage().data_ptr() for t in x}
+                assert not any(o.untyped_storage().data_ptr() in ptrs for o in outs), "an output shares an input's memory"
+                before = [t.clone() for t in x]
+                for o in outs:
+                    o.detach().mul_(-3.0).add_(1.0)
+                for a, b in zip(x, before):
+                    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg="changing an output changed an input")
+                _close(compiled(*x), m(*x), "the same call again, the last outputs changed")
             elif step == "values":
                 x2 = case.inputs(rows, 2)
                 _close(compiled(*x2), m(*x2), "new values")
