@@ -5,6 +5,7 @@ A chain is drawn through ``Draw``, which asks hypothesis for every choice (so a 
 short chain on small sizes) and keeps the choices' description for ``note``."""
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Callable, Sequence
 
@@ -120,6 +121,120 @@ def draw_chain(r: Draw, shape: Sequence[int], n: int, keep_rank: bool = False,
         probe, shape = out, list(out.shape)
         ops.append(op)
     return ops, shape
+
+
+INTO_KINDS = ("transpose", "permute", "narrow", "step", "cat", "index_select", "gather", "roll", "flip", "pad",
+              "expand", "flatten", "unflatten", "shuffle", "pointwise")
+
+
+def draw_chain_into(r, out: Sequence[int], depth: int, row: int | None = None, dynamic: bool = False,
+                    max_numel: int = 1 << 21) -> tuple[list[int], list[Op], int | None]:
+    """A chain drawn backwards from the shape a consumer wants (draw_chain draws forwards from an input's): (the
+    input's shape, `depth` ops or fewer from it to a tensor of shape `out`, the input's dim that becomes `row`).
+    `dynamic`: dim `row` of `out` varies between calls, so no op depends on its size.  `r`: a Draw (or a
+    random.Random with a permutation method).  A narrow of the last dim may read rows 1024 / 2048 floats apart."""
+    ops: list[Op] = []
+    shape = list(out)
+    for _ in range(depth):
+        step = _front_op(r, shape, row, dynamic)
+        if step is None:
+            continue
+        ins, op, row_in = step
+        if 0 in ins or math.prod(ins) > max_numel or len(ins) > 5:
+            continue
+        ops.insert(0, op)
+        shape, row = ins, row_in
+    return shape, ops, row
+
+
+def _short(xs: list) -> str:
+    return str(xs) if len(xs) <= 8 else f"[{', '.join(map(str, xs[:8]))}, ... {len(xs)}]"
+
+
+def _front_op(r, o: list[int], row: int | None, dynamic: bool):
+    """One op whose output has shape o: (its input shape, (description, fn), the input's row dim) or None."""
+    k, rank = r.choice(INTO_KINDS), len(o)
+    free = [d for d in range(rank) if not (dynamic and d == row)]
+    d = r.choice(free) if free else None
+    i = list(o)
+    if k == "transpose" and rank >= 2:
+        a, b = r.sample(range(rank), 2)
+        i[a], i[b] = o[b], o[a]
+        return i, (f"transpose({a}, {b})", lambda t: t.transpose(a, b)), {a: b, b: a}.get(row, row)
+    if k == "permute" and rank >= 2:
+        p = r.permutation(rank)  # out dim j is input dim p[j]
+        for j in range(rank):
+            i[p[j]] = o[j]
+        return i, (f"permute{tuple(p)}", lambda t: t.permute(*p)), None if row is None else p[row]
+    if d is None:
+        return None
+    if k == "narrow":
+        extra = r.choice([1, 2, 3, 7])
+        if d == rank - 1 and o[d] < 2048 and r.choice([False, True]):
+            extra = r.choice([w for w in (1024, 2048) if w > o[d]]) - o[d]  # rows 4 / 8 KB apart
+        i[d] = o[d] + extra
+        s0 = r.randrange(extra + 1)
+        return i, (f"narrow({d}, {s0}, {o[d]})", lambda t: t.narrow(d, s0, o[d])), row
+    if k == "step":
+        s = r.choice([2, 3])
+        i[d] = o[d] * s
+        return i, (f"[{':, ' * d}::{s}]", lambda t: t[(slice(None),) * d + (slice(None, None, s),)]), row
+    if k == "cat" and o[d] >= 2:
+        a = r.randrange(1, o[d])
+        b, scaled = o[d] - a, r.choice([False, True])
+        i[d] = max(a, b) + 1
+        n = i[d]
+
+        def cat(t):
+            second = t.narrow(d, n - b, b).flip(d)
+            return torch.cat([t.narrow(d, 0, a), second * 1.5 if scaled else second], d)
+        return i, (f"cat([narrow({d}, 0, {a}), narrow({d}, {n - b}, {b}).flip{' * 1.5' if scaled else ''}], {d})", cat), row
+    if k == "index_select":
+        i[d] = o[d] + r.randrange(4)
+        idx = torch.tensor([r.randrange(i[d]) for _ in range(o[d])])
+        return i, (f"index_select({d}, {_short(idx.tolist())})", lambda t: t.index_select(d, idx)), row
+    if k == "gather" and not dynamic and math.prod(o) <= 1 << 16:
+        i[d] = o[d] + r.randrange(3)
+        idx = torch.randint(0, i[d], o, generator=torch.Generator().manual_seed(r.randrange(1 << 30)))
+        return i, (f"gather({d}, randint(0, {i[d]}, {o}))", lambda t: t.gather(d, idx)), row
+    if k == "roll":
+        s = r.choice([-3, -1, 1, 2, 5])
+        return i, (f"roll({s}, {d})", lambda t: t.roll(s, d)), row
+    if k == "flip":
+        return i, (f"flip({d})", lambda t: t.flip(d)), row
+    if k == "pad" and (not dynamic or row != rank - 1) and o[-1] >= 3:
+        lo, hi = r.randrange(3), r.randrange(3)
+        lo, hi = (lo, hi) if lo + hi < o[-1] else (0, 1)
+        val = r.choice([0.0, 1.5])
+        i[-1] = o[-1] - lo - hi
+        return i, (f"pad([{lo}, {hi}], value={val})", lambda t: F.pad(t, [lo, hi], value=val)), row
+    if k == "expand" and o[d] > 1 and d != rank - 1:
+        i[d] = 1
+        return i, (f"expand(dim {d} -> {o[d]})", lambda t: t.expand(*[o[d] if j == d else -1 for j in range(rank)])), row
+    if k == "flatten" and o[d] >= 4:
+        divs = [q for q in range(2, o[d]) if o[d] % q == 0]
+        if not divs:
+            return None
+        q = r.choice(divs)
+        i[d:d + 1] = [q, o[d] // q]
+        return i, (f"flatten({d}, {d + 1})", lambda t: t.flatten(d, d + 1)), row if row is None or row < d else row + 1
+    if k == "unflatten" and d + 1 < rank and not (dynamic and row == d + 1):
+        sizes = (o[d], o[d + 1])
+        i[d:d + 2] = [o[d] * o[d + 1]]
+        return i, (f"unflatten({d}, {sizes})", lambda t: t.unflatten(d, sizes)), row if row is None or row <= d else row - 1
+    if k == "shuffle" and o[d] >= 4:
+        gs = [g for g in (2, 3, 4) if o[d] % g == 0]
+        if not gs:
+            return None
+        g = r.choice(gs)
+        c = o[d] // g
+        return i, (f"channel_shuffle({d}, {g})",
+                   lambda t: t.unflatten(d, (g, c)).transpose(d, d + 1).flatten(d, d + 1)), row
+    if k == "pointwise":
+        f = r.choice(["relu", "affine", "sigmoid"])
+        fn = {"relu": torch.relu, "affine": lambda t: t * 1.5 + 0.25, "sigmoid": torch.sigmoid}[f]
+        return i, (f, fn), row
+    return None
 
 
 def run_chain(ops: Sequence[Op], t: torch.Tensor) -> torch.Tensor:

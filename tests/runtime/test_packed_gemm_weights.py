@@ -229,8 +229,9 @@ def test_threads_share_the_packed_weight_while_it_changes():
 def _packed_copies_of(weight: torch.Tensor) -> list:
     import gc
     ptr = weight.untyped_storage().data_ptr()
+    # type(o), not isinstance: isinstance of a weakref.proxy whose object is gone (another test's) raises ReferenceError
     return [o for o in gc.get_objects()
-            if isinstance(o, packed.PackedConvWeight) and o.w.untyped_storage().data_ptr() == ptr]
+            if type(o) is packed.PackedConvWeight and o.w.untyped_storage().data_ptr() == ptr]
 
 
 @pytest.mark.parametrize("rows", [1, 200], ids=["one_row_skinny_packed", "panels"])

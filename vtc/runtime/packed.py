@@ -278,6 +278,8 @@ def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
     offset, lda, m, k = spec[:4]  # a fifth: the layout (a generated GEMM's B)
+    if lda < 0:  # a flipped weight (W.flip(0)): the layouts read rows through as_strided, which takes no such stride
+        return f"the weight rows are a negative stride ({lda}) apart"
     if offset < 0 or offset + (m - 1) * lda + k > w.numel():
         return "the weight rows lie outside the constant"
     return None
