@@ -44,6 +44,7 @@ CASES = [
     (1, 2500, 17, 1, 1, 2, 3),      # K = 2500 in 5 slices of 500 (partial sums added), 6 pixels, 17 channels
     (1, 64, 48, 3, 2, 28, 28),      # 14x14 = 196 pixels (28 tiles of 7), K = 576 in two slices
     (1, 300, 40, 1, 1, 13, 14),     # 182 pixels: 26 tiles of 7
+    (1, 232, 232, 1, 1, 14, 14),    # ShuffleNet's stage 4 first unit: 196 pixels (MAX_PIXELS), K = 232
 ]
 
 
@@ -117,11 +118,12 @@ def test_weight_changed_in_place_is_read_by_the_next_call():
     assert_matches_eager(compiled, conv, (x,), **ROW_TOL)
 
 
-@pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 14, 14, 1), (1, 64, 64, 1, 1, 7, 7, 2),
-                                  (1, 300, 64, 1, 1, 7, 7, 1), (1, 32, 8, 1, 1, 7, 7, 1)],
-                         ids=["196_pixels", "groups", "k300_broadcast", "8_channels"])
+@pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 16, 16, 1, "panels"), (1, 64, 64, 1, 1, 7, 7, 2, "panels"),
+                                  (1, 300, 64, 1, 1, 7, 7, 1, conv_bcast.FORM), (1, 32, 8, 1, 1, 7, 7, 1, "panels"),
+                                  (1, 24, 24, 3, 1, 14, 14, 1, "conv_taps")],
+                         ids=["256_pixels", "groups", "k300_broadcast", "8_channels", "same_3x3_196_pixels"])
 def test_other_convolutions_keep_their_form(case):
-    b, c, o, k, s, h, w, groups = case
+    b, c, o, k, s, h, w, groups, path = case
     g = gen(h * 10 + c + groups)
     weight = rand((o, c // groups, k, k), g)
 
@@ -131,7 +133,7 @@ def test_other_convolutions_keep_their_form(case):
     x = rand((b, c, h, w), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert gemm_paths(compiled) == [conv_bcast.FORM if c == 300 else "panels"]
+    assert gemm_paths(compiled) == [path]
 
 
 def test_same_3x3_on_a_small_map_takes_the_broadcast_form():
