@@ -120,8 +120,9 @@ def test_weight_changed_in_place_is_read_by_the_next_call():
 
 @pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 16, 16, 1, "panels"), (1, 64, 64, 1, 1, 7, 7, 2, "panels"),
                                   (1, 300, 64, 1, 1, 7, 7, 1, conv_bcast.FORM), (1, 32, 8, 1, 1, 7, 7, 1, "panels"),
-                                  (1, 24, 24, 3, 1, 14, 14, 1, "conv_taps")],
-                         ids=["256_pixels", "groups", "k300_broadcast", "8_channels", "same_3x3_196_pixels"])
+                                  (1, 24, 24, 3, 1, 14, 14, 1, "conv_taps"), (1, 64, 64, 1, 1, 14, 14, 1, "panels")],
+                         ids=["256_pixels", "groups", "k300_broadcast", "8_channels", "same_3x3_196_pixels",
+                              "196_pixels_64_channels"])
 def test_other_convolutions_keep_their_form(case):
     b, c, o, k, s, h, w, groups, path = case
     g = gen(h * 10 + c + groups)
@@ -161,9 +162,12 @@ def test_switched_off_keeps_the_panel_form(monkeypatch):
 
 
 def test_why_not_names_the_value():
-    geo = dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1)
+    geo = dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1, stride=(1, 1), wd=7)
     assert conv_bcast.why_not(geo, True) == ""
-    assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True)
+    assert conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True) == ""
+    assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14, "cg": 64}, True)  # 64 < MID_K
+    assert "256 output pixels" in conv_bcast.why_not({**geo, "oh": 16, "ow": 16}, True)
+    assert "im2col in place" in conv_bcast.why_not({**geo, "oh": 8, "ow": 9, "wd": 9, "cg": 20, "kh": 3, "kw": 3}, True)
     assert "2 groups" in conv_bcast.why_not({**geo, "groups": 2}, True)
     assert conv_bcast.why_not({**geo, "cg": 300}, True) == ""  # a long reduction: as the dot form did
     assert conv_bcast.why_not({**geo, "cg": 300, "oh": 14, "ow": 14}, True) == ""
