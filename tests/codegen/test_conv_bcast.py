@@ -34,7 +34,7 @@ CASES = [
     (16, 127, 127, 1, 1, 3, 3),     # batch 16, 9 pixels: a tile of 7 and one of 2; 8 vectors: 3 + 3 + 2
     (16, 33, 17, 1, 1, 1, 1),       # one pixel per image
     (1, 17, 127, 3, 2, 14, 14),     # 3x3 stride 2 with padding, K = 153 (a stride-1 "same" one reads its im2col
-    #                                 in place, vtc.codegen.conv_panels' taps: test_same_3x3_keeps_the_taps)
+    #                                 in place: test_same_3x3_on_a_small_map_takes_the_broadcast_form)
     (2, 19, 40, 3, 2, 13, 13),      # stride 2 on 13x13: 7x7 output pixels
     (1, 20, 48, 3, 2, 9, 17),       # stride 2: 5x9 = 45 pixels, 6 tiles of 7 + one of 3
     # a long reduction (>= conv_t.MIN_K, where the dot form ran before) on maps of up to conv_t.MAX_PIXELS
@@ -44,6 +44,7 @@ CASES = [
     (1, 2500, 17, 1, 1, 2, 3),      # K = 2500 in 5 slices of 500 (partial sums added), 6 pixels, 17 channels
     (1, 64, 48, 3, 2, 28, 28),      # 14x14 = 196 pixels (28 tiles of 7), K = 576 in two slices
     (1, 300, 40, 1, 1, 13, 14),     # 182 pixels: 26 tiles of 7
+    (1, 232, 232, 1, 1, 14, 14),    # ShuffleNet's stage 4 first unit: 196 pixels (MAX_PIXELS), K = 232
 ]
 
 
@@ -117,11 +118,13 @@ def test_weight_changed_in_place_is_read_by_the_next_call():
     assert_matches_eager(compiled, conv, (x,), **ROW_TOL)
 
 
-@pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 14, 14, 1), (1, 64, 64, 1, 1, 7, 7, 2),
-                                  (1, 300, 64, 1, 1, 7, 7, 1), (1, 32, 8, 1, 1, 7, 7, 1)],
-                         ids=["196_pixels", "groups", "k300_broadcast", "8_channels"])
+@pytest.mark.parametrize("case", [(1, 116, 116, 1, 1, 16, 16, 1, "panels"), (1, 64, 64, 1, 1, 7, 7, 2, "panels"),
+                                  (1, 300, 64, 1, 1, 7, 7, 1, conv_bcast.FORM), (1, 32, 8, 1, 1, 7, 7, 1, "panels"),
+                                  (1, 24, 24, 3, 1, 14, 14, 1, "conv_taps"), (1, 64, 64, 1, 1, 14, 14, 1, "panels")],
+                         ids=["256_pixels", "groups", "k300_broadcast", "8_channels", "same_3x3_196_pixels",
+                              "196_pixels_64_channels"])
 def test_other_convolutions_keep_their_form(case):
-    b, c, o, k, s, h, w, groups = case
+    b, c, o, k, s, h, w, groups, path = case
     g = gen(h * 10 + c + groups)
     weight = rand((o, c // groups, k, k), g)
 
@@ -131,10 +134,12 @@ def test_other_convolutions_keep_their_form(case):
     x = rand((b, c, h, w), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert gemm_paths(compiled) == [conv_bcast.FORM if c == 300 else "panels"]
+    assert gemm_paths(compiled) == [path]
 
 
-def test_same_3x3_keeps_the_taps():
+def test_same_3x3_on_a_small_map_takes_the_broadcast_form():
+    """A stride-1 "same" 3x3 on 7x7, whose im2col conv_panels could read in place (conv_taps), takes this form
+    (measured faster on 6x6 and 7x7 maps: vtc/codegen/conv.py)."""
     g = gen(3)
     weight = rand((127, 17, 3, 3), g)
 
@@ -144,7 +149,7 @@ def test_same_3x3_keeps_the_taps():
     x = rand((1, 17, 7, 7), g)
     compiled = compile_cpu(fn, (x,))
     assert_matches_eager(compiled, fn, (x,), **ROW_TOL)
-    assert gemm_paths(compiled) == ["conv_taps"]
+    assert gemm_paths(compiled) == [conv_bcast.FORM]
 
 
 def test_switched_off_keeps_the_panel_form(monkeypatch):
@@ -157,9 +162,12 @@ def test_switched_off_keeps_the_panel_form(monkeypatch):
 
 
 def test_why_not_names_the_value():
-    geo = dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1)
+    geo = dict(oh=7, ow=7, og=64, cg=100, kh=1, kw=1, groups=1, stride=(1, 1), wd=7)
     assert conv_bcast.why_not(geo, True) == ""
-    assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True)
+    assert conv_bcast.why_not({**geo, "oh": 14, "ow": 14}, True) == ""
+    assert "196 output pixels" in conv_bcast.why_not({**geo, "oh": 14, "ow": 14, "cg": 64}, True)  # 64 < MID_K
+    assert "256 output pixels" in conv_bcast.why_not({**geo, "oh": 16, "ow": 16}, True)
+    assert "im2col in place" in conv_bcast.why_not({**geo, "oh": 8, "ow": 9, "wd": 9, "cg": 20, "kh": 3, "kw": 3}, True)
     assert "2 groups" in conv_bcast.why_not({**geo, "groups": 2}, True)
     assert conv_bcast.why_not({**geo, "cg": 300}, True) == ""  # a long reduction: as the dot form did
     assert conv_bcast.why_not({**geo, "cg": 300, "oh": 14, "ow": 14}, True) == ""

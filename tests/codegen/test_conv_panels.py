@@ -29,7 +29,7 @@ TAPS = [
     (1, 6, 10, (3, 5), (1, 2), 1, 2, 7, 17),  # 3x5, groups
     (1, 2, 3, 3, 1, 1, 1, 5, 5),  # two input channels, a tile of three rows
     (1, 64, 13, 3, 1, 1, 1, 17, 17),  # K = 576: two reduction slices of whole channels
-    (1, 8, 300, 3, 1, 1, 1, 6, 6),  # several output-channel blocks
+    (1, 8, 300, 3, 1, 1, 1, 9, 9),  # several output-channel blocks (on 6x6 the broadcast form, conv_bcast)
 ]
 
 

@@ -49,14 +49,23 @@ from vtc.codegen import conv_t
 
 FORM = "conv_bcast"  # GemmChoice.path of a convolution computed here
 ENABLED = True  # False: never taken (a switch for side-by-side timing; BCAST=0 in bench.conv_side_by_side)
-MAX_PIXELS = 64  # output pixels per image up to which this form is taken (7x7 = 49 fills 49 of the panel form's
-#   64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14 (196 pixels in
-#   224 columns) 116 -> 116 lost, 0.059 vs 0.057, and 232 -> 232 gained only ~5%, 0.176 vs 0.185)
+MAX_PIXELS = 196  # output pixels per image up to which this form is taken with a short reduction (7x7 = 49 fills 49
+#   of the panel form's 64 columns; 1 thread, kernel alone, load 4-6: 1x1 232 -> 232 on 7x7 0.057 vs 0.066 ms; on 14x14
+#   (196 pixels in 224 columns) on Zen 5 116 -> 116 lost, 0.059 vs 0.057, 232 -> 232 gained ~5%; on Zen 4, 1 thread
+#   CPU time, + ReLU, load 5-6, ms: 1x1 on 14x14 64 -> 64 0.023 vs 0.024, 96 0.044 / 0.047, 116 0.066 / 0.066,
+#   128 0.072 / 0.079, 160 0.110 / 0.127, 232 0.219 / 0.278, 232 -> 464 0.462 / 0.528, 232 b16 3.87 / 4.30; 3x3
+#   stride 2 28x28 -> 14x14 16 -> 32 0.034 / 0.046, 24 -> 48 0.060 / 0.068; 1x1 64 -> 64 on 16x16 lost, 0.030 / 0.028)
+SMALL_PIXELS = 64  # up to this many output pixels any short reduction takes this form; on more (up to MAX_PIXELS) only
+#   with a reduction of at least MID_K, and not a stride-1 "same" 3x3, which keeps conv_panels' taps (Zen 4, as
+#   above: 24 -> 24 on 14x14 0.033 vs 0.027 ms, 20 -> 40 on 12x12 0.030 vs 0.028; on 6x6 and 7x7 this form is faster,
+#   vtc/codegen/conv.py)
+MID_K = 96  # (shorter ones tie or lose: 1x1 on 12x12 16 -> 16 0.006 vs 0.005 ms, 32 -> 16 and 48 -> 16 0.007 / 0.007,
+#   16 -> 32 b16 0.048 / 0.048, on 14x14 64 -> 64 0.023 / 0.024)
 LONG_K = True  # also a reduction of at least conv_t.MIN_K on maps of up to conv_t.MAX_PIXELS output pixels, where
 #   the dot form ran before (1 thread CPU time, kernel + call alone, min us, load 4-5, dot / this form, W^T packed once:
 #   1x1 464 -> 1024 on 7x7 254 / 198, same at batch 16 4297 / 3315, 1x1 512 -> 512 on 7x7 b16 2248 / 1783, 3x3 s2
 #   256 -> 512 to 7x7 1199 / 823, 1x1 464 -> 1024 on 14x14 898 / 755, 3x3 s2 128 -> 256 to 14x14 939 / 742; a
-#   stride-1 "same" 3x3 keeps conv_panels' taps, which beat the dot form too: 256 -> 256 on 7x7 389 / 343)
+#   stride-1 "same" 3x3 here too since session 20: on Zen 4 256 -> 256 on 7x7 0.60 ms vs conv_panels' taps 0.81)
 MIN_CHANNELS = 16  # output channels at least (one vector)
 ROWS = 7  # pixels per tile (at most 8) (7x7 and 14x14 maps are whole tiles; 8 left a 1-pixel tile on 7x7, ~5% of it)
 VECS = 3  # vectors of 16 output channels per tile (at most 4) (ROWS x VECS = 21 accumulators)
@@ -99,6 +108,13 @@ def why_not(geo: dict, weight_ok: bool) -> str:
     if k < conv_t.MIN_K and p > MAX_PIXELS:
         return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {MAX_PIXELS} with a short reduction ({k}): the " \
                f"panel form fills its columns"
+    same = geo["stride"] == (1, 1) and (geo["kh"], geo["kw"]) != (1, 1) and geo["ow"] == geo["wd"]
+    if k < conv_t.MIN_K and p > SMALL_PIXELS and same:
+        return f"a stride-1 {geo['kh']}x{geo['kw']} \"same\" convolution on {geo['oh']}x{geo['ow']} = {p} output " \
+               f"pixels > {SMALL_PIXELS} with a short reduction ({k}): conv_panels reads its im2col in place"
+    if k < MID_K and p > SMALL_PIXELS:
+        return f"a reduction of {k} < {MID_K} on {geo['oh']}x{geo['ow']} = {p} output pixels > {SMALL_PIXELS}: the " \
+               f"panel form as fast"
     if p > conv_t.MAX_PIXELS:
         return f"{geo['oh']}x{geo['ow']} = {p} output pixels > {conv_t.MAX_PIXELS}: the panel form fills its columns"
     if geo["og"] < MIN_CHANNELS:

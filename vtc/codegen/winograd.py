@@ -30,8 +30,11 @@ from vtc.codegen import conv_t
 
 FORM = "winograd"  # GemmChoice.path of a convolution computed here
 ENABLED = True  # False: never taken (a switch for side-by-side timing)
-MAX_CHANNELS = 64  # input and output channels at most (measured 16..64: 0.62-0.90x of conv_taps; 128 not measured)
-MIN_SIDE = 16  # output rows and columns at least (measured down to 16x16: 0.79x of conv_taps there; a map a few
+MAX_CHANNELS = 256  # input and output channels at most (measured 16..64: 0.62-0.90x of conv_taps; on Zen 4, 1 thread,
+#   + ReLU: 128 -> 128 0.61-0.68x of conv_taps at 14x14 and 20x20, 256 -> 256 0.75-0.78x at 14x14 and 16x16; 512 -> 512
+#   on 7x7 2.8x slower: U is 16 MB)
+MIN_SIDE = 14  # output rows and columns at least (measured down to 16x16: 0.79x of conv_taps there; on Zen 4 14x14:
+#   16 -> 16 0.86x, 32 -> 32 0.69x, 64 -> 64 0.64x, 128 -> 128 0.68x, 256 -> 256 0.75x; 7x7 1.05-1.37x slower; a map a few
 #               pixels high would compute half its tiles' rows for nothing, and small maps have conv_bcast / conv_t)
 TILE_ROWS = 12  # tiles per GEMM micro-kernel (x 2 vectors of output channels: 24 accumulators)
 BAND_TILES = 64  # tiles per sub-band at most (V and Mx of 16 x 64 x 32 floats: 128 KB each, in L2; 1 thread, kernel
