@@ -216,26 +216,26 @@ last-level cache; convolutions over maps of up to 256 pixels are dot
 products or broadcast tiles with the weight read in place or packed once;
 kernel outputs that only kernels read live in a per-call arena.  How torch's
 float32 GEMM compares with the generated one is measured once per machine.
-This run is on another machine than the last: an AMD EPYC Zen 4 (AVX-512
-on 256-bit units, L1d 32 KB), where the GEMMs take ~2.3x longer than on the
-Zen 5 of the last run, so no latency here compares with the last run's.
-MKL measured 0.90-0.93x of the generated GEMM here, which the planner
-counted as equal until this commit (a 20% band, now 5%): the run before
-this one (bench/results/vm-2026-12-01-120050.json) ran every Linear of 32
-rows and more on MKL's packed GEMM and had llama3_prefill_b1 at 0.88x and
-gemma2 prefill at 0.84x of OpenVINO; here they are generated GEMMs (1.04x,
-1.09x), as are the whole models' (llama_model 1.00x, gpt2_model 1.02x).
-Also since the last run: kept movement ops with virtual inputs are
-generated copy kernels, a one-row x @ W^T on a weight of 512 KB or more
-runs on the weight packed once, a model's specializations share one packed
-copy per weight, and a transposed tile whose operand rows alias the
-output's modulo 4 KB loads before it stores.  The prefill units stay
-GEMM-bound near OpenVINO.  On a loaded machine the libgomp threads'
-spin-wait between kernels costs vtc more than OpenVINO's TBB pool
-(docs/prefill.md, session 16); each timed block records how long the
-process's threads waited for a core ("waited" in the JSON).  Where vtc
-loses: swin_t_model (not a goal workload; GEMM-bound) read 0.85x against
-OpenVINO on this machine.
+Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
+units).  Since the last run: torch's float32 GEMM of 17 to 127 rows is
+priced by a ratio measured on a Linear of 48 rows (MKL 0.57-0.72x of the
+generated kernel there, against ~0.9x at 384^3), so Swin-T's 49-row
+Linears are generated GEMMs (swin_t_model 0.85x -> 1.03x of OpenVINO);
+packed weight copies stay within a process-wide budget
+(VTC_PACKED_WEIGHTS_MB, default a quarter of the memory; no unit is over
+it); Winograd takes 3x3 convolutions of up to 256 channels on maps of
+14x14 or more, and conv_bcast 1x1 convolutions with a reduction of 96 or
+more on maps of up to 14x14.  This run was noisy (wide min-max ranges):
+shufflenet_v2_model read 0.88x of ONNX Runtime here (vtc 3.48 ms, 2.28
+in the last run); side by side in one process at 2 threads afterwards
+(bench/units_side_by_side.py, 4 runs, min) it read 1.04-1.22x at this
+commit and 1.19-1.39x at the commit before the convolution change, whose
+14x14 1x1 convolutions measured level with the old form at 2 threads
+(docs/gemm.md, session 20).  The prefill units stay GEMM-bound near
+OpenVINO.  On a loaded machine the libgomp threads' spin-wait between
+kernels costs vtc more than OpenVINO's TBB pool (docs/prefill.md, session
+16); each timed block records how long the process's threads waited for a
+core ("waited" in the JSON).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
