@@ -220,18 +220,22 @@ Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
 units).  Since the last run: torch's float32 GEMM of 17 to 127 rows is
 priced by a ratio measured on a Linear of 48 rows (MKL 0.57-0.72x of the
 generated kernel there, against ~0.9x at 384^3), so Swin-T's 49-row
-Linears are generated GEMMs (swin_t_model 0.85x -> 1.03x of OpenVINO);
-packed weight copies stay within a process-wide budget
-(VTC_PACKED_WEIGHTS_MB, default a quarter of the memory; no unit is over
-it); Winograd takes 3x3 convolutions of up to 256 channels on maps of
-14x14 or more, and conv_bcast 1x1 convolutions with a reduction of 96 or
-more on maps of up to 14x14.  This run was noisy (wide min-max ranges):
-shufflenet_v2_model read 0.88x of ONNX Runtime here (vtc 3.48 ms, 2.28
-in the last run); side by side in one process at 2 threads afterwards
-(bench/units_side_by_side.py, 4 runs, min) it read 1.04-1.22x at this
-commit and 1.19-1.39x at the commit before the convolution change, whose
-14x14 1x1 convolutions measured level with the old form at 2 threads
-(docs/gemm.md, session 20).  The prefill units stay GEMM-bound near
+Linears are generated GEMMs (swin_t_model 0.85x of OpenVINO in the last
+run, 1.03x and 1.00x in two runs at this commit); packed weight copies
+stay within a process-wide budget (VTC_PACKED_WEIGHTS_MB, default a
+quarter of the memory; no unit is over it); Winograd takes 3x3
+convolutions of up to 256 channels on maps of 14x14 or more, and
+conv_bcast 1x1 convolutions with a reduction of 96 or more on maps of up
+to 14x14.  The run just before this one, at the same code
+(bench/results/vm-2026-12-01-160126.json, noisier), read units geomean
+1.61x, slowest unit 1.03x and shufflenet_v2_model 0.88x of ONNX Runtime
+(1.05x here); side by side in one process at 2 threads
+(bench/units_side_by_side.py, min) ShuffleNetV2 read 1.04-1.22x of ONNX
+Runtime at this commit and 1.19-1.39x before the convolution change,
+whose 14x14 1x1 convolutions measured level with the old form at 2
+threads (docs/gemm.md, session 20): a loss of 5-10% at 2 threads is
+inside this machine's noise.  Where vtc loses here: gpt2_model, 0.98x
+of OpenVINO (1.08x in the run before; GEMM-bound).  The prefill units stay GEMM-bound near
 OpenVINO.  On a loaded machine the libgomp threads' spin-wait between
 kernels costs vtc more than OpenVINO's TBB pool (docs/prefill.md, session
 16); each timed block records how long the process's threads waited for a
