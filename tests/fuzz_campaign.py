@@ -220,18 +220,20 @@ class Case:
                 f"Linear({k}, {n}) -> gelu -> Linear({n}, {n2})")
 
     def _make_wt(self, r: Rand):
-        k, n = _weight_dims(r)
-        lead, row = self._lead(r)
-        shapes, fronts, rows = self._fronted(r, [lead + [k]], [row])
-        w, chain = self._weight(r, [n, k])
-        return Drawn("wt", fronts, [], w=w, wchain=chain), shapes, rows, f"x @ W^T, W [{n}, {k}] = {_text('w', chain)}"
+        return self._weight_gemm(r, "wt")
 
     def _make_w(self, r: Rand):
+        return self._weight_gemm(r, "w")
+
+    def _weight_gemm(self, r: Rand, body: str):
+        """x @ W^T ("wt", W [n, k]) or x @ W ("w", W [k, n]), W a parameter behind a drawn chain."""
         k, n = _weight_dims(r)
         lead, row = self._lead(r)
         shapes, fronts, rows = self._fronted(r, [lead + [k]], [row])
-        w, chain = self._weight(r, [k, n])
-        return Drawn("w", fronts, [], w=w, wchain=chain), shapes, rows, f"x @ W, W [{k}, {n}] = {_text('w', chain)}"
+        w_shape = [n, k] if body == "wt" else [k, n]
+        w, chain = self._weight(r, w_shape)
+        what = "x @ W^T" if body == "wt" else "x @ W"
+        return Drawn(body, fronts, [], w=w, wchain=chain), shapes, rows, f"{what}, W {w_shape} = {_text('w', chain)}"
 
     @staticmethod
     def _weight(r: Rand, shape: list[int]) -> tuple[torch.nn.Parameter, list[Op]]:

@@ -159,7 +159,7 @@ class _Packed:
     def __init__(self, w: torch.Tensor, a_rows: int):
         self.w, self.a_rows, self.lock = w, a_rows, threading.Lock()
         self.panels, self.version = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows), w._version
-        self.nbytes = self.panels.numel() * self.panels.element_size()  # a re-pack has the same size
+        self.nbytes = self.panels.nbytes  # a re-pack has the same size
 
     def current(self) -> torch.Tensor:
         """The packed panels of W as it is now."""
@@ -233,7 +233,7 @@ class PackedConvWeight:
         self.w, self.spec, self.lock = w, (offset, lda, m, k), threading.Lock()
         self.layout = layout or packed_layout  # a generated GEMM's B: its spec names vtc.codegen.gemm.packed_panels
         self._state = self._pack()
-        self.nbytes = self._state[1].numel() * self._state[1].element_size()  # a re-pack has the same size
+        self.nbytes = self._state[1].nbytes  # a re-pack has the same size
 
     def _pack(self) -> tuple[int, torch.Tensor, int]:
         version = self.w._version  # read first: a change during the pack is seen by the next call
