@@ -83,8 +83,10 @@ def test_result_pushed_into_a_cat(also_read):
 
 
 def test_broadcast_form_with_bias_on_two_threads():
-    """Blocks of output-channel vectors split between the threads (batch 1), and whole images (batch 3)."""
-    check_conv_bias_relu_on_two_threads([(1, 232, 200, 1, 7, 7), (3, 50, 200, 1, 7, 7)], conv_bcast.FORM)
+    """Blocks of output-channel vectors split between the threads (batch 1), and whole images (batch 3); 116 and
+    160 channels on 14x14: blocks not rounded to whole tiles where that would give one thread more vectors."""
+    check_conv_bias_relu_on_two_threads([(1, 232, 200, 1, 7, 7), (3, 50, 200, 1, 7, 7), (1, 116, 116, 1, 14, 14),
+                                         (1, 160, 160, 1, 14, 14), (3, 116, 116, 1, 14, 14)], conv_bcast.FORM)
 
 
 @pytest.mark.parametrize("batch", [1, 16])
