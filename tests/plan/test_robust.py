@@ -232,17 +232,33 @@ def test_figures_measured_under_load_are_provisional_and_a_later_quiet_measureme
     assert _process(path)[0] == m2 and len(done) == 4 and not timed  # quiet: never measured again
 
 
+def test_provisional_figures_are_measured_again_at_doubling_intervals(tmp_path, monkeypatch):
+    """The k-th measurement again waits REMEASURE_AFTER_S * 2 ** (k - 1) after the last one: 4 of them span 15
+    minutes of a busy machine, not 4 compiles of one busy minute.  Fails before."""
+    path = tmp_path / "machine.json"
+    monkeypatch.setenv("VTC_MACHINE_FILE", str(path))
+    timed = [((10.0, 1.0), (5.0, 1.0))] * (1 + cost.REMEASURES)
+    now = [0.0]
+    done = _fake_measurements(monkeypatch, timed, now)
+    _process(path)
+    for k in range(1, cost.REMEASURES + 1):
+        now[0] += cost.REMEASURE_AFTER_S * 2 ** (k - 1) - 1
+        assert _process(path)[1]["measurements"] == k  # one second too soon
+        now[0] += 1
+        assert _process(path)[1]["measurements"] == k + 1
+    assert done.count("timed") == 1 + cost.REMEASURES and not timed
+
+
 def test_a_busy_machine_measures_again_a_bounded_number_of_times_keeping_the_fastest(tmp_path, monkeypatch):
-    """On a machine that stays busy, provisional figures are measured again at most REMEASURES times, each at
-    least REMEASURE_AFTER_S after the last; a busy measurement keeps the faster figure, and a busy one never
-    replaces a quiet one.  Fails before."""
+    """On a machine that stays busy, provisional figures are measured again at most REMEASURES times; a busy
+    measurement keeps the faster figure, and a busy one never replaces a quiet one.  Fails before."""
     path = tmp_path / "machine.json"
     monkeypatch.setenv("VTC_MACHINE_FILE", str(path))
     timed = [((40.0, 0.0), (5.0, 1.2))] + [((20.0, 0.9), (5.0 + k, 1.0)) for k in range(2 * cost.REMEASURES)]
     now = [0.0]
     done = _fake_measurements(monkeypatch, timed, now)
     for _ in range(3 * cost.REMEASURES):
-        now[0] += cost.REMEASURE_AFTER_S
+        now[0] += cost.REMEASURE_AFTER_S * 2 ** cost.REMEASURES
         m, record = _process(path)
     assert done.count("timed") == 1 + cost.REMEASURES and done.count("all") == 2
     assert record["measurements"] == 1 + cost.REMEASURES and cost.provisional(record)

@@ -79,8 +79,9 @@ MEASURE_BYTES = 64 << 20
 MEASURE_RUNS = 7  # timed calls per figure
 # The 2-thread figures (bandwidth_gbs, gemm_gflops) are wall clock: each is the fastest of MEASURE_RUNS calls, and a
 # figure whose fastest call waited for a core (other processes on the machine) longer than BUSY_WAITED of its wall
-# time is provisional: a later process, at least REMEASURE_AFTER_S after the last measurement and at most REMEASURES
-# times, measures the two again and keeps a quiet measurement, else the faster one (docs/call_cost.md, session 21).
+# time is provisional: a later process, at most REMEASURES times, measures the two again and keeps a quiet
+# measurement, else the faster one; the k-th time at least REMEASURE_AFTER_S * 2 ** (k - 1) after the last
+# measurement, so the few measurements span a busy spell of 15 minutes (docs/call_cost.md, session 21).
 BUSY_WAITED = 0.1
 REMEASURE_AFTER_S = 60.0
 REMEASURES = 4
@@ -145,7 +146,7 @@ def _remeasure_due(record: dict) -> bool:
     """Whether this process measures a machine file's provisional figures again (bounded in number and spaced in
     time, so that a machine that stays busy is not measured on every compile)."""
     return (provisional(record) and record["measurements"] <= REMEASURES
-            and time.time() - record["measured_at"] >= REMEASURE_AFTER_S)
+            and time.time() - record["measured_at"] >= REMEASURE_AFTER_S * 2 ** (record["measurements"] - 1))
 
 
 def _measure(key: dict, cap: str) -> dict:
