@@ -5,7 +5,9 @@ conv_bcast kernel's W^T, a skinny decode GEMM's W) is counted; one that would pa
 GEMM runs as it does without one (torch's mm; the kernel packing or reading W per call), the reason in the call
 plan's ``why_not_packed``, the count in ``report.packing`` and a PackedBudgetWarning.  A copy's bytes come back
 when no call plan holds it any more; a re-pack after an in-place change of the weight counts nothing more.
-Every test here fails before the budget (``packed.BUDGET_BYTES``, ``packed.HELD`` did not exist).
+Every test here fails before the budget (``packed.BUDGET_BYTES``, ``packed.HELD`` did not exist).  A call plan
+makes its copies best-first by the time each saves per byte (``packed.admit_best_first``; the last two tests' plan
+order cases fail with session 20's first come, first served).
 """
 from __future__ import annotations
 
