@@ -5,7 +5,9 @@ conv_bcast kernel's W^T, a skinny decode GEMM's W) is counted; one that would pa
 GEMM runs as it does without one (torch's mm; the kernel packing or reading W per call), the reason in the call
 plan's ``why_not_packed``, the count in ``report.packing`` and a PackedBudgetWarning.  A copy's bytes come back
 when no call plan holds it any more; a re-pack after an in-place change of the weight counts nothing more.
-Every test here fails before the budget (``packed.BUDGET_BYTES``, ``packed.HELD`` did not exist).
+Every test here fails before the budget (``packed.BUDGET_BYTES``, ``packed.HELD`` did not exist).  A call plan
+makes its copies best-first by the time each saves per byte (``packed.admit_best_first``; the last two tests' plan
+order cases fail with session 20's first come, first served).
 """
 from __future__ import annotations
 
@@ -174,3 +176,53 @@ def test_threads_building_plans_at_once_stay_within_the_budget(budget):
             torch.testing.assert_close(out, lin(x), **ROW_TOL)
     assert sorted(_plan(c).counts["packed_conv_weights"] for c in compiled) == [0, 0, 1, 1]
     assert packed.HELD.bytes <= packed.BUDGET_BYTES
+
+
+class _TwoLinears(torch.nn.Module):
+    """x @ A^T and y @ B^T, in the call plan in this order or swapped."""
+
+    def __init__(self, a: tuple[int, int], b: tuple[int, int], swap: bool) -> None:
+        super().__init__()
+        torch.manual_seed(20)
+        self.a, self.b, self.swap = torch.nn.Linear(*a, bias=False), torch.nn.Linear(*b, bias=False), swap
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.b(y), self.a(x)) if self.swap else (self.a(x), self.b(y))
+
+
+def _one_of_two_packed(budget, a, b, x_shape, y_shape, swap: bool, room: int):
+    """_TwoLinears on the generated kernels, its plan built under a budget of `room` bytes: (its plan, the
+    bytes of its packed copies), the results those of eager."""
+    model = _TwoLinears(a, b, swap)
+    x, y = rand(x_shape, gen(21)), rand(y_shape, gen(22))
+    with torch.no_grad():
+        compiled = vtc.compile(model, (x, y), gemm="vtc")
+        budget(room)
+        with pytest.warns(PackedBudgetWarning, match="1 weight"):
+            out = compiled(x, y)
+        reductions = (b[0], a[0]) if swap else (a[0], b[0])  # K of each output, in the model's order
+        for got, want, k in zip(out, model(x, y), reductions):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-6 * k ** 0.5 + 1e-5)
+    plan = _plan(compiled)
+    assert len(_over_budget(plan)) == 1 and packed.HELD.bytes <= packed.BUDGET_BYTES
+    return plan, sorted(plan.packed_copies.values())
+
+
+@needs_avx512
+@pytest.mark.parametrize("swap", [False, True])
+def test_the_copy_worth_most_per_byte_is_packed_whatever_the_order(budget, swap):
+    """A one-row GEMM's 720 KB W (the copy saves the dot path's slower reads: ~5 us per MB by the cost model)
+    and a 200-row GEMM's 120 KB W (the copy saves packing B per call: ~59 us per MB), room for either but not
+    both: the 200-row GEMM's is packed, first or second in the plan (before: the first one)."""
+    plan, copies = _one_of_two_packed(budget, (600, 300), (300, 100), (1, 600), (200, 300), swap, 900_000)
+    assert copies == [300 * 128 * 4]  # B [300, 100] in 32-column panels: 128 columns
+
+
+@needs_avx512
+@pytest.mark.parametrize("swap", [False, True])
+def test_copies_worth_the_same_per_byte_pack_the_larger_first(budget, swap):
+    """Two one-row GEMMs (the cost model rates their copies the same per byte), room for the larger (1 MB) but
+    not both: the larger is packed, first or second in the plan; before, a 720 KB one first left the budget's
+    1.1 MB unable to take the 1 MB one (a decode loop's LM head, last in its plan, was refused so)."""
+    plan, copies = _one_of_two_packed(budget, (600, 300), (256, 1024), (1, 600), (1, 256), swap, 1_100_000)
+    assert copies == [256 * 1024 * 4]

@@ -52,6 +52,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.codegen import conv_bcast
+from vtc.codegen.gemm import SKINNY_M
 from vtc.ir.graph import Value
 from vtc.runtime.buffers import ENABLED as POOL_ENABLED
 from vtc.runtime import packed
@@ -118,6 +119,8 @@ class CallPlan:
         self.segment_arena = False  # a segment reads or writes the arena (vtc.runtime.segment)
         self.fixed_storages: list = []  # the storages of constants whose addresses a segment's table holds
         self.c_calls = 0  # calls into C per model call: kernels called on their own and segments
+        # the packed weight copies this plan reads, by step name (OverBudget: refused), admitted best-first
+        self._admitted = self._admit_packed(executor.steps)
         segment = Segment(self)
         for s in executor.steps:
             for name in s.writes:
@@ -134,9 +137,26 @@ class CallPlan:
             self._flush(segment)
             self._add(self._step(s), s, s.frees)
         self._flush(segment)
+        del self._admitted  # the closures hold the copies they read
         self.own_outputs = _owning_outputs(executor, graph)
         self.const_copies = bool(executor.const_copies)
         self._report_packing(executor)
+
+    def _admit_packed(self, steps) -> dict[str, Any]:
+        """The packed copies of the constant weights the steps would read, by step name (``OverBudget`` where the
+        budget refused one), made in the order of the time each saves per byte (``packed.admit_best_first``);
+        why a planned one cannot be packed in ``why_not_packed``.  Views of constants are made here first (the
+        steps that made them later find them made): a library GEMM's B is one."""
+        for s in steps:
+            if s.kind in ("view", "alias"):
+                self._constant_view(s)
+        wishes = []
+        for s in steps:
+            if s.kind == "run":
+                wishes.append(self._linear_wish(s.node))
+            elif s.kind == "kernel" and not s.kernel._derived:
+                wishes.append(self._conv_weight_wish(s.kernel))
+        return packed.admit_best_first([w for w in wishes if w is not None])
 
     def _report_packing(self, executor) -> None:
         """The weights packed once and left unpacked for the budget, into the executor's ``packing`` (the
@@ -279,41 +299,59 @@ class CallPlan:
 
     def _packed(self, node) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """x @ W^T on a constant W packed once where the lowering planned it (the report's GEMM entry says
-        ``library="mkl_packed"``, ``vtc.runtime.packed``), or None (the reason in ``why_not_packed``)."""
+        ``library="mkl_packed"``, ``vtc.runtime.packed``) and the budget admitted it, or None (the reason in
+        ``why_not_packed``)."""
+        linear = self._admitted.get(node.name)
+        if isinstance(linear, packed.OverBudget):
+            self._refused(node.name, linear)
+            return None
+        if linear is not None:
+            self.counts["packed_weights"] += 1
+            self.packed_copies[id(linear.entry)] = linear.entry.nbytes
+        return linear
+
+    def _linear_wish(self, node) -> "packed.Wish | None":
+        """The packed copy library GEMM `node` would run on (``_packed``), or None (why in ``why_not_packed``)."""
         choice = self.gemm_choices.get(node.name)
         if choice is None or choice.library != "mkl_packed":
             return None
         args = [a if isinstance(a, Value) else None for a in node.args]
         if len(args) < 2 or args[-2] is None or args[-1] is None:
             return None
-        const = self.template  # constants and views of constants, set before the first step runs
+        const = self.template  # constants and views of constants (_admit_packed made them)
         b = const[self.slot[args[-1].name]]
         bias = const[self.slot[args[0].name]] if len(args) == 3 and args[0] is not None else None
         why = packed.why_not(node, tuple(args[-2].shape), b, bias)
         if why is not None:
             self.why_not_packed[node.name] = why
             return None
-        try:
-            linear = packed.packed_linear(int(args[-2].shape[0]), b, bias)
-        except packed.OverBudget as e:
-            self._refused(node.name, e)
-            return None
-        self.counts["packed_weights"] += 1
-        self.packed_copies[id(linear.entry)] = linear.entry.nbytes
-        return linear
+        rows, (k, n) = int(args[-2].shape[0]), b.shape
+        return packed.Wish(node.name, b.nbytes, packed.saving_us("mkl", rows, n, k),
+                           lambda: packed.packed_linear(rows, b, bias))
+
+    def _constant_view(self, s) -> bool:
+        """Whether view step s is one of a constant, made once into the template (here, where it is not yet)."""
+        r = s.realization
+        m, st = r.mapping, r.strided
+        if m.checks or st.source not in self.consts or r.value in self.graph_outputs:
+            return False
+        out_slot = self.slot[r.value]
+        if self.template[out_slot] is None:
+            src = self.template[self.slot[st.source]].contiguous()
+            offset = src.storage_offset() + st.offset
+            self.template[out_slot] = src.as_strided(tuple(m.shape), tuple(st.strides), offset)
+            self.counts["constant_views"] += 1
+        return True
 
     def _view(self, s) -> Callable[[Slots], None] | None:
-        """A zero-copy strided view; one of a constant is made here, once, and kept in the template."""
+        """A zero-copy strided view; one of a constant is made once and kept in the template (``_constant_view``)."""
+        if self._constant_view(s):
+            return None  # the executor never frees constants; nor does a call free this view of one
         r = s.realization
         m, st = r.mapping, r.strided
         src_slot, out_slot = self.slot[st.source], self.slot[r.value]
         shape, strides, offset = tuple(m.shape), tuple(st.strides), st.offset
         checks = [(c, self.slot[c.tensor]) for c in m.checks]
-        if not checks and st.source in self.consts and r.value not in self.graph_outputs:
-            src = self.template[src_slot].contiguous()
-            self.template[out_slot] = src.as_strided(shape, strides, src.storage_offset() + offset)
-            self.counts["constant_views"] += 1
-            return None  # the executor never frees constants; nor does a call free this view of one
 
         def view(slots: Slots) -> None:
             for c, i in checks:
@@ -449,9 +487,22 @@ class CallPlan:
         return kernel
 
     def _packed_conv_weight(self, ck) -> Callable[[], tuple] | None:
-        """For a conv_bcast kernel whose weight is a constant: the ``state`` of its W^T packed once
-        (``vtc.runtime.packed.PackedConvWeight``, the one copy the model's other call plans share), else None (the
-        kernel packs it per call; why in ``why_not_packed``)."""
+        """For a conv_bcast kernel or generated GEMM whose weight is a constant: the ``state`` of its weight packed
+        once (``vtc.runtime.packed.PackedConvWeight``, the one copy the model's other call plans share) where the
+        budget admitted it, else None (the kernel packs it per call or reads it in place; why in
+        ``why_not_packed``)."""
+        name = ck.step.kernel.name
+        entry = self._admitted.get(name)
+        if isinstance(entry, packed.OverBudget):
+            self._refused(name, entry)
+            return None
+        if entry is None:
+            return None
+        self.packed_copies[id(entry)] = entry.nbytes
+        return entry.state
+
+    def _conv_weight_wish(self, ck) -> "packed.Wish | None":
+        """The packed copy kernel ck would read (``_packed_conv_weight``), or None (why in ``why_not_packed``)."""
         gemm = getattr(ck.step.kernel, "gemm", None)
         if not packed.CONV_ENABLED or gemm is None or not hasattr(gemm, "packed_weight") or ck._sizes:
             return None
@@ -460,16 +511,15 @@ class CallPlan:
         w = self.template[self.slot[wbuf]] if wbuf in self.slot else None  # set: a constant or a view of one
         why = packed.conv_weight_why_not(w if isinstance(w, torch.Tensor) else None,
                                          spec[1:] if spec is not None else None)
+        name = ck.step.kernel.name
         if why is not None:
-            self.why_not_packed[ck.step.kernel.name] = why
+            self.why_not_packed[name] = why
             return None
-        try:
-            entry = packed.shared_conv_weight(w, *spec[1:])
-        except packed.OverBudget as e:
-            self._refused(ck.step.kernel.name, e)
-            return None
-        self.packed_copies[id(entry)] = entry.nbytes
-        return entry.state
+        rows, cols = spec[3], spec[4]  # the packed region: a GEMM's W (N x K), a convolution's (M x K)
+        # up to SKINNY_M rows the copy replaces the dot path on W (vtc.codegen.gemm._skinny_spec); else a pack per call
+        kind = "skinny" if gemm.pack_b is None and gemm.m <= SKINNY_M else "panels"
+        return packed.Wish(name, rows * cols * w.element_size(), packed.saving_us(kind, gemm.m, rows, cols),
+                           lambda: packed.shared_conv_weight(w, *spec[1:]))
 
     def _refused(self, name: str, e: "packed.OverBudget") -> None:
         """Step `name`'s weight left unpacked for the budget (its GEMM packs it per call)."""

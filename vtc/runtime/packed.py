@@ -21,8 +21,10 @@ not measured here and keep torch's mm.
 All packed copies alive in the process together (MKL's panels, which take 1.4x the weight at 1024 x 4096 and more
 at smaller ones, and the generated kernels' ``PackedConvWeight``) stay within ``BUDGET_BYTES``: a copy that would
 pass it is not made and its GEMM / convolution runs as without one (torch's mm; the kernel packing W per call),
-the reason in the call plan's ``why_not_packed`` (``OverBudget``).  A copy's bytes come back when no call plan
-holds it any more.  ``VTC_PACKED_WEIGHTS_MB`` sets the budget in MB (0: no packed copies); the default is a quarter
+the reason in the call plan's ``why_not_packed`` (``OverBudget``).  A call plan makes its copies in the order of
+the time each saves per byte (``admit_best_first``), so that a tight budget holds the ones worth most; call
+plans are served in the order they are built.  A copy's bytes come back when no call plan holds it any more.
+``VTC_PACKED_WEIGHTS_MB`` sets the budget in MB (0: no packed copies); the default is a quarter
 of the machine's memory (or of the process's cgroup limit where lower): a model whose weights fit in memory keeps
 fitting with its packed copies while its weights take up to about three quarters of it (docs/robustness.md).
 """
@@ -32,7 +34,7 @@ import functools
 import os
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -111,6 +113,48 @@ class _Held:
 
 
 HELD = _Held()
+
+
+def saving_us(kind: str, rows: int, n: int, k: int) -> float:
+    """The cost model's estimate (``vtc.codegen.gemm``'s figures) of the microseconds a packed copy of an n x k
+    weight saves per call of its GEMM of `rows` rows: "mkl" torch's per-element term for B (MKL packs W per call
+    without the copy), "panels" the generated kernel's (a GEMM's B panels, a conv_bcast kernel's W^T packed per
+    call), "skinny" the dot path on W in place against vtc_skinny_packed on the copy."""
+    from vtc.codegen import gemm
+
+    if kind == "skinny":
+        return (gemm.estimate_us(1, rows, n, k, b_unit_stride="k")[0]
+                - gemm.estimate_us(1, rows, n, k, path=gemm.SKINNY_PACKED_PATH)[0])
+    return n * k * gemm.B_ELEM_NS["torch" if kind == "mkl" else "panels"] * 1e-3
+
+
+class Wish(NamedTuple):
+    """A packed copy a call plan would make: the step that reads it, its weight's bytes, the microseconds it saves
+    per call (``saving_us``) and how it is made (``make()``: the copy, found or new; OverBudget where a new one
+    would pass BUDGET_BYTES)."""
+
+    name: str
+    nbytes: int
+    saving_us: float
+    make: Callable[[], Any]
+
+
+def admit_best_first(wishes: list[Wish]) -> dict[str, Any]:
+    """Each wish's copy, or the OverBudget that refused it, by step name: made in the order of the time saved per
+    byte, so that a budget too small for all of a call plan's copies holds those worth most per byte (first come,
+    first served left a decode loop's 62.5 MB LM head unpacked at half the budget, +48% per step, with 43 MB of the
+    budget unused).  Savings per MB within 0.1 us of each other are ties (the cost model rates every one-row GEMM's
+    copy the same per byte): the larger copy first, the smaller ones filling what it leaves."""
+    def order(w: Wish) -> tuple:
+        return -round(w.saving_us / max(w.nbytes, 1) * (1 << 20), 1), -w.nbytes
+
+    made: dict[str, Any] = {}
+    for w in sorted(wishes, key=order):
+        try:
+            made[w.name] = w.make()
+        except OverBudget as e:
+            made[w.name] = e
+    return made
 
 
 def planned(low, n, a, b) -> str:
