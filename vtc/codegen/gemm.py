@@ -1411,6 +1411,7 @@ def generate(k: Kernel) -> str:
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
+        *(_balanced_blocks(wt and stream) if BALANCED_BLOCKS else []),
         *_ksplit_head(em, g),
         "  const int64_t units = BATCH * tn * tm;",
         *OMP_TEAM,
@@ -1426,7 +1427,8 @@ def generate(k: Kernel) -> str:
         "      const int64_t grp = u / tm, mlo = u % tm, mhi = std::min<int64_t>(tm, mlo + (u1 - u));",
         "      u += mhi - mlo;",
         f"      const int64_t {bt} = grp / tn;",
-        "      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);",
+        *(["      const int64_t jb = grp % tn, n0 = jb * nq_n / tn * nq, nb = std::min<int64_t>(N, (jb + 1) * nq_n / tn * nq) - n0;"]
+          if BALANCED_BLOCKS else ["      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);"]),
         f"      float* __restrict cg = {c} + {cbase} + n0;",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
@@ -1507,6 +1509,23 @@ def generate(k: Kernel) -> str:
 
 ROWS_THEN_PANEL = True  # A through a mapping / an inlined producer: strips computed as rows, then transposed
 EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile), not full blocks and a thin last one
+BALANCED_BLOCKS = True  # column blocks of whole steps of nq columns differing by one step at most (_balanced_blocks)
+
+
+def _balanced_blocks(stream: bool) -> list[str]:
+    """The C lines, after the thread split, that set the column blocks' step: block jb of tn covers steps
+    [jb * nq_n / tn, (jb + 1) * nq_n / tn) of nq columns, so the threads' column ranges differ by one step at
+    most; blocks of nc with a short last one gave one of 2 threads 25600 of the 50257 columns of GPT-2's logits
+    (the other 24657) and 16384 of Llama's 32000.  nq: the split's step nr (whole B panels; weight_rows: whole
+    12-row strips of W), where C is streamed whole staged groups of WT_GROUP columns (on cache lines of C)."""
+    return ["  int64_t nq = nr;  // a column block starts on a multiple of nq",
+            *([] if not stream else ["#if defined(__AVX512F__)",
+                                     f"  if (wt_stream) nq = {WT_GROUP};  // whole staged groups, on cache lines of C",
+                                     "#endif"]),
+            "  const int64_t nq_n = (N + nq - 1) / nq;",
+            "  nc = std::max<int64_t>(nc, (nq_n + tn - 1) / tn * nq);  // the widest block"]
+
+
 SPLIT_N_FOR_B = True  # threads that would share B's column blocks (B the larger operand) split N instead of M
 LAZY_B = True  # B's panels packed in the block's first row strip, the next panel's source prefetched (_lazy_b);
 #               False: the whole KC x NC block packed before the strips (the A/B in docs/gemm.md, last section)
