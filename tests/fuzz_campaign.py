@@ -564,12 +564,17 @@ def run_onnx_case(case: Case) -> list[str]:
 
         file_differs = sess is None and float32_file_differs()  # (not from the threads below: one export at a time)
 
+        numpy_in = Rand(case.seed ^ 0x4E50).random() < 0.5  # the calls with numpy arrays (else torch tensors)
+
         def check(fn, xs, what):
             """vtc's outputs against eager's and onnxruntime's.  Where the two disagree (the exporter changed
             the model, or onnxruntime's bf16 / fp16 arithmetic differs), a float32 file is held to onnxruntime's
             result, a bf16 / fp16 one to either's."""
             want = m(*xs)
-            got = fn(list(xs))
+            if numpy_in and xs[0].dtype != torch.bfloat16:  # numpy in, numpy out (as onnxruntime's run)
+                got = [torch.from_numpy(a) for a in fn([t.numpy() for t in xs])]
+            else:
+                got = fn(list(xs))
             if sess is None:
                 try:
                     return _close(got, want, what + " (vs eager, no onnxruntime)")
