@@ -261,13 +261,13 @@ class Case:
     def _weight(r: Rand, shape: list[int], always: bool = False,
                 fan_in: int | None = None) -> tuple[torch.nn.Parameter, list[Op]]:
         """A parameter and (half the time, `always`: every time, 1-3 ops) a movement chain from it to a weight of
-        `shape` (flip, slices, ...); magnitude ~1 / sqrt(fan_in) (default: the last dim of `shape`)."""
+        `shape` (flip, slices, ...); magnitude ~1 / sqrt(fan_in) (default: the parameter's last dim)."""
         chain: list[Op] = []
         if always or r.random() < 0.5:
             depth = r.choice([1, 2, 2, 3]) if always else r.choice([1, 1, 2])
             want = shape
             shape, chain, _ = draw_chain_into(r, shape, depth, None, False, max_numel=1 << 22)
-            fan_in = fan_in or want[-1]
+            fan_in = fan_in or (want[-1] if always else None)  # (the torch kind: its draws of session 20)
         return _param_of(r, shape, fan_in), chain
 
     def _make_tied(self, r: Rand):
