@@ -3,6 +3,7 @@ sessions 18-19 with movement ops in front and behind, compiled by vtc and compar
 
     VTC_CACHE_DIR=/tmp/vtc-cache-fuzz nice -n 19 .venv/bin/python -m tests.fuzz_campaign --seed 1 --cases 200
     .venv/bin/python -m tests.fuzz_campaign --seed 1 --case 17 -v     # one case again, its model printed
+    ... --kind bf16 | onnx | weights                                      # the other kinds (session 21), below
 
 A case draws (from its own seed, so it reruns alone):
 - a body: Linear / two Linears / x @ W^T / x @ W (each half the time through a drawn chain on the weight: flip,
@@ -18,6 +19,13 @@ A case draws (from its own seed, so it reruns alone):
 - what happens after the first call: the same call again (the fast call), new values, weights changed in place
   (before the first call too), new row counts (vtc's dynamic path; more sizes than it keeps), a replan, three
   Python threads at once, torch.compile(backend="vtc", dynamic=True) and vtc.compile(dynamic=True).
+--kind (the model's draws are the same for a seed, bar what the kind changes):
+- torch (the default): as above, float32;
+- bf16: the model and inputs in bf16 or fp16 (drawn), compared with eager in the same dtype (LOW_TOL);
+- onnx: the model exported (the dynamo exporter or TorchScript's, drawn, folded or not; dynamic row dims in dynamic
+  cases), a quarter of the files bf16 / fp16, compiled by vtc from the ModelProto and called with torch tensors or
+  numpy arrays; compared with onnxruntime and eager (``run_onnx_case``); a model no exporter takes is skipped;
+- weights: bodies with a drawn chain on every weight (x @ W^T, x @ W, tied, a cat of two weights, conv2d).
 Each result is compared with eager's with explicit tolerances (``_close``); an exception is a finding too.  One
 line per case; failures also go, with the model's description and traceback, to the --log file (JSON lines)."""
 from __future__ import annotations
