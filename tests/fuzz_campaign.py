@@ -401,17 +401,18 @@ class Case:
                 f"after {getattr(self, 'after', [])}")
 
 
-def _close(got, want, what: str, other: str = "eager's") -> None:
+def _close(got, want, what: str, other: str = "eager's", dtype: torch.dtype | None = None) -> None:
     """Each output equal to eager's (`other`'s) within rtol 1e-3 and atol 1e-4 of the output's largest magnitude
     (float32 sums of up to ~2048 products of magnitude ~1: a few 1e-6 apart; a wrong answer is off by ~1).  bf16 /
     fp16 outputs, compared with eager's in the same dtype: rtol and atol (of the largest magnitude) 2e-2 / 1e-2
     (LOW_TOL: both round each op to the dtype, GEMMs and reductions accumulating in float32 in another order,
-    so an element may be an ulp (2^-8 / 2^-11) apart and a later op carry that on)."""
+    so an element may be an ulp (2^-8 / 2^-11) apart and a later op carry that on); `dtype`: the tolerances of
+    this dtype whatever the outputs' (a bf16 / fp16 ONNX file whose exporter made its outputs float32)."""
     got, want = [list(v) if isinstance(v, (tuple, list)) else [v] for v in (got, want)]
     assert len(got) == len(want), f"{what}: {len(got)} outputs, {other} {len(want)}"
     for a, b in zip(got, want):
         assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {a.shape} {a.dtype}, {other} {b.shape} {b.dtype}"
-        rtol, scale = LOW_TOL.get(b.dtype, 1e-3), LOW_TOL.get(b.dtype, 1e-4)
+        rtol, scale = LOW_TOL.get(dtype or b.dtype, 1e-3), LOW_TOL.get(dtype or b.dtype, 1e-4)
         atol = scale * max(1.0, float(b.abs().max()) if b.numel() else 1.0)
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}\n{m}")
 
@@ -585,7 +586,7 @@ def run_onnx_case(case: Case) -> list[str]:
                 got = fn(list(xs))
             if sess is None:
                 try:
-                    return _close(got, want, what + " (vs eager, no onnxruntime)")
+                    return _close(got, want, what + " (vs eager, no onnxruntime)", dtype=case.dtype)
                 except AssertionError:
                     if not file_differs:
                         raise
@@ -593,17 +594,17 @@ def run_onnx_case(case: Case) -> list[str]:
                     return
             ref = [torch.from_numpy(a) for a in sess.run(None, {n: t.contiguous().numpy() for n, t in zip(names, xs)})]
             try:
-                _close(ref, want, what + ": onnxruntime vs eager")
+                _close(ref, want, what + ": onnxruntime vs eager", dtype=case.dtype)
             except AssertionError:
                 case.eager_differs = True
                 if case.dtype != torch.float32:
                     try:
-                        return _close(got, want, what + " (vs eager)")
+                        return _close(got, want, what + " (vs eager)", dtype=case.dtype)
                     except AssertionError:
                         pass
-                return _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's")
-            _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's")
-            _close(got, want, what + " (vs eager)")
+                return _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's", case.dtype)
+            _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's", case.dtype)
+            _close(got, want, what + " (vs eager)", dtype=case.dtype)
 
         assert len(names) == len(x), f"the file takes {names}, the model {len(x)} inputs"
         compiled = vtc.compile(proto, list(x), **case.options)
