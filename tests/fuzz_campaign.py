@@ -678,6 +678,7 @@ def main() -> int:
     args = ap.parse_args()
     numbers = [args.case] if args.case is not None else range(args.start, args.start + args.cases)
     failed = skipped = 0
+    faulthandler.enable()  # a crash (onnxruntime's session for seed 27 case 146's fp16 file) names its place
     for i in numbers:
         faulthandler.dump_traceback_later(900)  # a case that hangs shows where (each case restarts the clock)
         t0 = time.time()
