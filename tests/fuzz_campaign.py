@@ -19,7 +19,7 @@ A case draws (from its own seed, so it reruns alone):
 - what happens after the first call: the same call again (the fast call), new values, weights changed in place
   (before the first call too), new row counts (vtc's dynamic path; more sizes than it keeps), a replan, three
   Python threads at once, torch.compile(backend="vtc", dynamic=True) and vtc.compile(dynamic=True).
---kind (the model's draws are the same for a seed, bar what the kind changes):
+--kind (each its own draws for a seed; the torch kind's those of session 20):
 - torch (the default): as above, float32;
 - bf16: the model and inputs in bf16 or fp16 (drawn), compared with eager in the same dtype (LOW_TOL);
 - onnx: the model exported (the dynamo exporter or TorchScript's, drawn, folded or not; dynamic row dims in dynamic
