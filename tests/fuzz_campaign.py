@@ -3,6 +3,7 @@ sessions 18-19 with movement ops in front and behind, compiled by vtc and compar
 
     VTC_CACHE_DIR=/tmp/vtc-cache-fuzz nice -n 19 .venv/bin/python -m tests.fuzz_campaign --seed 1 --cases 200
     .venv/bin/python -m tests.fuzz_campaign --seed 1 --case 17 -v     # one case again, its model printed
+    ... --kind bf16 | onnx | weights                                      # the other kinds (session 21), below
 
 A case draws (from its own seed, so it reruns alone):
 - a body: Linear / two Linears / x @ W^T / x @ W (each half the time through a drawn chain on the weight: flip,
@@ -18,6 +19,13 @@ A case draws (from its own seed, so it reruns alone):
 - what happens after the first call: the same call again (the fast call), new values, weights changed in place
   (before the first call too), new row counts (vtc's dynamic path; more sizes than it keeps), a replan, three
   Python threads at once, torch.compile(backend="vtc", dynamic=True) and vtc.compile(dynamic=True).
+--kind (each its own draws for a seed; the torch kind's those of session 20):
+- torch (the default): as above, float32;
+- bf16: the model and inputs in bf16 or fp16 (drawn), compared with eager in the same dtype (LOW_TOL);
+- onnx: the model exported (the dynamo exporter or TorchScript's, drawn, folded or not; dynamic row dims in dynamic
+  cases), a quarter of the files bf16 / fp16, compiled by vtc from the ModelProto and called with torch tensors or
+  numpy arrays; compared with onnxruntime and eager (``run_onnx_case``); a model no exporter takes is skipped;
+- weights: bodies with a drawn chain on every weight (x @ W^T, x @ W, tied, a cat of two weights, conv2d).
 Each result is compared with eager's with explicit tolerances (``_close``); an exception is a finding too.  One
 line per case; failures also go, with the model's description and traceback, to the --log file (JSON lines)."""
 from __future__ import annotations
@@ -25,6 +33,8 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
+import io
+import logging
 import json
 import random
 import sys
@@ -100,7 +110,15 @@ class Drawn(torch.nn.Module):
         return t @ run_chain(self.wchain, self.w)
 
     def _tied(self, t):
-        return F.relu(t @ self.w.t()) @ self.w  # one weight read as W^T and as W (two packed layouts)
+        w = run_chain(getattr(self, "wchain", []), self.w)
+        return F.relu(t @ w.t()) @ w  # one weight read as W^T and as W (two packed layouts)
+
+    def _catw(self, t):
+        return t @ torch.cat([self.w0, run_chain(self.wchain, self.w)]).t()  # two weights as one (a fused QKV)
+
+    def _convw(self, t):
+        c = self.cfg
+        return F.conv2d(t, run_chain(self.wchain, self.w), self.b, c["stride"], c["padding"], groups=c["groups"])
 
     def _tadd(self, a, b):
         y = a.transpose(-1, -2) * 1.5 + b  # a register-transposed pointwise kernel (tiles, LOADS_FIRST)
@@ -133,15 +151,18 @@ class Drawn(torch.nn.Module):
 
 
 BODIES = ("linear", "linear", "mlp", "wt", "w", "tied", "bmm", "conv", "attn", "swin", "tadd")
+KINDS = {"torch": BODIES, "bf16": BODIES, "onnx": BODIES, "weights": ("wt", "w", "tied", "catw", "convw")}
+LOW_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}  # tests.adversarial.BF16_TOL; fp16 has 3 more bits
 
 
 def _text(name: str, ops: list[Op]) -> str:
     return name + "".join(f".{d}" for d, _ in ops)
 
 
-def _param_of(r: Rand, shape: list[int]) -> torch.nn.Parameter:
-    """A weight of this shape and magnitude ~1 / sqrt(its last dim), stored transposed a quarter of the time."""
-    w = torch.randn(shape) / shape[-1] ** 0.5
+def _param_of(r: Rand, shape: list[int], fan_in: int | None = None) -> torch.nn.Parameter:
+    """A weight of this shape and magnitude ~1 / sqrt(fan_in) (default: its last dim), stored transposed a quarter
+    of the time."""
+    w = torch.randn(shape) / (fan_in or shape[-1]) ** 0.5
     if len(shape) >= 2 and r.random() < 0.25:
         w = w.transpose(-1, -2).contiguous().transpose(-1, -2)
     return torch.nn.Parameter(w)
@@ -150,10 +171,15 @@ def _param_of(r: Rand, shape: list[int]) -> torch.nn.Parameter:
 class Case:
     """One drawn case: the model, its input shapes per row count, options and what to do after the first call."""
 
-    def __init__(self, seed: int, case: int) -> None:
+    def __init__(self, seed: int, case: int, kind: str = "torch") -> None:
         self.seed = (seed << 20) + case
+        self.kind = kind
         r = self.r = Rand(self.seed)
-        self.body = r.choice(BODIES)
+        self.dtype = r.choice([torch.bfloat16, torch.float16]) if kind == "bf16" else torch.float32
+        low = Rand(self.seed ^ 0xF16)  # an ONNX file in bf16 / fp16 a quarter of the time (the model's draws unchanged)
+        if kind == "onnx" and low.random() < 0.25:
+            self.dtype = low.choice([torch.bfloat16, torch.float16])
+        self.body = r.choice(KINDS[kind])
         self.dynamic = r.random() < 0.4  # calls at other row counts (no op may depend on the row count)
         self.options = dict(gemm=r.choice(["auto", "vtc", "vtc"]), plan=r.choice(["greedy", "greedy", "all"]))
         self.threads = r.choice([1, 2])
@@ -182,6 +208,10 @@ class Case:
             self.after = [a for a in self.after if a not in ("torch_compile", "dynamic", "many_sizes")]
         if not any(True for _ in self.model.parameters()):
             self.after = [a for a in self.after if a != "weights"]
+        if kind == "onnx":  # the file's weights are constants; no grad, no torch.compile
+            self.grad = False
+            self.after = [a for a in self.after if a in ("again", "values", "replan", "threads")]
+        self.model.to(self.dtype)
         text = self.describe()
         self.poison = self.poison and not any(w in text for w in ("relu", "where", "tied"))
         if self.body == "linear" and self.model.cfg.get("relu") or self.body == "tadd" and self.model.cfg.get("where"):
@@ -231,24 +261,57 @@ class Case:
         lead, row = self._lead(r)
         shapes, fronts, rows = self._fronted(r, [lead + [k]], [row])
         w_shape = [n, k] if body == "wt" else [k, n]
-        w, chain = self._weight(r, w_shape)
+        w, chain = self._weight(r, w_shape, self.kind == "weights")
         what = "x @ W^T" if body == "wt" else "x @ W"
         return Drawn(body, fronts, [], w=w, wchain=chain), shapes, rows, f"{what}, W {w_shape} = {_text('w', chain)}"
 
     @staticmethod
-    def _weight(r: Rand, shape: list[int]) -> tuple[torch.nn.Parameter, list[Op]]:
-        """A parameter and (half the time) a movement chain from it to a weight of `shape` (flip, slices, ...)."""
+    def _weight(r: Rand, shape: list[int], always: bool = False,
+                fan_in: int | None = None) -> tuple[torch.nn.Parameter, list[Op]]:
+        """A parameter and (half the time, `always`: every time, 1-3 ops) a movement chain from it to a weight of
+        `shape` (flip, slices, ...); magnitude ~1 / sqrt(fan_in) (default: the parameter's last dim)."""
         chain: list[Op] = []
-        if r.random() < 0.5:
-            shape, chain, _ = draw_chain_into(r, shape, r.choice([1, 1, 2]), None, False, max_numel=1 << 22)
-        return _param_of(r, shape), chain
+        if always or r.random() < 0.5:
+            depth = r.choice([1, 2, 2, 3]) if always else r.choice([1, 1, 2])
+            want = shape
+            shape, chain, _ = draw_chain_into(r, shape, depth, None, False, max_numel=1 << 22)
+            fan_in = fan_in or (want[-1] if always else None)  # (the torch kind: its draws of session 20)
+        return _param_of(r, shape, fan_in), chain
 
     def _make_tied(self, r: Rand):
         k, n = _weight_dims(r)
         lead, row = self._lead(r)
         shapes, fronts, rows = self._fronted(r, [lead + [k]], [row])
+        if self.kind == "weights":
+            w, chain = self._weight(r, [n, k], True)
+            return (Drawn("tied", fronts, [], w=w, wchain=chain), shapes, rows,
+                    f"relu(x @ W^T) @ W, W [{n}, {k}] = {_text('w', chain)} strides {w.stride()}")
         w = _param_of(r, [n, k])
         return Drawn("tied", fronts, [], w=w), shapes, rows, f"relu(x @ W^T) @ W, W [{n}, {k}] strides {w.stride()}"
+
+    def _make_catw(self, r: Rand):
+        k, n = _weight_dims(r)
+        n0 = r.choice([1, 7, 64, n])
+        lead, row = self._lead(r)
+        shapes, fronts, rows = self._fronted(r, [lead + [k]], [row])
+        w, chain = self._weight(r, [n, k], True)
+        return (Drawn("catw", fronts, [], w0=_param_of(r, [n0, k]), w=w, wchain=chain), shapes, rows,
+                f"x @ cat([W0 [{n0}, {k}], {_text('w', chain)} [{n}, {k}]])^T")
+
+    def _make_convw(self, r: Rand):
+        c, o = r.choice([3, 8, 16, 32]), r.choice([8, 16, 32, 48])
+        ks, stride = r.choice([1, 3, 3, 5]), r.choice([1, 1, 2])
+        groups = r.choice([1, 1, 2]) if c % 2 == 0 and o % 2 == 0 else 1
+        if r.random() < 0.2 and c >= 8:
+            groups, o = c, c  # depthwise
+        hw = r.choice([5, 8, 14, 16, 17])
+        shapes, fronts, rows = self._fronted(r, [[self.rows, c, hw, hw]], [0])
+        w, chain = self._weight(r, [o, c // groups, ks, ks], True, fan_in=c // groups * ks * ks)
+        m = Drawn("convw", fronts, [], w=w, wchain=chain, b=torch.nn.Parameter(torch.randn(o) * 0.1)
+                  if r.random() < 0.7 else None)
+        m.cfg.update(stride=stride, padding=ks // 2 if r.random() < 0.8 else 0, groups=groups)
+        return (m, shapes, rows, f"conv2d(W = {_text('w', chain)} [{o}, {c // groups}, {ks}, {ks}], stride {stride}, "
+                f"padding {m.cfg['padding']}, groups {groups}) on {hw}x{hw}")
 
     def _make_tadd(self, r: Rand):
         a, b = r.choice([17, 64, 512, 1024, 2048]), r.choice([33, 512, 1024])
@@ -310,7 +373,7 @@ class Case:
             shape = list(shape)
             if row is not None and rows != self.rows:  # (dynamic cases: no op changes the row dim's size)
                 shape[row] = rows
-            out.append(rand(shape, g, noncontiguous=self.strided_inputs))
+            out.append(rand(shape, g, self.dtype, noncontiguous=self.strided_inputs))
         return self._poisoned(out) if self.poison else tuple(out)
 
     def _poisoned(self, xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -330,22 +393,28 @@ class Case:
     def describe(self) -> str:
         fronts = ["x%d" % j + "".join(f".{d}" for d, _ in f) for j, f in enumerate(self.model.fronts)]
         back = "".join(f".{d}" for d, _ in self.model.back)
-        return (f"{self.body}: {self.notes}; rows {self.rows} (others {self.other_rows}); inputs "
+        dtype = "" if self.dtype == torch.float32 else f"{self.dtype}; "
+        return (f"{self.kind} {dtype}{self.body}: {self.notes}; rows {self.rows} (others {self.other_rows}); inputs "
                 f"{[list(s) for s in self.in_shapes]}{' transposed' if self.strided_inputs else ''}; fronts {fronts}; "
                 f"back y{back}; options {self.options}; threads {self.threads}; grad {self.grad}; "
                 f"poison {getattr(self, 'poison', False)}; weights first {getattr(self, 'weights_first', False)}; "
                 f"after {getattr(self, 'after', [])}")
 
 
-def _close(got, want, what: str) -> None:
-    """Each output equal to eager's within rtol 1e-3 and atol 1e-4 of the output's largest magnitude (float32 sums
-    of up to ~2048 products of magnitude ~1: a few 1e-6 apart; a wrong answer is off by ~1)."""
-    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
-    assert len(got) == len(want), f"{what}: {len(got)} outputs, eager's {len(want)}"
+def _close(got, want, what: str, other: str = "eager's", dtype: torch.dtype | None = None) -> None:
+    """Each output equal to eager's (`other`'s) within rtol 1e-3 and atol 1e-4 of the output's largest magnitude
+    (float32 sums of up to ~2048 products of magnitude ~1: a few 1e-6 apart; a wrong answer is off by ~1).  bf16 /
+    fp16 outputs, compared with eager's in the same dtype: rtol and atol (of the largest magnitude) 2e-2 / 1e-2
+    (LOW_TOL: both round each op to the dtype, GEMMs and reductions accumulating in float32 in another order,
+    so an element may be an ulp (2^-8 / 2^-11) apart and a later op carry that on); `dtype`: the tolerances of
+    this dtype whatever the outputs' (a bf16 / fp16 ONNX file whose exporter made its outputs float32)."""
+    got, want = [list(v) if isinstance(v, (tuple, list)) else [v] for v in (got, want)]
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, {other} {len(want)}"
     for a, b in zip(got, want):
-        assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {a.shape} {a.dtype}, eager's {b.shape} {b.dtype}"
-        atol = 1e-4 * max(1.0, float(b.abs().max()) if b.numel() else 1.0)
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=atol, equal_nan=True, msg=lambda m: f"{what}\n{m}")
+        assert a.shape == b.shape and a.dtype == b.dtype, f"{what}: {a.shape} {a.dtype}, {other} {b.shape} {b.dtype}"
+        rtol, scale = LOW_TOL.get(dtype or b.dtype, 1e-3), LOW_TOL.get(dtype or b.dtype, 1e-4)
+        atol = scale * max(1.0, float(b.abs().max()) if b.numel() else 1.0)
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}\n{m}")
 
 
 def run_case(case: Case) -> list[str]:
@@ -403,7 +472,7 @@ def run_case(case: Case) -> list[str]:
                     _close(compiled(*xn), m(*xn), f"many sizes: {n} rows")
                 _close(compiled(*x), m(*x), f"many sizes: {rows} rows again")
             elif step == "threads":
-                _threads(case, compiled)
+                _threads(case, lambda xs, what: _close(compiled(*xs), m(*xs), what))
             elif step == "torch_compile":
                 torch._dynamo.reset()  # Drawn.forward is one code object for every case: dynamo's recompile limit
                 fn = torch.compile(m, backend="vtc", dynamic=True)
@@ -425,6 +494,144 @@ def run_case(case: Case) -> list[str]:
     return done
 
 
+class ExportSkipped(Exception):
+    """The drawn model has no ONNX file that onnxruntime runs as eager does: not a finding of vtc's."""
+
+
+def export_onnx(case: Case, x: tuple[torch.Tensor, ...], model: torch.nn.Module | None = None):
+    """The case's model (or `model`) as an ONNX ModelProto, inputs x0, x1, ... (their row dims dynamic in dynamic cases): the
+    dynamo exporter (the default, seconds) or the TorchScript one (opset 17, well under a second; half the time
+    without constant folding, so a weight's chain stays ops on an initializer), drawn, the other if it fails."""
+    import onnx
+
+    model = model or case.model
+    r = Rand(case.seed ^ 0x5EED)  # (draws of their own: the model's draws stay those of the torch kinds)
+    fold, dynamo_first = r.random() < 0.5, r.random() < 0.5
+    names = [f"x{j}" for j in range(len(x))]
+    dynamic = [(n, row) for n, row in zip(names, case.row_dims) if row is not None] if case.dynamic else []
+
+    def torchscript():
+        f = io.BytesIO()
+        torch.onnx.export(model, x, f, dynamo=False, input_names=names, opset_version=17,
+                          dynamic_axes={n: {row: "rows"} for n, row in dynamic}, do_constant_folding=fold)
+        return onnx.load_from_string(f.getvalue()), f"torchscript{'' if fold else ', not folded'}"
+
+    def dynamo():
+        rows = torch.export.Dim.DYNAMIC
+        shapes = tuple({row: rows} if row is not None and case.dynamic else None for row in case.row_dims)
+        return torch.onnx.export(model, x, dynamo=True, verbose=False, input_names=names,
+                                 dynamic_shapes=shapes if dynamic else None).model_proto, "dynamo"
+
+    errors = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        for export in (dynamo, torchscript) if dynamo_first else (torchscript, dynamo):
+            try:
+                return export()
+            except Exception as e:  # noqa: BLE001 - the other exporter then
+                errors.append(f"{export.__name__}: {type(e).__name__}: {str(e)[:150]}")
+    raise ExportSkipped("; ".join(errors))
+
+
+def run_onnx_case(case: Case) -> list[str]:
+    """The case's model exported to ONNX, compiled by vtc (default backend), each call compared with onnxruntime
+    and with eager (both within _close's float32 tolerances).  Where onnxruntime and eager disagree the file is
+    not the model (an exporter's doing): vtc is held to onnxruntime only and the case says so."""
+    import onnxruntime as ort
+
+    done = []
+    m, rows = case.model, case.rows
+    x = case.inputs(rows, 1)
+    with torch.no_grad(), torch_threads(case.threads), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto, case.exporter = export_onnx(case, x)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.log_severity_level = 3  # its shape warnings on a dynamic case's other row counts
+        inits = {t.name for t in proto.graph.initializer}
+        names = [i.name for i in proto.graph.input if i.name not in inits]
+        case.eager_differs, case.no_ort = False, ""
+        try:  # numpy has no bf16; onnxruntime's CPU kernels lack some fp16 ops
+            assert case.dtype != torch.bfloat16, "bf16 (numpy has no bf16)"
+            sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - vtc then held to eager alone
+            sess, case.no_ort = None, f"{type(e).__name__}: {str(e)[:80]}"
+
+        def float32_file_differs() -> bool:
+            """Whether onnxruntime on the float32 model's file (same exporter) disagrees with float32 eager: the
+            exporter's doing (TorchScript's roll by more than the dim's size is the identity), not vtc's."""
+            m32, x32 = copy.deepcopy(m).float(), tuple(t.float() for t in x)
+            p32, _ = export_onnx(case, x32, m32)
+            s32 = ort.InferenceSession(p32.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+            ref = [torch.from_numpy(a) for a in s32.run(None, {n: t.contiguous().numpy() for n, t in zip(names, x32)})]
+            try:
+                _close(ref, m32(*x32), "onnxruntime on the float32 file vs float32 eager")
+            except AssertionError:
+                return True
+            return False
+
+        file_differs = sess is None and float32_file_differs()  # (not from the threads below: one export at a time)
+
+        numpy_in = Rand(case.seed ^ 0x4E50).random() < 0.5  # the calls with numpy arrays (else torch tensors)
+
+        def check(fn, xs, what):
+            """vtc's outputs against eager's and onnxruntime's.  Where the two disagree (the exporter changed
+            the model, or onnxruntime's bf16 / fp16 arithmetic differs), a float32 file is held to onnxruntime's
+            result, a bf16 / fp16 one to either's."""
+            want = m(*xs)
+            if numpy_in and xs[0].dtype != torch.bfloat16:  # numpy in, numpy out (as onnxruntime's run)
+                got = [torch.from_numpy(a) for a in fn([t.numpy() for t in xs])]
+            else:
+                got = fn(list(xs))
+            if sess is None:
+                try:
+                    return _close(got, want, what + " (vs eager, no onnxruntime)", dtype=case.dtype)
+                except AssertionError:
+                    if not file_differs:
+                        raise
+                    case.eager_differs = True  # (vtc then unchecked: no reference runs the bf16 file)
+                    return
+            ref = [torch.from_numpy(a) for a in sess.run(None, {n: t.contiguous().numpy() for n, t in zip(names, xs)})]
+            try:
+                _close(ref, want, what + ": onnxruntime vs eager", dtype=case.dtype)
+            except AssertionError:
+                case.eager_differs = True
+                if case.dtype != torch.float32:
+                    try:
+                        return _close(got, want, what + " (vs eager)", dtype=case.dtype)
+                    except AssertionError:
+                        pass
+                return _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's", case.dtype)
+            _close(got, ref, what + " (vs onnxruntime)", "onnxruntime's", case.dtype)
+            _close(got, want, what + " (vs eager)", dtype=case.dtype)
+
+        assert len(names) == len(x), f"the file takes {names}, the model {len(x)} inputs"
+        compiled = vtc.compile(proto, list(x), **case.options)
+        check(compiled, x, "first call")
+        done.append("first")
+        for step in case.after:
+            if step == "again":
+                outs = compiled(list(x))
+                for o in outs:
+                    o.mul_(-3.0).add_(1.0)
+                check(compiled, x, "the same call again, the last outputs changed")
+            elif step == "values":
+                check(compiled, case.inputs(rows, 2), "new values")
+            elif step == "replan":
+                other = dict(plan="all" if case.options["plan"] == "greedy" else "greedy")
+                check(compiled.replan(**other), x, f"replan {other}")
+            elif step == "threads":
+                _threads(case, lambda xs, what: check(compiled, xs, what))
+            done.append(step)
+        for n in case.other_rows:
+            check(compiled, case.inputs(n, 6 + n), f"{n} rows")
+            check(compiled, x, f"{rows} rows again after {n}")
+            done.append(f"rows {n}")
+        case.paths = [q["path"] or q["choice"] for q in compiled.report.to_dict()["gemm"]]
+    return done
+
+
 def _weight_changes(case: Case) -> list[Callable[[], None]]:
     params = [p for p in case.model.parameters() if p.dim() >= 2] or list(case.model.parameters())
     p = case.r.choice(params)
@@ -433,7 +640,8 @@ def _weight_changes(case: Case) -> list[Callable[[], None]]:
             lambda: p.copy_((torch.rand(p.shape, generator=g) - 0.5) / p[0].numel() ** 0.5)]
 
 
-def _threads(case: Case, compiled) -> None:
+def _threads(case: Case, check: Callable[[tuple, str], None]) -> None:
+    """Three Python threads at once, two calls each (check(inputs, what) calls and compares)."""
     errors: list[str] = []
     sizes = [case.rows, *case.other_rows, case.rows]
     barrier = threading.Barrier(3)
@@ -444,7 +652,7 @@ def _threads(case: Case, compiled) -> None:
             for j in range(2):
                 n = sizes[(k + j) % len(sizes)]
                 xk = case.inputs(n, 100 + 10 * k + j)
-                _close(compiled(*xk), case.model(*xk), f"thread {k} call {j} ({n} rows)")
+                check(xk, f"thread {k} call {j} ({n} rows)")
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(f"thread {k}: {type(e).__name__}: {e}")
 
@@ -462,26 +670,38 @@ def main() -> int:
     ap.add_argument("--cases", type=int, default=100)
     ap.add_argument("--start", type=int, default=0, help="the first case number")
     ap.add_argument("--case", type=int, help="run this case only")
+    ap.add_argument("--kind", choices=list(KINDS), default="torch",
+                    help="torch: float32 torch models; bf16: bf16 / fp16 ones; onnx: exported, also vs onnxruntime; "
+                         "weights: a movement chain on every GEMM / conv weight")
     ap.add_argument("--log", default="/tmp/vtc-fuzz.jsonl")
     ap.add_argument("-v", action="store_true", help="print each case's model")
     args = ap.parse_args()
     numbers = [args.case] if args.case is not None else range(args.start, args.start + args.cases)
-    failed = 0
+    failed = skipped = 0
+    faulthandler.enable()  # a crash (onnxruntime's session for seed 27 case 146's fp16 file) names its place
     for i in numbers:
         faulthandler.dump_traceback_later(900)  # a case that hangs shows where (each case restarts the clock)
         t0 = time.time()
         try:
-            case = Case(args.seed, i)
+            case = Case(args.seed, i, args.kind)
         except Exception as e:  # noqa: BLE001 - a drawing error of this script, not a finding
             print(f"{args.seed}:{i} DRAW-ERROR {type(e).__name__}: {e}", flush=True)
             continue
         if args.v:
             print(case.describe(), flush=True)
-        record = dict(seed=args.seed, case=i, body=case.body, model=case.describe())
+        record = dict(seed=args.seed, case=i, kind=args.kind, body=case.body, model=case.describe())
         try:
-            record["done"] = run_case(case)
+            record["done"] = (run_onnx_case if args.kind == "onnx" else run_case)(case)
             record["paths"] = case.paths
             status = "ok"
+            if args.kind == "onnx":
+                record["exporter"] = case.exporter
+                notes = [case.exporter] + [f"no onnxruntime: {case.no_ort}"] * bool(case.no_ort) + [
+                    "the file differs from eager"] * case.eager_differs
+                status += f" ({'; '.join(notes)})"
+        except ExportSkipped as e:
+            skipped += 1
+            status = f"EXPORT-SKIPPED {str(e)[:200]}"
         except Exception as e:  # noqa: BLE001 - every exception is a finding to look at
             failed += 1
             status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -490,8 +710,8 @@ def main() -> int:
         with open(args.log, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(f"{args.seed}:{i} {case.body:6s} {record['s']:6.1f}s {status}"
-              f"{'' if status == 'ok' else '  ' + case.describe()}", flush=True)
-    print(f"{len(numbers)} cases, {failed} failed")
+              f"{'' if status.startswith('ok') else '  ' + case.describe()}", flush=True)
+    print(f"{len(numbers)} cases, {failed} failed, {skipped} not exported")
     return 1 if failed else 0
 
 
