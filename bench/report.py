@@ -217,25 +217,22 @@ products or broadcast tiles with the weight read in place or packed once;
 kernel outputs that only kernels read live in a per-call arena.  How torch's
 float32 GEMM compares with the generated one is measured once per machine.
 Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
-units).  Since the last run: torch's float32 GEMM of 17 to 127 rows is
-priced by a ratio measured on a Linear of 48 rows (MKL 0.57-0.72x of the
-generated kernel there, against ~0.9x at 384^3), so Swin-T's 49-row
-Linears are generated GEMMs (swin_t_model 0.85x of OpenVINO in the last
-run, 1.03x and 1.00x in two runs at this commit); packed weight copies
-stay within a process-wide budget (VTC_PACKED_WEIGHTS_MB, default a
-quarter of the memory; no unit is over it); Winograd takes 3x3
-convolutions of up to 256 channels on maps of 14x14 or more, and
-conv_bcast 1x1 convolutions with a reduction of 96 or more on maps of up
-to 14x14.  The run just before this one, at the same code
-(bench/results/vm-2026-12-01-160126.json, noisier), read units geomean
-1.61x, slowest unit 1.03x and shufflenet_v2_model 0.88x of ONNX Runtime
-(1.05x here); side by side in one process at 2 threads
-(bench/units_side_by_side.py, min) ShuffleNetV2 read 1.04-1.22x of ONNX
-Runtime at this commit and 1.19-1.39x before the convolution change,
-whose 14x14 1x1 convolutions measured level with the old form at 2
-threads (docs/gemm.md, session 20): a loss of 5-10% at 2 threads is
-inside this machine's noise.  Where vtc loses here: gpt2_model, 0.98x
-of OpenVINO (1.08x in the run before; GEMM-bound).  The prefill units stay GEMM-bound near
+units).  Since the last run: conv_bcast rounds a block of output-channel
+vectors up to whole tiles only where no thread then computes more vectors
+(ShuffleNetV2's sixteen 1x1 116 -> 116 convolutions on 14x14 ran as blocks
+of 6 and 2 vectors on 2 threads: 49.7 -> 35.0 us each; the whole model side
+by side at 2 threads, min, 2.22-2.30 ms against 2.41-2.45 ms for the form
+before session 20, ONNX Runtime 2.94-3.02; docs/gemm.md); the generated
+GEMM's column blocks are whole steps that differ by one step at most
+(GPT-2's logits gave one thread 25600 of 50257 columns, the other 24657;
+docs/prefill.md); the 2-thread machine figures are the fastest of their
+calls and at least the 1-thread CPU-time figure, provisional where measured
+while other processes held the cores (docs/call_cost.md); packed weight
+copies are made best-first by time saved per byte.  Where vtc loses here:
+swin_t_model, 0.90x of OpenVINO (OpenVINO 53.5 ms, 61.1 in the last run;
+side by side in one process at 2 threads right after this run,
+bench/units_side_by_side.py, min / median: vtc 52.5 / 55.4 ms, OpenVINO
+51.8 / 54.4, 0.98-0.99x; gpt2_model there 1.04-1.10x).  The prefill units stay GEMM-bound near
 OpenVINO.  On a loaded machine the libgomp threads' spin-wait between
 kernels costs vtc more than OpenVINO's TBB pool (docs/prefill.md, session
 16); each timed block records how long the process's threads waited for a
