@@ -212,7 +212,8 @@ def test_figures_measured_under_load_are_provisional_and_a_later_quiet_measureme
                                                                                                  monkeypatch):
     """Session 20: a file measured while other processes used the cores read gemm_gflops 7.1 (~170-200 quiet) and
     was kept for good.  Now such figures are provisional: a process started REMEASURE_AFTER_S later measures the
-    2-thread figures again (not the ratios), and a quiet measurement replaces them for good.  Fails before."""
+    2-thread figures again, and a quiet measurement replaces them for good, with the GEMM ratios measured again
+    (session 21: the few-rows ratio read 0.49 under load, 0.57-0.72 quiet).  Fails before."""
     path = tmp_path / "machine.json"
     monkeypatch.setenv("VTC_MACHINE_FILE", str(path))
     timed = [((12.0, 0.0), (7.1, 1.03)), ((30.0, 0.0), (180.0, 0.02))]
@@ -224,12 +225,14 @@ def test_figures_measured_under_load_are_provisional_and_a_later_quiet_measureme
     now[0] += cost.REMEASURE_AFTER_S / 2  # too soon: the file's figures as they are
     assert _process(path)[0] == m and len(done) == 3
     now[0] += cost.REMEASURE_AFTER_S
+    monkeypatch.setattr(cost, "_measure_few_rows_ratio", lambda: 0.7)  # the quiet machine's ratio
     m2, record = _process(path)
-    assert done[3:] == ["timed"] and not cost.provisional(record) and record["measurements"] == 2
-    # the quiet GEMM rate replaces the busy one; the bandwidth, quiet both times, is the faster of the two
-    assert m2 == replace(m, bandwidth_gbs=30.0, gemm_gflops=180.0)
+    assert done[3:] == ["timed", "all", "all"] and not cost.provisional(record) and record["measurements"] == 2
+    # the quiet GEMM rate replaces the busy one; the bandwidth, quiet both times, is the faster of the two; the
+    # ratios are the quiet process's
+    assert m2 == replace(m, bandwidth_gbs=30.0, gemm_gflops=180.0, library_few_rows_ratio=0.7)
     now[0] += 100 * cost.REMEASURE_AFTER_S
-    assert _process(path)[0] == m2 and len(done) == 4 and not timed  # quiet: never measured again
+    assert _process(path)[0] == m2 and len(done) == 6 and not timed  # quiet: never measured again
 
 
 def test_provisional_figures_are_measured_again_at_doubling_intervals(tmp_path, monkeypatch):
