@@ -60,6 +60,7 @@ import torch
 from bench import workloads as W
 from bench.systems import (OTHERS, PREPARE, QUICK_SKIP, SYSTEMS, VTC_HEADLINE_ORDER, VTC_VARIANTS, Context,
                            SystemFailure, flat_outputs, one_line, parse_systems)
+from vtc.plan.cost import waited_s as run_delay_s  # seconds this process's threads waited for a core
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -201,18 +202,6 @@ def _timed(fn: Callable[[], Any]) -> float:
     dt = time.perf_counter() - t0
     del out
     return dt
-
-
-def run_delay_s() -> float:
-    """Seconds the threads of this process have spent runnable but waiting for a core (the second field of each
-    ``/proc/self/task/*/schedstat``; 0 where the kernel does not report it)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for t in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                with open(f"/proc/self/task/{t}/schedstat") as f:
-                    total += int(f.read().split()[1])
-    return total / 1e9
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], call_s: dict[str, float],

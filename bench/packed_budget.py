@@ -57,29 +57,17 @@ def _hf_step(model, cache):
     return lambda: compiled(tok, cache=cache, cache_position=pos).logits, compiled
 
 
-def _in_plan_order(wishes: list) -> dict:
-    """``packed.admit_best_first`` as session 20 admitted copies: first come, first served, in the plan's order."""
-    from vtc.runtime import packed
-
-    made: dict = {}
-    for w in wishes:
-        try:
-            made[w.name] = w.make()
-        except packed.OverBudget as e:
-            made[w.name] = e
-    return made
-
-
 def _with_budget(extra: int | None, call, plan_order: bool = False) -> None:
     """The first call (which builds the call plan and packs) under a budget of the bytes held now plus `extra`;
-    `plan_order`: its copies admitted in the plan's order (``_in_plan_order``) instead of best-first."""
+    `plan_order`: its copies admitted in the plan's order (``packed.admit_in_order``, session 20's first
+    come, first served) instead of best-first."""
     from vtc.runtime import packed
 
     keep, admit = packed.BUDGET_BYTES, packed.admit_best_first
     if extra is not None:
         packed.BUDGET_BYTES = packed.HELD.bytes + extra
     if plan_order:
-        packed.admit_best_first = _in_plan_order
+        packed.admit_best_first = packed.admit_in_order
     try:
         call()
     finally:

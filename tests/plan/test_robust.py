@@ -57,12 +57,12 @@ def test_machine_file_is_shared_and_a_timed_figure_is_the_fastest_call(tmp_path,
     """$VTC_MACHINE_FILE names one file for every cache dir; a 2-thread figure is the fastest of its timed calls,
     with the share of it that this process's threads waited for a core.  Fails before (the median, no share)."""
     calls = iter([0.0, 9.0, 10.0, 12.0, 20.0, 24.0])  # perf_counter pairs: 9, 2, 4 s
-    waited = iter([0.0, 5.0, 5.0, 5.5, 5.5, 5.5])  # _waited_s pairs: 5, 0.5, 0 s
+    waited = iter([0.0, 5.0, 5.0, 5.5, 5.5, 5.5])  # waited_s pairs: 5, 0.5, 0 s
     monkeypatch.setattr(cost.time, "perf_counter", lambda: next(calls))
-    monkeypatch.setattr(cost, "_waited_s", lambda: next(waited))
+    monkeypatch.setattr(cost, "waited_s", lambda: next(waited))
     assert cost._steady(lambda: None, runs=3) == (2.0, 0.25)
     monkeypatch.undo()
-    assert cost._waited_s() >= 0.0
+    assert cost.waited_s() >= 0.0
     monkeypatch.setenv("VTC_NO_MEASURE", "0")
     monkeypatch.setenv("VTC_MACHINE_FILE", str(tmp_path / "shared" / "machine.json"))
     monkeypatch.setattr(cost, "MEASURE_BYTES", 1 << 20)

@@ -33,6 +33,7 @@ the choice can change; it comes as a ``Saving(seconds, reason)``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -201,7 +202,7 @@ def machine_file() -> Path:
     return cache_dir() / "machine.json"
 
 
-def _waited_s() -> float:
+def waited_s() -> float:
     """Seconds the threads of this process have spent runnable but waiting for a core (the second field of each
     /proc/self/task/*/schedstat; 0 where the kernel does not report it)."""
     total = 0
@@ -225,28 +226,35 @@ def _steady(fn, runs: int = MEASURE_RUNS) -> tuple[float, float]:
     fn()
     calls = []
     for _ in range(runs):
-        w0 = _waited_s()
+        w0 = waited_s()
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
-        calls.append((t1 - t0, (_waited_s() - w0) / max(t1 - t0, 1e-9)))
+        calls.append((t1 - t0, (waited_s() - w0) / max(t1 - t0, 1e-9)))
     return min(calls)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch (and vtc's kernels, which take its thread count) on 1 thread inside the block."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _one_thread_s(fn, runs: int = MEASURE_RUNS) -> float:
     """CPU seconds of the fastest of `runs` calls of fn on 1 thread after one warm-up call: the calling thread's
     CPU time, which other processes on the machine hardly move (no time waiting for a core in it)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         fn()
         times = []
         for _ in range(runs):
             t0 = time.thread_time()
             fn()
             times.append(time.thread_time() - t0)
-    finally:
-        torch.set_num_threads(threads)
     return min(times)
 
 
@@ -309,10 +317,8 @@ def _cpu_time_ratio(fn, inputs: tuple, library) -> float:
     import vtc
     from vtc.runtime.cbuild import KernelBuildError
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        with torch.no_grad():
+        with _one_thread(), torch.no_grad():
             generated = vtc.compile(fn, inputs, plan="all", gemm="vtc")
             if library is None:
                 compiled = vtc.compile(fn, inputs, plan="all", gemm="torch")
@@ -327,8 +333,6 @@ def _cpu_time_ratio(fn, inputs: tuple, library) -> float:
                         ts.append(time.thread_time() - t0)
     except KernelBuildError:
         return 0.0
-    finally:
-        torch.set_num_threads(threads)
     return statistics.median(times[1]) / statistics.median(times[0])
 
 
