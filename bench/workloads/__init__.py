@@ -2,7 +2,7 @@
 
 A builder takes ``quick`` (smaller sizes for ``vtc bench --quick``) and returns
 ``(model in eval mode, example_inputs)`` with deterministic random weights and
-float32 inputs.  Groups: ``unit`` (the paper's five units), ``model`` (whole
+float32 inputs (``*_fp16`` and ``gemm_bf16_*`` workloads cast both with ``in_dtype``).  Groups: ``unit`` (the paper's five units), ``model`` (whole
 small models), ``attention`` (FlashTensor attention variants), ``micro``
 (movement-chain micro-benchmarks), ``gemm`` (vtc's GEMM vs torch and ONNX
 Runtime, run only when named) and ``smoke`` (a tiny workload for the tests,
@@ -42,6 +42,14 @@ class Workload:
         if isinstance(model, nn.Module):
             model.eval()
         return model, tuple(inputs)
+
+
+def in_dtype(build: Callable[[bool], tuple[nn.Module, tuple]], dtype: torch.dtype):
+    """Builder `build` with the model's floating-point parameters and inputs cast to `dtype` (token ids stay)."""
+    def cast(quick: bool):
+        model, inputs = build(quick)
+        return model.to(dtype), tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+    return cast
 
 
 def randn(*shape: int, seed: int = 1) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import Workload, randn
+from . import Workload, in_dtype, randn
 from .micro import Fn
 
 
@@ -125,10 +125,7 @@ VIRTUAL_A = [("cat_rows", 256, 1024, 1024), ("cat_rows", 512, 2048, 512), ("cat_
 
 
 def _bf16(build):
-    def cast(quick: bool):
-        model, inputs = build(quick)
-        return model.to(torch.bfloat16), tuple(x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs)
-    return cast
+    return in_dtype(build, torch.bfloat16)
 
 
 def _gqa_scores_q(n: int):

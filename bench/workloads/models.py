@@ -5,13 +5,16 @@ torch.export), batch 1.  Language models run one forward over 128 tokens.
 Sizes: Llama with 4 layers of hidden 512 (8 heads, 2 KV heads, MLP 1408,
 vocab 32000); GPT-2 small's width (768, 12 heads) with 4 of its 12 layers and
 its vocabulary (50257); Swin-T's real config (embed 96, depths [2,2,6,2], heads
-[3,6,12,24], window 7, 224x224); ShuffleNetV2 x1.0 at 224x224.
+[3,6,12,24], window 7, 224x224); ShuffleNetV2 x1.0 at 224x224.  The ``_fp16``
+twins of Llama and ShuffleNetV2 run the same models in float16 (weights and
+inputs cast), named only: torch's float16 GEMMs and convolutions on a CPU
+without an fp16 fast path are 5-25x slower than its float32 ones.
 """
 from __future__ import annotations
 
 import torch
 
-from . import Workload, randn
+from . import Workload, in_dtype, randn
 
 _HF = dict(use_cache=False, attn_implementation="eager", tie_word_embeddings=False)
 
@@ -67,4 +70,8 @@ WORKLOADS = [
              _swin, params=dict(batch=1, image=224)),
     Workload("shufflenet_v2_model", "model", "ShuffleNetV2 x1.0 (vtc.zoo), 224x224", _shufflenet, in_quick=False,
              params=dict(batch=1, image=224)),
+    Workload("llama_model_fp16", "model", "llama_model in float16", in_dtype(_llama, torch.float16), default=False,
+             params=dict(batch=1, seq=128, layers=4, hidden=512, dtype="float16")),
+    Workload("shufflenet_v2_model_fp16", "model", "shufflenet_v2_model in float16", in_dtype(_shufflenet, torch.float16),
+             default=False, params=dict(batch=1, image=224, dtype="float16")),
 ]

@@ -133,6 +133,36 @@ def test_run_delay_reads_this_process(harness):
     assert 0.0 <= w0 <= harness.run_delay_s()
 
 
+def test_tolerance_follows_the_output_dtype(harness):
+    """A float16 / bfloat16 output is held to its own tolerance, a float32 one to RTOL: 5e-3 of the largest
+    element passes in float16 and fails in float32; 2e-2 fails in float16 and passes in bfloat16."""
+    import torch
+
+    ref = torch.randn(64, 64, generator=torch.Generator().manual_seed(3))
+    ref[0, 0] = 4.0  # the largest magnitude
+    for rel, dtype, ok in ((5e-3, torch.float32, False), (5e-3, torch.float16, True),
+                           (2e-2, torch.float16, False), (2e-2, torch.bfloat16, True)):
+        a = ref.to(dtype)
+        b = a.clone()
+        b[1, 1] += 4.0 * rel
+        got_ok, err, why = harness.compare([a], [b])
+        assert got_ok is ok, (rel, dtype, err, why)
+
+
+def test_fp16_workloads_cast_weights_and_inputs():
+    """The named float16 twins of the whole models build in float16 and stay off a plain run."""
+    import torch
+
+    from bench.workloads import get, select
+
+    for name in ("llama_model_fp16", "shufflenet_v2_model_fp16"):
+        w = get(name)
+        model, inputs = w.build(quick=True)
+        assert {p.dtype for p in model.parameters()} == {torch.float16}, name
+        assert all(x.dtype == torch.float16 for x in inputs if x.is_floating_point()), name
+        assert name not in {x.name for x in select(None)}
+
+
 def test_report_goal_and_speedup_from_raw_numbers(harness):
     """Speed-up = best other median / headline vtc median; the goal is judged on units only."""
     from bench import report
