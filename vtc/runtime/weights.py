@@ -33,7 +33,8 @@ Not seen (README; docs/robustness.md, session 15):
 """
 from __future__ import annotations
 
-from typing import Any
+import threading
+from typing import Any, Callable
 
 import torch
 
@@ -116,3 +117,29 @@ def watch(model: Any, graph) -> ParameterWatch | None:
     sources = [(names[v.name], v.data) for v in graph.consts if v.name in names and isinstance(v.data, torch.Tensor)]
     w = ParameterWatch(model, sources)
     return w if len(w) else None
+
+
+class ConstCopy:
+    """A constant the compiled graph holds as a copy computed from the model's tensors (``sources``): a contiguous
+    copy of a non-contiguous parameter (``vtc.runtime.executor``), a weight behind a movement chain folded once
+    (``vtc.ir.fold.fold_weight_chains``).  ``refresh()`` (each call, before any kernel) computes it again, into the
+    same memory, where a source's version counter moved since: an in-place change (``load_state_dict``, ``p.mul_``
+    under ``no_grad``) reaches the next call.  The copy's own version counter then moves too, so the packed copies
+    made of it (``vtc.runtime.packed``) are packed again.  One object per copy, shared by the executors that hold
+    it: the first call after a change computes it again, the others find it current."""
+
+    def __init__(self, value: torch.Tensor, sources: tuple[torch.Tensor, ...],
+                 compute: Callable[[], torch.Tensor], versions: tuple[int, ...]) -> None:
+        """versions: the sources' versions `value` was computed at."""
+        self.value, self.sources, self.compute, self.versions = value, sources, compute, versions
+        self.lock = threading.Lock()
+
+    def refresh(self) -> None:
+        """Computes the copy again where a source changed in place since it was computed."""
+        if tuple(s._version for s in self.sources) != self.versions:
+            with self.lock:
+                versions = tuple(s._version for s in self.sources)  # read first: a change meanwhile is seen next
+                if versions != self.versions:
+                    with torch.no_grad():
+                        self.value.copy_(self.compute())
+                    self.versions = versions
