@@ -16,7 +16,8 @@ through a constant; RoPE's position-times-frequency table stays computed, where 
 
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
 call), anything reading a parameter or buffer (the model may change it in place after compiling; vtc reads
-it at each call), a graph output (returned to the caller, who may write to it), a value above
+it at each call) but a GEMM's or convolution's weight behind a movement chain that is not a strided view
+(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph output (returned to the caller, who may write to it), a value above
 ``MAX_BYTES``, and graphs of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name
 across sizes.
 """
@@ -35,7 +36,8 @@ def fold_constants(graph: Graph) -> Graph:
     """`graph` with its foldable values (module docstring) that are worth a constant computed once: the
     floating-point values the rest of the graph reads whose index arithmetic would divide (``_divides``), with
     the nodes only they need removed; those Value objects become "const" ones (`graph` itself is consumed).
-    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``."""
+    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``.
+    Then the weights behind movement chains (``fold_weight_chains``)."""
     outputs = {v.name for v in graph.outputs}
     env: dict[str, torch.Tensor] = {}
     divides: dict[str, bool] = {}  # foldable value -> its index arithmetic would divide somewhere
@@ -215,13 +217,11 @@ def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch
         packed.HELD.admit(t.nbytes, "the weight chain's folded copy of")
     except packed.OverBudget as e:
         return e
-    versions = tuple(s._version for s in sources)
     try:
-        with torch.no_grad():
-            value = compute().clone(memory_format=torch.contiguous_format)
+        copy = ConstCopy(sources, compute)
     except Exception as e:  # noqa: BLE001 - an op torch cannot run here stays in the graph (and fails as before)
         return f"torch could not compute it: {type(e).__name__}: {e}"
-    if tuple(value.shape) != t.shape or value.dtype != t.dtype:
-        return f"torch computed {value.dtype} {list(value.shape)}, the graph says {t.dtype} {list(t.shape)}"
-    packed.HELD.add(value, value.nbytes)
-    return ConstCopy(value, sources, compute, versions), recipe
+    if tuple(copy.value.shape) != t.shape or copy.value.dtype != t.dtype:
+        return f"torch computed {copy.value.dtype} {list(copy.value.shape)}, the graph says {t.dtype} {list(t.shape)}"
+    packed.HELD.add(copy.value, copy.value.nbytes)
+    return copy, recipe

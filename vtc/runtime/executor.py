@@ -76,15 +76,14 @@ class Executor:
         self.build = build  # False: steps and liveness only (a planner's peak estimate); kernels not compiled
         self.kernel_builder = kernel_builder  # (kernel steps, executor) -> CompiledKernels; None: build_kernels
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
-        self.consts = {v.name: v.data.contiguous() for v in graph.consts}
         # constants that are copies, computed again where their sources changed in place since the last call:
         # contiguous copies of non-contiguous constants (a channels_last or transposed parameter; an inference
         # tensor has no version counter: it is not refreshed) and weights behind movement chains folded once
         # (vtc.ir.fold.fold_weight_chains)
-        self.const_copies = [ConstCopy(self.consts[v.name], (v.data,), lambda t=v.data: t, (v.data._version,))
-                             for v in graph.consts
-                             if self.consts[v.name].data_ptr() != v.data.data_ptr() and not v.data.is_inference()]
-        self.const_copies += graph.meta.get("const_copies", {}).values()
+        copied = {v.name: ConstCopy((v.data,), lambda t=v.data: t) for v in graph.consts
+                  if not v.data.is_contiguous() and not v.data.is_inference()}
+        self.consts = {v.name: copied[v.name].value if v.name in copied else v.data.contiguous() for v in graph.consts}
+        self.const_copies = [*copied.values(), *graph.meta.get("const_copies", {}).values()]
         self.lowering = None
         self.pool = BufferPool()  # large kernel outputs recycled across steps and calls (vtc.runtime.buffers)
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
