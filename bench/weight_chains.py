@@ -52,6 +52,22 @@ class Chain(torch.nn.Module):
         return F.linear(x, self.weight())
 
 
+class CatConv(torch.nn.Module):
+    """A k x k convolution (c -> o channels, padding k // 2) on the cat of two weights of o / 2 output channels, or
+    on one weight (`plain`)."""
+
+    def __init__(self, c: int, o: int, k: int, plain: bool, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.plain = plain
+        parts = [o] if plain else [o // 2, o - o // 2]
+        self.ws = torch.nn.ParameterList(torch.randn(n, c, k, k, generator=g) / (c * k * k) ** 0.5 for n in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.ws[0] if self.plain else torch.cat(list(self.ws), 0)
+        return F.conv2d(x, w, padding=w.shape[-1] // 2)
+
+
 def time_side_by_side(fns: dict, rounds: int) -> dict:
     """{name: median ms per call} of 1-thread CPU time, the systems interleaved round after round."""
     reps = {}
@@ -84,9 +100,12 @@ def main() -> None:
     p.add_argument("--weights", default="1024x1024,4096x1024")
     p.add_argument("--chains", default="identity,flip,roll,cat,gather,pad")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--conv", default="", help="C,O,K,HW;...: convolutions on a cat of two weights instead")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"# load {os.getloadavg()}", flush=True)
+    if args.conv:
+        return convs(args)
     print("| weight N x K | rows | chain | eager ms | vtc ms | vtc plain W ms | vtc / plain | vtc path | plain path |")
     print("|---|---|---|---|---|---|---|---|---|")
     for wspec in args.weights.split(","):
@@ -105,6 +124,24 @@ def main() -> None:
                                            "plain": lambda: cplain(x)}, args.rounds)
                 print(f"| {n} x {k} | {m} | {kind} | {t['eager']:.3f} | {t['vtc']:.3f} | {t['plain']:.3f} | "
                       f"{t['vtc'] / t['plain']:.2f} | {_describe(c)} | {_describe(cplain)} |", flush=True)
+    print(f"# load {os.getloadavg()}", flush=True)
+
+
+def convs(args) -> None:
+    """The --conv table: eager, vtc on the cat of two weights, vtc on one weight."""
+    print("| conv C -> O, K x K, H = W | eager ms | vtc ms | vtc plain W ms | vtc / plain | vtc path | plain path |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in args.conv.split(";"):
+        c, o, k, hw = map(int, spec.split(","))
+        x = torch.randn(1, c, hw, hw, generator=torch.Generator().manual_seed(hw))
+        model, plain = CatConv(c, o, k, False), CatConv(c, o, k, True)
+        with torch.no_grad():
+            cm, cp = vtc.compile(model, (x,)), vtc.compile(plain, (x,))
+            torch.testing.assert_close(cm(x), model(x), rtol=1e-4, atol=1e-4)
+            t = time_side_by_side({"eager": lambda: model(x), "vtc": lambda: cm(x), "plain": lambda: cp(x)},
+                                  args.rounds)
+        print(f"| {c} -> {o}, {k} x {k}, {hw} | {t['eager']:.3f} | {t['vtc']:.3f} | {t['plain']:.3f} | "
+              f"{t['vtc'] / t['plain']:.2f} | {_describe(cm)} | {_describe(cp)} |", flush=True)
     print(f"# load {os.getloadavg()}", flush=True)
 
 
