@@ -17,9 +17,9 @@ through a constant; RoPE's position-times-frequency table stays computed, where 
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
 call), anything reading a parameter or buffer (the model may change it in place after compiling; vtc reads
 it at each call) but a GEMM's or convolution's weight behind a movement chain that is not a strided view
-(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph output (returned to the caller, who may write to it), a value above
-``MAX_BYTES``, and graphs of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name
-across sizes.
+(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph
+output (returned to the caller, who may write to it), a value above ``MAX_BYTES``, and graphs of the
+size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
 """
 from __future__ import annotations
 

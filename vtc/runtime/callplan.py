@@ -565,12 +565,12 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     builds no list of its own: the inputs' type, dtype, shape and device tested one by one, then the plan run
     on them (``plan(args, checked=True)``).  Where the plan is a single generated kernel that reads only the
     inputs and constants and writes the outputs (``direct_kernel``), the kernel is called right there: the
-    constant copies made current (``vtc.runtime.weights.ConstCopy``), each input made contiguous where it is not, the outputs allocated, one ctypes call.  `post(outs, args)`
-    makes the result from the outputs' list; None: the result is the one output itself.  `watch` (a
-    ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well where a parameter of the model the plan holds
-    was replaced since the capture, tested first (the caller captures the model again).  `guard(args)` (or None):
-    a test that raises, run once the inputs are known to fit and before any kernel (where forward changes an input
-    in place: ``vtc.frontend.torch_export.mutation_guard``)."""
+    constant copies made current (``vtc.runtime.weights.ConstCopy``), each input made contiguous where it is
+    not, the outputs allocated, one ctypes call.  `post(outs, args)` makes the result from the outputs' list; None:
+    the result is the one output itself.  `watch` (a ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well
+    where a parameter of the model the plan holds was replaced since the capture, tested first (the caller captures
+    the model again).  `guard(args)` (or None): a test that raises, run once the inputs are known to fit and before
+    any kernel (where forward changes an input in place: ``vtc.frontend.torch_export.mutation_guard``)."""
     n = len(sig)
     names = [f"a{k}" for k in range(n)]
     env: dict[str, Any] = {"T": torch.Tensor, "MISS": MISS, "plan": plan, "post": post}
