@@ -16,15 +16,16 @@ through a constant; RoPE's position-times-frequency table stays computed, where 
 
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
 call), anything reading a parameter or buffer (the model may change it in place after compiling; vtc reads
-it at each call), a graph output (returned to the caller, who may write to it), a value above
-``MAX_BYTES``, and graphs of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name
-across sizes.
+it at each call) but a GEMM's or convolution's weight behind a movement chain that is not a strided view
+(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph
+output (returned to the caller, who may write to it), a value above ``MAX_BYTES``, and graphs of the
+size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
 """
 from __future__ import annotations
 
 import torch
 
-from vtc.ir.graph import Graph, Node
+from vtc.ir.graph import Graph, Node, Value
 
 MAX_BYTES = 16 << 20  # a folded value above this stays computed: a constant of that size costs memory for good
 NONDETERMINISTIC = ("rand", "empty", "bernoulli", "normal", "uniform", "dropout", "multinomial", "poisson",
@@ -35,7 +36,8 @@ def fold_constants(graph: Graph) -> Graph:
     """`graph` with its foldable values (module docstring) that are worth a constant computed once: the
     floating-point values the rest of the graph reads whose index arithmetic would divide (``_divides``), with
     the nodes only they need removed; those Value objects become "const" ones (`graph` itself is consumed).
-    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``."""
+    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``.
+    Then the weights behind movement chains (``fold_weight_chains``)."""
     outputs = {v.name for v in graph.outputs}
     env: dict[str, torch.Tensor] = {}
     divides: dict[str, bool] = {}  # foldable value -> its index arithmetic would divide somewhere
@@ -66,7 +68,7 @@ def fold_constants(graph: Graph) -> Graph:
             removed.discard(id(n))  # cheaper as index arithmetic (a causal mask, roll's indices) or a plain value
             read_by_kept.update(v.name for v in n.inputs)
     if not removed:
-        return graph
+        return fold_weight_chains(graph)
     consts = list(graph.consts)
     for n in foldable:
         if id(n) in removed:
@@ -77,7 +79,7 @@ def fold_constants(graph: Graph) -> Graph:
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["folded_nodes"] = len(removed)
-    return out
+    return fold_weight_chains(out)
 
 
 def _divides(n: Node) -> bool:
@@ -89,3 +91,137 @@ def _divides(n: Node) -> bool:
         return False
     (x,), (y,) = n.inputs, n.outputs
     return x.numel == y.numel and sorted(d for d in x.shape if d != 1) != sorted(d for d in y.shape if d != 1)
+
+
+# the compute ops whose operands are weights the call plan packs once (vtc.runtime.packed) when they are constants
+WEIGHT_READERS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "aten.baddbmm.default",
+                  "aten.convolution.default")
+
+
+def fold_weight_chains(graph: Graph) -> Graph:
+    """`graph` with each weight behind a movement chain that is not a strided view folded into a constant copy.
+
+    A GEMM's or convolution's operand that is a constant, or a strided view of one, takes the paths for weights
+    packed once (``vtc.runtime.packed``: MKL's packed weight, the generated kernels' packed panels).  Behind a
+    chain that is not a strided view (roll, cat, index_select, gather, pad, flip: a negative stride) it did not:
+    the generated kernel packed it through the chain's mapping on every call or read it so in its dot loop
+    (x @ W.roll(3, 0)^T, 5 rows, W 1024 x 1024: 2.2 ms against 0.10 on W itself, 1 thread;
+    docs/robustness.md, session 22).  Such a chain's result (the last value before the strided views the operand
+    is read through: W.roll(3, 0), not its transpose) becomes a constant of its own memory, computed once with
+    torch from the constants it reads (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``) and
+    computed again at a call where one of them changed in place since (``load_state_dict``, ``p.mul_`` under
+    ``no_grad``); the nodes only it needed are removed.  The constants it reads stay constants of the graph (the
+    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).
+
+    The copy takes as much memory as the chain's result, counted with the packed copies against
+    ``vtc.runtime.packed.BUDGET_BYTES`` (made before them: a call plan's copies are admitted when it is built);
+    one that would pass it, or whose constants include an inference tensor (no version counter), is not made
+    and the chain stays as it was: why in ``graph.meta["weight_chains_not_folded"]`` ({value: the reason, or the
+    ``OverBudget`` that refused the copy}; the call plan's ``why_not_packed`` and ``report.packing``).
+    ``VTC_PACKED_WEIGHTS=0`` makes none."""
+    from vtc.runtime import packed
+
+    if not packed.CONV_ENABLED:
+        return graph
+    consts = {v.name: v.data for v in graph.consts if isinstance(v.data, torch.Tensor)}
+    outputs = {v.name for v in graph.outputs}
+    made: dict[str, Node] = {}  # value computed by torch from constants alone -> its node
+    for n in graph.nodes:
+        if (n.kind != "fallback" and all(v.name in consts or v.name in made for v in n.inputs)
+                and not any(w in n.op for w in NONDETERMINISTIC)):
+            made.update((v.name, n) for v in n.outputs)
+    targets: dict[str, Value] = {}
+    for n in graph.nodes:
+        if n.op in WEIGHT_READERS:
+            for v in n.inputs:
+                t = _behind_views(v, made)
+                if (t.name in made and made[t.name].kind == "movement" and len(made[t.name].outputs) == 1
+                        and t.name not in outputs and all(isinstance(d, int) for d in t.shape)):
+                    targets[t.name] = t
+    copies, recipes, not_folded = {}, [], {}
+    for t in targets.values():
+        folded = _fold(graph, t, made, consts)
+        if not isinstance(folded, tuple):
+            not_folded[t.name] = folded
+        else:
+            copies[t.name], recipe = folded
+            recipes += recipe
+    if not copies:
+        if not_folded:
+            graph.meta["weight_chains_not_folded"] = not_folded
+        return graph
+    removed = {id(n) for n in recipes}
+    read_by_kept = outputs | {v.name for n in graph.nodes if id(n) not in removed for v in n.inputs}
+    for n in reversed(graph.nodes):  # a node something kept reads (other than through a folded value) stays
+        if id(n) in removed and any(v.name in read_by_kept and v.name not in copies for v in n.outputs):
+            removed.discard(id(n))
+            read_by_kept.update(v.name for v in n.inputs)
+    consts_out = list(graph.consts)
+    for name, c in copies.items():
+        v = targets[name]
+        v.kind, v.producer, v.data = "const", None, c.value
+        consts_out.append(v)
+    kept = [n for n in graph.nodes if id(n) not in removed]
+    out = Graph(graph.inputs, consts_out, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
+    out.meta["const_copies"] = {**graph.meta.get("const_copies", {}), **copies}
+    if not_folded:
+        out.meta["weight_chains_not_folded"] = not_folded
+    return out
+
+
+def _behind_views(v: Value, made: dict[str, Node]) -> Value:
+    """The value operand `v` is a strided view of, through nodes computed from constants alone (`v` itself where it
+    is no such view)."""
+    from vtc.plan.virtualize import pull_of
+
+    while v.name in made and made[v.name].kind == "movement" and len(made[v.name].inputs) == 1:
+        n = made[v.name]
+        pulls = pull_of(n)
+        if isinstance(pulls, str):
+            break
+        m = pulls[n.outputs.index(v)]
+        if m.checks or m.strided() is None:
+            break
+        v = n.inputs[0]
+    return v
+
+
+def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
+    """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
+    OverBudget that refused it)."""
+    from vtc.runtime import packed
+    from vtc.runtime.weights import ConstCopy
+
+    need: set[int] = set()
+    stack = [t]
+    while stack:
+        n = made.get(stack.pop().name)
+        if n is not None and id(n) not in need:
+            need.add(id(n))
+            stack.extend(n.inputs)
+    recipe = [n for n in graph.nodes if id(n) in need]
+    names = sorted({v.name for n in recipe for v in n.inputs if v.name in consts})
+    sources = tuple(consts[x] for x in names)
+    if not sources:
+        return "it reads no constant"
+    if any(s.is_inference() for s in sources):
+        return "it reads an inference tensor: it has no version counter to see an in-place change by"
+
+    def compute() -> torch.Tensor:
+        env = dict(zip(names, sources))
+        for n in recipe:
+            env.update(zip((v.name for v in n.outputs), n.run(env)))
+        return env[t.name]
+
+    try:
+        packed.HELD.admit(t.nbytes, "the weight chain's folded copy of")
+    except packed.OverBudget as e:
+        return e
+    try:
+        copy = ConstCopy(sources, compute)
+    except Exception as e:  # noqa: BLE001 - an op torch cannot run here stays in the graph (and fails as before)
+        return f"torch could not compute it: {type(e).__name__}: {e}"
+    if tuple(copy.value.shape) != t.shape or copy.value.dtype != t.dtype:
+        return f"torch computed {copy.value.dtype} {list(copy.value.shape)}, the graph says {t.dtype} {list(t.shape)}"
+    packed.HELD.add(copy.value, copy.value.nbytes)
+    return copy, recipe

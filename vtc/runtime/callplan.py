@@ -139,7 +139,7 @@ class CallPlan:
         self._flush(segment)
         del self._admitted  # the closures hold the copies they read
         self.own_outputs = _owning_outputs(executor, graph)
-        self.const_copies = bool(executor.const_copies)
+        self.const_copies = tuple(executor.const_copies)  # vtc.runtime.weights.ConstCopy: refreshed per call
         self._report_packing(executor)
 
     def _admit_packed(self, steps) -> dict[str, Any]:
@@ -159,12 +159,21 @@ class CallPlan:
         return packed.admit_best_first([w for w in wishes if w is not None])
 
     def _report_packing(self, executor) -> None:
-        """The weights packed once and left unpacked for the budget, into the executor's ``packing`` (the
-        report's), and a PackedBudgetWarning where the budget left some unpacked."""
+        """The weights packed once, the weight chains folded into constant copies (``vtc.ir.fold.fold_weight_chains``)
+        and those left unpacked or unfolded for the budget, into the executor's ``packing`` (the report's), and a
+        PackedBudgetWarning where the budget left some."""
+        meta = executor.graph.meta
+        for name, why in meta.get("weight_chains_not_folded", {}).items():
+            if isinstance(why, packed.OverBudget):
+                self._refused(name, why)
+            else:
+                self.why_not_packed[name] = f"the weight chain was not folded: {why}"
+        folded = meta.get("const_copies", {})
         executor.packing.update(
             packed_weights=self.counts["packed_weights"], packed_conv_weights=self.counts["packed_conv_weights"],
             packed_bytes=sum(self.packed_copies.values()), unpacked_for_budget=self.over_budget,
-            budget_bytes=packed.BUDGET_BYTES)
+            budget_bytes=packed.BUDGET_BYTES, folded_weight_chains=len(folded),
+            folded_bytes=sum(c.value.nbytes for c in folded.values()))
         if self.over_budget:
             warnings.warn(f"vtc: {self.over_budget} weight(s) not packed once, which would pass the packed-weight "
                           f"budget of {packed.BUDGET_BYTES / (1 << 20):.1f} MB (VTC_PACKED_WEIGHTS_MB); their GEMMs "
@@ -178,8 +187,8 @@ class CallPlan:
                 isinstance(t, torch.Tensor) and t.dtype == dtype and t.shape == shape and t.is_cpu
                 for t, (shape, dtype) in zip(inputs, self.input_types))):
             check_inputs(self.graph, list(inputs))  # raises, naming the input and what it should be
-        if self.const_copies:
-            self.executor().refresh_const_copies()
+        for c in self.const_copies:
+            c.refresh()
         slots = self.template.copy()
         for i, t in zip(self.inputs, inputs):
             slots[i] = t
@@ -555,13 +564,13 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     The function is generated for the plan (``exec`` of the returned source), so that a call runs no loop and
     builds no list of its own: the inputs' type, dtype, shape and device tested one by one, then the plan run
     on them (``plan(args, checked=True)``).  Where the plan is a single generated kernel that reads only the
-    inputs and constants and writes the outputs (``direct_kernel``), the kernel is called right there: each
-    input made contiguous where it is not, the outputs allocated, one ctypes call.  `post(outs, args)`
-    makes the result from the outputs' list; None: the result is the one output itself.  `watch` (a
-    ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well where a parameter of the model the plan holds
-    was replaced since the capture, tested first (the caller captures the model again).  `guard(args)` (or None):
-    a test that raises, run once the inputs are known to fit and before any kernel (where forward changes an input
-    in place: ``vtc.frontend.torch_export.mutation_guard``)."""
+    inputs and constants and writes the outputs (``direct_kernel``), the kernel is called right there: the
+    constant copies made current (``vtc.runtime.weights.ConstCopy``), each input made contiguous where it is
+    not, the outputs allocated, one ctypes call.  `post(outs, args)` makes the result from the outputs' list; None:
+    the result is the one output itself.  `watch` (a ``vtc.runtime.weights.ParameterWatch``, or None): MISS as well
+    where a parameter of the model the plan holds was replaced since the capture, tested first (the caller captures
+    the model again).  `guard(args)` (or None): a test that raises, run once the inputs are known to fit and before
+    any kernel (where forward changes an input in place: ``vtc.frontend.torch_export.mutation_guard``)."""
     n = len(sig)
     names = [f"a{k}" for k in range(n)]
     env: dict[str, Any] = {"T": torch.Tensor, "MISS": MISS, "plan": plan, "post": post}
@@ -587,6 +596,9 @@ def fast_call(plan: CallPlan, sig: tuple, post: Callable[[list, tuple], Any] | N
     else:
         parts, sources = direct
         packed_weight = parts.weight is not None
+        for q, c in enumerate(plan.const_copies):  # as the plan's call: each constant copy current first
+            env[f"copy{q}"] = c
+            lines.append(f"    copy{q}.refresh()")
         env.update(fn=kernel_function(parts.address), pack=pointer_array(parts.ck._pointers._length_ + packed_weight),
                    threads=torch.get_num_threads, weight=parts.weight, flag=conv_bcast.PACKED_FLAG)
         ptrs = []
@@ -642,7 +654,7 @@ def direct_kernel(plan: CallPlan) -> tuple["KernelParts", list[tuple[str, Any]]]
     generated kernel called on its own (with its weight packed once or not), with no arena or range check but
     those its C call runs (``KernelParts.fused``), reading graph inputs and constants only and writing the graph's
     one output, which needs no copy; else None."""
-    if len(plan.fns) != 1 or plan.const_copies or plan.own_outputs is not None or plan.arena_kernels \
+    if len(plan.fns) != 1 or plan.own_outputs is not None or plan.arena_kernels \
             or plan.segment_arena:
         return None
     parts = getattr(plan.fns[0], "parts", None)

@@ -29,6 +29,7 @@ from vtc.ir.graph import Graph, Node, Value
 from vtc.plan.virtualize import Plan, Realization
 from vtc.runtime.buffers import BufferPool
 from vtc.runtime.checks import check_range
+from vtc.runtime.weights import ConstCopy
 from vtc.virtual.movement import derive_index_tensors, has_derived_index_tensors
 
 
@@ -75,12 +76,14 @@ class Executor:
         self.build = build  # False: steps and liveness only (a planner's peak estimate); kernels not compiled
         self.kernel_builder = kernel_builder  # (kernel steps, executor) -> CompiledKernels; None: build_kernels
         self.values: dict[str, Value] = {v.name: v for v in graph.values()}
-        self.consts = {v.name: v.data.contiguous() for v in graph.consts}
-        # contiguous copies of non-contiguous constants (a channels_last or transposed parameter): with the
-        # source and the version of it they hold, so an in-place change of the parameter reaches the next call
-        # (an inference tensor has no version counter: it is not refreshed)
-        self.const_copies = [[self.consts[v.name], v.data, v.data._version] for v in graph.consts
-                             if self.consts[v.name].data_ptr() != v.data.data_ptr() and not v.data.is_inference()]
+        # constants that are copies, computed again where their sources changed in place since the last call:
+        # contiguous copies of non-contiguous constants (a channels_last or transposed parameter; an inference
+        # tensor has no version counter: it is not refreshed) and weights behind movement chains folded once
+        # (vtc.ir.fold.fold_weight_chains)
+        copied = {v.name: ConstCopy((v.data,), lambda t=v.data: t) for v in graph.consts
+                  if not v.data.is_contiguous() and not v.data.is_inference()}
+        self.consts = {v.name: copied[v.name].value if v.name in copied else v.data.contiguous() for v in graph.consts}
+        self.const_copies = [*copied.values(), *graph.meta.get("const_copies", {}).values()]
         self.lowering = None
         self.pool = BufferPool()  # large kernel outputs recycled across steps and calls (vtc.runtime.buffers)
         self.steps = self._schedule_cpu() if backend == "cpu" else self._schedule()
@@ -183,13 +186,9 @@ class Executor:
         return plan
 
     def refresh_const_copies(self) -> None:
-        """Copies a non-contiguous constant again where its source changed in place since the last call."""
-        for entry in self.const_copies:
-            copy, source, seen = entry
-            if source._version != seen:
-                with torch.no_grad():
-                    copy.copy_(source)
-                entry[2] = source._version
+        """Computes a constant copy again where its sources changed in place since the last call."""
+        for c in self.const_copies:
+            c.refresh()
 
     def run_steps(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """A call step by step through ``run_step`` (what ``CallPlan`` does faster; the reference for its tests)."""

@@ -33,7 +33,10 @@ Not seen (README; docs/robustness.md, session 15):
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+import operator
+import threading
+from typing import Any, Callable
 
 import torch
 
@@ -116,3 +119,41 @@ def watch(model: Any, graph) -> ParameterWatch | None:
     sources = [(names[v.name], v.data) for v in graph.consts if v.name in names and isinstance(v.data, torch.Tensor)]
     w = ParameterWatch(model, sources)
     return w if len(w) else None
+
+
+class ConstCopy:
+    """A constant the compiled graph holds as a copy computed from the model's tensors (``sources``): a contiguous
+    copy of a non-contiguous parameter (``vtc.runtime.executor``), a weight behind a movement chain folded once
+    (``vtc.ir.fold.fold_weight_chains``).  ``refresh()`` (each call, before any kernel) computes it again, into the
+    same memory, where a source's version counter moved since: an in-place change (``load_state_dict``, ``p.mul_``
+    under ``no_grad``) reaches the next call.  The copy's own version counter then moves too, so the packed copies
+    made of it (``vtc.runtime.packed``) are packed again.  One object per copy, shared by the executors that hold
+    it: the first call after a change computes it again, the others find it current."""
+
+    def __init__(self, sources: tuple[torch.Tensor, ...], compute: Callable[[], torch.Tensor]) -> None:
+        """`value`: ``compute()`` (the sources' tensors in, a tensor of them out) in memory of its own, contiguous."""
+        self.sources, self.compute, self.lock = sources, compute, threading.Lock()
+        # the sum of the sources' version counters (each only grows: the sum moves where one of them moved), one
+        # attribute read for one source (~0.1 us a call, 1 thread)
+        self.version = (functools.partial(_VERSION, sources[0]) if len(sources) == 1
+                        else functools.partial(_version_sum, sources))
+        self.seen = self.version()  # read first: a change while it is computed is seen at the next call
+        with torch.no_grad():
+            self.value = compute().clone(memory_format=torch.contiguous_format)
+
+    def refresh(self) -> None:
+        """Computes the copy again where a source changed in place since it was computed."""
+        if self.version() != self.seen:
+            with self.lock:
+                seen = self.version()
+                if seen != self.seen:
+                    with torch.no_grad():
+                        self.value.copy_(self.compute())
+                    self.seen = seen
+
+
+_VERSION = operator.attrgetter("_version")
+
+
+def _version_sum(sources: tuple[torch.Tensor, ...]) -> int:
+    return sum(map(_VERSION, sources))
