@@ -71,6 +71,7 @@ GEMM_OPS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.b
 GEMM_MODES = ("auto", "vtc", "torch")
 ACC = "gemm"  # name of the accumulator the epilogue scalar reads
 SKINNY_M = 16  # rows up to which "auto" considers the generated kernel for strided operands too
+F16 = torch.float16  # computed by the float32 kernel: operands widened as the packs read them, C rounded once
 
 
 @dataclass
@@ -383,10 +384,11 @@ def _unsupported(n: Node, args: dict, low) -> str:
         why = gemm_bf16.why_not(low, n, *_operands(n, args))
         if why:
             return why
-    else:
+    elif not all(v.dtype == F16 for v in vals):
         bad = [v for v in vals if v.dtype != torch.float32]
         if bad:
-            return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 (or all bf16) only"
+            return (f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32, all bf16 or all "
+                    f"float16 only")
     for key in ("alpha", "beta"):
         if key in args and not isinstance(args[key], (int, float)):
             return f"{key}={args[key]!r} is not a number"
@@ -796,27 +798,42 @@ static inline void vtc_transpose16_regs(__m512* r) {
 }
 
 // dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
-static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+// 16 elements from p, as floats: float16 ones (a float16 GEMM's operands, vtc.codegen.gemm ``narrowed``) widened
+static inline __m512 vtc_load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 vtc_load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline float vtc_load1(const float* p) { return *p; }
+static inline float vtc_load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+// the first n < 16 elements from p, zeros after them
+template <typename T>
+static inline __m512 vtc_load16_tail(const T* p, int64_t n) {
+  if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+  alignas(32) T t[16] = {};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+  return vtc_load16(t);
+}
+template <typename T>
+static inline void vtc_transpose16(const T* src, int64_t lds, float* dst, int64_t ldd) {
   __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; ++i) r[i] = vtc_load16(src + i * lds);
   vtc_transpose16_regs(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 // dst[p * VTC_MR + r] = src[r * lds + p] for r < rows <= VTC_MR, p < kb: an A panel from row-major rows,
 // 16 x 16 blocks transposed in registers
-static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int rows, int64_t kb, float* __restrict dst) {
+template <typename T>
+static inline void vtc_pack_a_rows(const T* __restrict src, int64_t lds, int rows, int64_t kb, float* __restrict dst) {
   int64_t p0 = 0;
   const __mmask16 keep = (__mmask16)((1u << VTC_MR) - 1u);
   for (; p0 + 16 <= kb; p0 += 16) {
     __m512 r[16];
     #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * lds + p0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? vtc_load16(src + i * lds + p0) : _mm512_setzero_ps();
     vtc_transpose16_regs(r);
     #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + (p0 + i) * VTC_MR, keep, r[i]);
   }
   for (; p0 < kb; ++p0)
-    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
+    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = vtc_load1(src + r * lds + p0);
 }
 
 // C[j * ldc + r] (+)= sum_p w[r * LDW + p] * bt[p * VTC_NR + j] for r < R, j < cols: the transposed 12 x 32
@@ -937,8 +954,8 @@ static inline __m512 vtc_reduce16(const __m512* s) {
 
 // c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
 // against a row-major weight (B = W^T) read in place
-template <int R, int J>
-static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+template <int R, int J, typename TW>
+static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                                 float* __restrict c, int64_t ldc, bool add) {
   const int64_t kf = kc / 16 * 16;
   const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
@@ -955,7 +972,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int j = 0; j < J; ++j) {
       if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
         _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
-      const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+      const __m512 wv = vtc_load16(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -966,7 +983,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a + r * kc + kf);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
-      const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+      const __m512 wv = vtc_load16_tail(w + j * ldw + kf, kc - kf);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -985,8 +1002,8 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
 }
 
 // rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
-template <int J>
-static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+template <int J, typename TW>
+static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                            float* __restrict c, int64_t ldc, bool add) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) vtc_dot_rows<4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
@@ -995,7 +1012,8 @@ static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, con
 }
 
 // columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
-__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const float* w,
+template <typename TW>  // float, or float16 widened as it is read (a float16 GEMM's weight)
+__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const TW* w,
                                                    int64_t ldw, float* c, int64_t ldc, bool add) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) vtc_dot<4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
@@ -1170,6 +1188,22 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
     return buf, em.index(base), coeffs, rest
 
 
+def _unwidened(s: Scalar) -> Scalar:
+    """The float16 load of an operand that is one widened to float32 (a float16 GEMM's, ``narrowed``), else s.  The
+    paths that read such an operand through a pointer (the pack loops' strided branches, the dot path) widen as
+    they read (``vtc_load16`` / ``vtc_load1``, ``_elem``); the others see a cast and take the general loops."""
+    if s.op == "cast" and s.dtype == torch.float32 and s.args[0].op == "load" and s.args[0].dtype == F16:
+        return s.args[0]
+    return s
+
+
+def _elem(load: Scalar) -> tuple[str, Callable[[str], str]]:
+    """(C element type of the buffer an operand's `load` reads, C of one element of it read as a float)."""
+    if load.dtype == F16:
+        return "uint16_t", lambda x: f"vtc_from_f16({x})"
+    return "float", lambda x: x
+
+
 WT_MIN_M = 12  # from here (below: the dot-product path; at 16 rows the micro-kernel uses half its panel: H = 1)
 WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_rows": A^T in one L2 block)
 WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
@@ -1232,7 +1266,8 @@ def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
     if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
         return "weight_rows"
     if g.m <= SKINNY_M:
-        if cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) != 1:
+        cd = _plain(_unwidened(g.b), g, shapes)  # the dot path reads a float16 weight too (``_dot_path``)
+        if cd is not None and cd.get("r", 0) == 1 and abs(cd.get(nv, 0)) != 1:
             return "dot"
         if gemm_dot.applies(g, shapes):
             return gemm_dot.PATH
@@ -1353,7 +1388,8 @@ def generate(k: Kernel) -> str:
     out = k.stores[0].buffer
     lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
-    c = em.ptr[out.name]
+    # a float16 result (``narrowed``): the sums go to a float32 scratch C, the epilogue rounds them into the output
+    c = "cacc" if narrowed(k) else em.ptr[out.name]
     wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
@@ -1372,6 +1408,8 @@ def generate(k: Kernel) -> str:
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
+        *([f"  float* __restrict cacc = vtc_gemm_scratch(3, BATCH * M * N);  // the float32 sums (narrowed)"]
+          if narrowed(k) else []),
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *_wide_rows_blocking(em, g),
@@ -1720,7 +1758,7 @@ def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     if g.m > SKINNY_M:
         return []
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    st = _strided(_unwidened(g.b), g, em)  # (a float16 weight widened as vtc_dot_cols reads it)
     if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
         return []
     buf, off, co, _ = st
@@ -1904,22 +1942,24 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
     by_runs = gemm_pack.pack_a(em, g, ind, rows)  # gathered rows, a cat's parts, gathered columns
     if by_runs is not None:
         return by_runs
-    st = _strided(g.a, g, em)
+    load = _unwidened(g.a)  # (a float16 A: the strided loops widen as they read, ``_elem``)
+    st = _strided(load, g, em)
     if st is not None and st[3].is_const:
         buf, off, co, _ = st
         sm, sk = co.get(mv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + m0 * {sm} + k0 * {sk}"
-        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        et, rd = _elem(load)
+        head = [f"{ind}{{ const {et}* __restrict src = {src};"]
         if not rows and sm == 1 and abs(sk) != 1:  # transposed A: MR contiguous elements per panel row
             body = [f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{",
                     f"{ind}    const int64_t rows = std::min<int64_t>(VTC_MR, mb - ir);",
                     f"{ind}    for (int64_t pp = 0; pp < kb; ++pp)",
-                    f"{ind}      for (int64_t i = 0; i < rows; ++i) ap[ir * kb + pp * VTC_MR + i] = src[ir + i + pp * {sk}];",
+                    f"{ind}      for (int64_t i = 0; i < rows; ++i) ap[ir * kb + pp * VTC_MR + i] = {rd(f'src[ir + i + pp * {sk}]')};",
                     f"{ind}  }}"]
         elif abs(sm) == 1 and abs(sk) != 1:
             body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
                     f"{ind}    for (int64_t ii = 0; ii < mb; ++ii)",
-                    f"{ind}      ap[{base} + pp * {step}] = src[ii * {sm} + pp * {sk}];"]
+                    f"{ind}      ap[{base} + pp * {step}] = {rd(f'src[ii * {sm} + pp * {sk}]')};"]
         elif not rows and sk == 1:  # row-major A: 16 x 16 blocks transposed in registers
             body = [f"{ind}#if defined(__AVX512F__)",
                     f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
@@ -1927,15 +1967,15 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
                     f"{ind}#else",
                     f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
                     f"{ind}    float* __restrict dst = ap + {base};",
-                    f"{ind}    const float* __restrict s = src + ii * {sm};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp];",
+                    f"{ind}    const {et}* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = {rd('s[pp]')};",
                     f"{ind}  }}",
                     f"{ind}#endif"]
         else:
             body = [f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
                     f"{ind}    float* __restrict dst = ap + {base};",
-                    f"{ind}    const float* __restrict s = src + ii * {sm};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
+                    f"{ind}    const {et}* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = {rd(f's[pp * {sk}]')};",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"]
     along_m = None if rows else gemm_inline.pack_a_along_m(em, g, ind)  # a transposed A through a producer
@@ -1988,8 +2028,10 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
     if by_runs is not None:
         return by_runs
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    load = _unwidened(g.b)  # (a float16 B: the strided loops widen as they read, ``_elem``)
+    st = _strided(load, g, em)
     st = st if st is not None and st[3].is_const else None
+    et, rd = _elem(load)
     zero_tail = [f"{ind}if (nb % VTC_NR) {{",
                  f"{ind}  float* __restrict dst = bp + (nb / VTC_NR) * VTC_NR * kb;",
                  f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
@@ -1999,14 +2041,14 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
         buf, off, co, _ = st
         sn, sk = co.get(nv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0 * {sk}"
-        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        head = [f"{ind}{{ const {et}* __restrict src = {src};"]
         if abs(sn) == 1 or abs(sk) != 1:  # row-major B: each k row walked contiguously across the tile
             body = [f"{ind}  const int64_t nfull = nb / VTC_NR * VTC_NR;",
                     f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
-                    f"{ind}    const float* __restrict s = src + pp * {sk};",
+                    f"{ind}    const {et}* __restrict s = src + pp * {sk};",
                     f"{ind}    for (int64_t jr = 0; jr < nfull; jr += VTC_NR)",
-                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = s[(jr + jj) * {sn}];",
-                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = s[jj * {sn}];",
+                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = {rd(f's[(jr + jj) * {sn}]')};",
+                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = {rd(f's[jj * {sn}]')};",
                     f"{ind}  }}"]
         else:  # transposed B (a Linear weight): 16 x 16 blocks transposed in registers, the rest per column
             vec = [f"{ind}  int64_t nfull = 0, kfull = 0;"]
@@ -2023,8 +2065,8 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             body = [*vec,
                     f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
                     f"{ind}    float* __restrict dst = bp + (jj / VTC_NR) * VTC_NR * kb + jj % VTC_NR;",
-                    f"{ind}    const float* __restrict s = src + jj * {sn};",
-                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = s[pp * {sk}];",
+                    f"{ind}    const {et}* __restrict s = src + jj * {sn};",
+                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = {rd(f's[pp * {sk}]')};",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"] + zero_tail
     em.forget()
@@ -2040,20 +2082,31 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             f"{ind}}}"] + zero_tail
 
 
+def narrowed(k: Kernel) -> bool:
+    """True when float32 gemm kernel k stores a float16 result: its sums are a float32 scratch C that
+    ``_epilogue`` rounds into the output once per element (as eager's fp16 GEMM, which accumulates in float32)."""
+    return k.stores[0].buffer.dtype == F16
+
+
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
-    consumer); then each other store (through a push mapping, vtc.codegen.gemm_push) copies the finished
-    value where its predicate holds, over the columns it can hold on (``_column_run``).  Nothing when the
-    first store is acc and there are no others."""
+    consumer), into C or, where ``narrowed``, rounded into the float16 output; then each other store (through a
+    push mapping, vtc.codegen.gemm_push) copies the finished value where its predicate holds, over the columns
+    it can hold on (``_column_run``).  Nothing when the first store is acc into C and there are no others."""
     from vtc.codegen.cpp import ctype
 
     g: GemmOperands = k.gemm
-    value, pushes = k.stores[0].value, k.stores[1:]
-    if value.op == "acc" and not pushes:
+    first = k.stores[0]
+    value, pushes = first.value, k.stores[1:]
+    if value.op == "acc" and not pushes and not narrowed(k):
         return []
     bv, mv, nv = g.vars
     inner = ind + "    "
-    if value.op != "acc":
+    if narrowed(k):
+        out = first.buffer.name
+        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
+                             lambda: f"{em.ptr[out]}[{em.linear(out, first.index)}] = {em.stored(value, F16)}")
+    elif value.op != "acc":
         lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
                              lambda: f"ct[ii * LDC + jj] = {em.scalar(value)}")
     else:

@@ -1,0 +1,106 @@
+"""float16 GEMMs and a float16 Llama forward: eager, vtc under gemm="auto" and gemm="vtc", side by side in one process.
+
+    PYTHONPATH=$PWD python bench/fp16_side_by_side.py [--threads 1] [--only linear,bmm,llama] [--out bench/results/x.json]
+
+Per workload the variants are timed interleaved (one round of each in turn, ``rounds`` times); each round is the
+CPU time of the calling thread (``time.thread_time``, the figure that moves least on a shared machine) per call
+at 1 thread, wall-clock (``time.perf_counter``) at more (the other threads' time is not the caller's).  Printed
+and written: min / median ms per variant, what vtc chose for each GEMM, the largest difference to eager and the
+fraction of elements equal to eager's (docs/low_precision.md, "float16 GEMMs")."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import vtc
+
+H = torch.float16
+
+
+def _rand(*shape):
+    return torch.randn(*shape, dtype=torch.float32).to(H)
+
+
+def workloads(only: set[str]):
+    """(name, fn, inputs) of the measured products and models."""
+    out = []
+    if "linear" in only:
+        for m, k, n in ((512, 512, 512), (128, 1024, 1024), (1, 1024, 4096), (4, 1024, 4096), (16, 1024, 4096)):
+            w, b = _rand(n, k) * 0.05, _rand(n) * 0.1
+            out.append((f"linear {m}x{k}->{n} +bias", lambda x, w=w, b=b: F.linear(x, w, b), (_rand(m, k),)))
+    if "bmm" in only:
+        out.append(("bmm 16x(256x256 @ 256x64)", torch.bmm, (_rand(16, 256, 256), _rand(16, 256, 64))))
+        out.append(("bmm q@k^T 16x(128x64 @ (128x64)^T)", lambda q, k: q @ k.transpose(1, 2),
+                    (_rand(16, 128, 64), _rand(16, 128, 64))))
+    if "llama" in only:
+        import transformers as tf
+
+        torch.manual_seed(0)
+        cfg = tf.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1408, num_hidden_layers=2,
+                             num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
+                             use_cache=False)
+        model = tf.LlamaForCausalLM(cfg).eval().half()
+        out.append(("llama fp16 2 layers 1x128", lambda ids: model(ids).logits, (torch.randint(1, 1000, (1, 128)),)))
+    return out
+
+
+def _timed(fn, args, threads: int) -> float:
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    t = clock()
+    fn(*args)
+    return (clock() - t) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", default="linear,bmm,llama")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--out", default="")
+    opts = ap.parse_args()
+    torch.set_num_threads(opts.threads)
+    rows = []
+    for name, fn, args in workloads(set(opts.only.split(","))):
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = fn(*args)
+            variants = {"eager": fn}
+            choices = {}
+            for mode in ("auto", "vtc"):
+                c = vtc.compile(fn, args, gemm=mode)
+                got = c(*args)
+                variants[f"vtc {mode}"] = c
+                choices[mode] = {"gemm": [f"{g['choice']}:{g['path']}" for g in c.report.to_dict()["gemm"]],
+                                 "max_diff": (got.float() - want.float()).abs().max().item(),
+                                 "equal": (got == want).float().mean().item()}
+            times = {v: [] for v in variants}
+            for f in variants.values():
+                for _ in range(2):
+                    f(*args)
+            for _ in range(opts.rounds):
+                for v, f in variants.items():
+                    times[v].append(_timed(f, args, opts.threads))
+        row = {"workload": name, **{v: (round(min(t), 3), round(statistics.median(t), 3)) for v, t in times.items()},
+               "choices": choices}
+        rows.append(row)
+        print(f"{name:40s} " + "  ".join(f"{v} {row[v][0]:.3f}/{row[v][1]:.3f}" for v in variants)
+              + f"  auto={choices['auto']['gemm']} eq={choices['vtc']['equal']:.4f}", flush=True)
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f}")
+    if opts.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        with open(opts.out, "w") as f:
+            json.dump({"threads": opts.threads, "clock": "thread_time" if opts.threads == 1 else "perf_counter",
+                       "load": load, "commit": commit, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
