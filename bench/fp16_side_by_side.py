@@ -36,6 +36,9 @@ def workloads(only: set[str]):
         for m, k, n in ((512, 512, 512), (128, 1024, 1024), (1, 1024, 4096), (4, 1024, 4096), (16, 1024, 4096)):
             w, b = _rand(n, k) * 0.05, _rand(n) * 0.1
             out.append((f"linear {m}x{k}->{n} +bias", lambda x, w=w, b=b: F.linear(x, w, b), (_rand(m, k),)))
+        for m in (1, 4, 16):  # B row-major (x @ W, W [K, N]): no in-place path for float16 B, packed per call
+            w = _rand(1024, 4096) * 0.05
+            out.append((f"mm {m}x1024 @ 1024x4096 (B row-major)", lambda x, w=w: x @ w, (_rand(m, 1024),)))
     if "bmm" in only:
         out.append(("bmm 16x(256x256 @ 256x64)", torch.bmm, (_rand(16, 256, 256), _rand(16, 256, 64))))
         out.append(("bmm q@k^T 16x(128x64 @ (128x64)^T)", lambda q, k: q @ k.transpose(1, 2),

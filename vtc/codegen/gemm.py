@@ -50,6 +50,7 @@ every decision with both estimates for the report.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -204,6 +205,44 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     return vtc, lib
 
 
+# float16 (the float32 kernel on widened operands, ``narrowed``): torch's float16 GEMMs on CPUs without AVX512_FP16
+# / AMX-FP16 are slow (torch 2.13 on Zen 4, 1 thread, CPU time, bench/fp16_side_by_side.py): F.linear (B = W^T)
+# runs ~15-18 GFLOPS (512^3: 14.7 ms, 128 x 1024 -> 1024: 17.4 ms), its skinny products read W at ~16 GB/s
+# (1 x 1024 -> 4096: 0.53 ms); every other B (a bmm, x @ W with W [K, N], q @ k^T) 0.5-4.5 GFLOPS (16 x 256 x 256
+# @ 256 x 64: 33 ms; 16 x 1024 @ 1024 x 4096: 220 ms).  Rates for 2 threads, as above.
+F16_TORCH_GFLOPS = {"k": 32.0, "n": 8.0}  # B = W^T of one weight (unit stride along k, no batch) / any other B
+F16_TORCH_GBPS = 32.0  # bytes of a float16 B read by a skinny (M <= SKINNY_M) product
+F16_FAST_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU flags with which oneDNN has float16 kernels: there torch's float16
+#                                             GEMM is taken as fast as its float32 one (the float32 estimate)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_f16_fast() -> bool:
+    """Whether this CPU has a float16 GEMM instruction set that torch's oneDNN uses (``F16_FAST_FLAGS``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(x in flags for x in F16_FAST_FLAGS)
+
+
+def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
+                    b_unit_stride: str = "n") -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
+    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M), torch's at its float16 rates (above), or at
+    float32's where the CPU has float16 GEMM instructions (``_torch_f16_fast``)."""
+    vtc, lib = estimate_us(batch, m, n, k, copies=copies, mapped_elems=mapped_elems, b_unit_stride=b_unit_stride,
+                           path="panels")
+    if _torch_f16_fast():
+        return vtc, lib
+    rate = F16_TORCH_GFLOPS["k" if b_unit_stride == "k" and batch == 1 else "n"]
+    lib = 2.0 * batch * m * n * k / (rate * 1e3) + CALL_US
+    lib += 2.0 * batch * k * n / (F16_TORCH_GBPS * 1e3) if m <= SKINNY_M else 0.0
+    lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies)
+    return vtc, lib
+
+
 def could_generate(n: Node) -> bool:
     """Whether the generated kernel can run float32 GEMM node n (``_unsupported`` says nothing against it), so that
     under gemm="auto" ``choose`` weighs packing a virtual operand through its mapping against torch on a copy of
@@ -270,6 +309,10 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     if inlined and a.dtype == torch.float32:
         vtc_us += sum(nbytes // 4 * reuse for _, nbytes, reuse in inlined) * MAPPED_PACK_NS * 1e-3
         torch_us += sum(CALL_US + 2 * nbytes / (COPY_GBPS * 1e3) for _, nbytes, _ in inlined)
+    if a.dtype == F16 and not unsupported:  # widened into the float32 kernel; it stores only its own result
+        pushed, speed = (), 1.0
+        vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
+                                           mapped_elems=mapped, b_unit_stride=b_stride)
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -307,6 +350,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
                                f"back): estimated faster")
         measured = f" (torch's GEMM measured at {speed:.2f}x its assumed rate on this machine)" if speed != 1.0 else ""
+        measured = " (torch's float16 GEMM has no fast path on this CPU)" if a.dtype == F16 else measured
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
                            f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
@@ -799,22 +843,22 @@ static inline void vtc_transpose16_regs(__m512* r) {
 
 // dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
 // 16 elements from p, as floats: float16 ones (a float16 GEMM's operands, vtc.codegen.gemm ``narrowed``) widened
-static inline __m512 vtc_load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 vtc_load16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
-static inline float vtc_load1(const float* p) { return *p; }
-static inline float vtc_load1(const uint16_t* p) { return _cvtsh_ss(*p); }
+static inline __m512 vtc_widen16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 vtc_widen16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline float vtc_widen1(const float* p) { return *p; }
+static inline float vtc_widen1(const uint16_t* p) { return _cvtsh_ss(*p); }
 // the first n < 16 elements from p, zeros after them
 template <typename T>
-static inline __m512 vtc_load16_tail(const T* p, int64_t n) {
+static inline __m512 vtc_widen16_tail(const T* p, int64_t n) {
   if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
   alignas(32) T t[16] = {};
   for (int64_t i = 0; i < n; ++i) t[i] = p[i];
-  return vtc_load16(t);
+  return vtc_widen16(t);
 }
 template <typename T>
 static inline void vtc_transpose16(const T* src, int64_t lds, float* dst, int64_t ldd) {
   __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = vtc_load16(src + i * lds);
+  for (int i = 0; i < 16; ++i) r[i] = vtc_widen16(src + i * lds);
   vtc_transpose16_regs(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
@@ -827,13 +871,13 @@ static inline void vtc_pack_a_rows(const T* __restrict src, int64_t lds, int row
   for (; p0 + 16 <= kb; p0 += 16) {
     __m512 r[16];
     #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? vtc_load16(src + i * lds + p0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? vtc_widen16(src + i * lds + p0) : _mm512_setzero_ps();
     vtc_transpose16_regs(r);
     #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + (p0 + i) * VTC_MR, keep, r[i]);
   }
   for (; p0 < kb; ++p0)
-    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = vtc_load1(src + r * lds + p0);
+    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = vtc_widen1(src + r * lds + p0);
 }
 
 // C[j * ldc + r] (+)= sum_p w[r * LDW + p] * bt[p * VTC_NR + j] for r < R, j < cols: the transposed 12 x 32
@@ -972,7 +1016,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW*
     for (int j = 0; j < J; ++j) {
       if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
         _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
-      const __m512 wv = vtc_load16(w + j * ldw + p);
+      const __m512 wv = vtc_widen16(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -983,7 +1027,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW*
     for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a + r * kc + kf);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
-      const __m512 wv = vtc_load16_tail(w + j * ldw + kf, kc - kf);
+      const __m512 wv = vtc_widen16_tail(w + j * ldw + kf, kc - kf);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -1191,7 +1235,7 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
 def _unwidened(s: Scalar) -> Scalar:
     """The float16 load of an operand that is one widened to float32 (a float16 GEMM's, ``narrowed``), else s.  The
     paths that read such an operand through a pointer (the pack loops' strided branches, the dot path) widen as
-    they read (``vtc_load16`` / ``vtc_load1``, ``_elem``); the others see a cast and take the general loops."""
+    they read (``vtc_widen16`` / ``vtc_widen1``, ``_elem``); the others see a cast and take the general loops."""
     if s.op == "cast" and s.dtype == torch.float32 and s.args[0].op == "load" and s.args[0].dtype == F16:
         return s.args[0]
     return s
