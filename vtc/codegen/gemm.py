@@ -206,11 +206,12 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
 
 
 # float16 (the float32 kernel on widened operands, ``narrowed``): torch's float16 GEMMs on CPUs without AVX512_FP16
-# / AMX-FP16 are slow (torch 2.13 on Zen 4, 1 thread, CPU time, bench/fp16_side_by_side.py): F.linear (B = W^T)
-# runs ~15-18 GFLOPS (512^3: 14.7 ms, 128 x 1024 -> 1024: 17.4 ms), its skinny products read W at ~16 GB/s
-# (1 x 1024 -> 4096: 0.53 ms); every other B (a bmm, x @ W with W [K, N], q @ k^T) 0.5-4.5 GFLOPS (16 x 256 x 256
-# @ 256 x 64: 33 ms; 16 x 1024 @ 1024 x 4096: 220 ms).  Rates for 2 threads, as above.
-F16_TORCH_GFLOPS = {"k": 32.0, "n": 8.0}  # B = W^T of one weight (unit stride along k, no batch) / any other B
+# / AMX-FP16 are slow (torch 2.13 on Zen 4, 1 thread, CPU time, bench/fp16_side_by_side.py): F.linear (mm / addmm,
+# B = W^T) runs ~11-18 GFLOPS (512^3: 14.7 ms, 128 x 1024 -> 1024: 17.4 ms, 17 x 301 -> 45: 41 us), its skinny
+# products read W at ~16 GB/s (1 x 1024 -> 4096: 0.53 ms); a bmm ~4-4.5 GFLOPS (16 x 256 x 256 @ 256 x 64: 33 ms),
+# an mm with any other B (x @ W, W [K, N]) 0.6-3 (128 x 1024 @ 1024 x 1024: 264 ms, 16 x 1024 @ 1024 x 4096:
+# 220 ms, 512^3: 93 ms).  Rates for 2 threads.
+F16_TORCH_GFLOPS = {"linear": 24.0, "bmm": 8.0, "other": 4.0}  # mm / addmm with B = W^T, bmm, any other mm
 F16_TORCH_GBPS = 32.0  # bytes of a float16 B read by a skinny (M <= SKINNY_M) product
 F16_FAST_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU flags with which oneDNN has float16 kernels: there torch's float16
 #                                             GEMM is taken as fast as its float32 one (the float32 estimate)
@@ -228,15 +229,18 @@ def _torch_f16_fast() -> bool:
 
 
 def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
-                    b_unit_stride: str = "n") -> tuple[float, float]:
+                    b_unit_stride: str = "n", kind: str = "other") -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
-    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M), torch's at its float16 rates (above), or at
+    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M), torch's at its float16 rate of `kind` (above),
+    or at
     float32's where the CPU has float16 GEMM instructions (``_torch_f16_fast``)."""
     vtc, lib = estimate_us(batch, m, n, k, copies=copies, mapped_elems=mapped_elems, b_unit_stride=b_unit_stride,
                            path="panels")
+    if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
+        vtc -= 2.0 * batch * k * n / (SKINNY["dot"][0] * 1e3)
     if _torch_f16_fast():
         return vtc, lib
-    rate = F16_TORCH_GFLOPS["k" if b_unit_stride == "k" and batch == 1 else "n"]
+    rate = F16_TORCH_GFLOPS[kind]
     lib = 2.0 * batch * m * n * k / (rate * 1e3) + CALL_US
     lib += 2.0 * batch * k * n / (F16_TORCH_GBPS * 1e3) if m <= SKINNY_M else 0.0
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies)
@@ -269,6 +273,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     a, b = _operands(n, args)
     batch, m, kk = (a.shape if len(a.shape) == 3 else (1, *a.shape))
     nn = b.shape[-1]
+    batched = n.op in ("aten.bmm.default", "aten.baddbmm.default")
     unsupported = _unsupported(n, args, low)
     bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
 
@@ -312,7 +317,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     if a.dtype == F16 and not unsupported:  # widened into the float32 kernel; it stores only its own result
         pushed, speed = (), 1.0
         vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
-                                           mapped_elems=mapped, b_unit_stride=b_stride)
+                                           mapped_elems=mapped, b_unit_stride=b_stride,
+                                           kind="bmm" if batched else "linear" if b_stride == "k" else "other")
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
