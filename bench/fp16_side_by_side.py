@@ -10,6 +10,7 @@ fraction of elements equal to eager's (docs/low_precision.md, "float16 GEMMs")."
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -51,8 +52,23 @@ def workloads(only: set[str]):
                              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256,
                              use_cache=False)
         model = tf.LlamaForCausalLM(cfg).eval().half()
-        out.append(("llama fp16 2 layers 1x128", lambda ids: model(ids).logits, (torch.randint(1, 1000, (1, 128)),)))
+        logits = lambda ids: model(ids).logits  # noqa: E731
+        logits.model = model
+        out.append(("llama fp16 2 layers 1x128", logits, (torch.randint(1, 1000, (1, 128)),)))
     return out
+
+
+def _float32(fn):
+    """fn on float32: a model (``fn.model``) copied and cast, a Linear's float16 weight and bias (its lambda's
+    defaults) cast once, any other fn as it is (its float32 inputs make it float32)."""
+    model = getattr(fn, "model", None)
+    if model is not None:
+        m32 = copy.deepcopy(model).float()
+        return lambda *a: m32(*a).logits
+    if fn.__defaults__:
+        defaults = tuple(d.float() if isinstance(d, torch.Tensor) else d for d in fn.__defaults__)
+        return lambda *a: fn(*a, *defaults)
+    return fn
 
 
 def _timed(fn, args, threads: int) -> float:
@@ -68,6 +84,7 @@ def main() -> None:
     ap.add_argument("--only", default="linear,bmm,llama")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default="")
+    ap.add_argument("--fp32", action="store_true", help="also the same workloads in float32 under vtc")
     opts = ap.parse_args()
     torch.set_num_threads(opts.threads)
     rows = []
@@ -84,6 +101,10 @@ def main() -> None:
                 choices[mode] = {"gemm": [f"{g['choice']}:{g['path']}" for g in c.report.to_dict()["gemm"]],
                                  "max_diff": (got.float() - want.float()).abs().max().item(),
                                  "equal": (got == want).float().mean().item()}
+            if opts.fp32:  # the same workload in float32 under gemm="auto", for reference
+                args32 = tuple(a.float() if a.is_floating_point() else a for a in args)
+                fn32 = _float32(fn)
+                variants["vtc fp32"] = (lambda c: lambda *_: c(*args32))(vtc.compile(fn32, args32))
             times = {v: [] for v in variants}
             for f in variants.values():
                 for _ in range(2):

@@ -171,3 +171,56 @@ def test_fp16_llama_end_to_end():
     diff = (got.double() - want.double()).abs()
     tol = 2 * _ulp(want).double() + 2.0 ** -9 * want.double().abs().max()
     assert bool((diff <= tol).all()), diff.max().item()
+
+
+# -- float16 convolutions: vtc.codegen.conv's implicit GEMM on the panels, widened the same way ----------------
+def _conv_magnitude(x, w, **kw) -> torch.Tensor:
+    return F.conv2d(x.double().abs(), w.double().abs(), **kw)
+
+
+@pytest.mark.parametrize("case", ["3x3", "1x1", "grouped_stride2_relu", "shuffled_input"])
+def test_fp16_conv2d(case):
+    """Non-depthwise float16 convolutions (torch's took 11-23x its float32 time here): a 3x3 "same" one with bias,
+    a 1x1, a grouped stride-2 one with a ReLU epilogue, one reading a channel shuffle through its mapping; one
+    kernel each, the im2col widened by the pack, the result rounded once."""
+    g = gen(130 + len(case))
+    if case == "3x3":
+        x, w, b = rand((2, 16, 13, 13), g, H), rand((24, 16, 3, 3), g, H), rand((24,), g, H)
+        fn, mag = (lambda x, w, b: F.conv2d(x, w, b, padding=1)), _conv_magnitude(x, w, padding=1) + b.double().abs()[:, None, None]
+        inputs = (x, w, b)
+    elif case == "1x1":
+        x, w = rand((1, 40, 14, 14), g, H), rand((36, 40, 1, 1), g, H)
+        fn, mag, inputs = (lambda x, w: F.conv2d(x, w)), _conv_magnitude(x, w), (x, w)
+    elif case == "grouped_stride2_relu":
+        x, w, b = rand((2, 24, 17, 17), g, H), rand((48, 12, 3, 3), g, H), rand((48,), g, H)
+        fn = lambda x, w, b: F.relu(F.conv2d(x, w, b, stride=2, padding=1, groups=2))  # noqa: E731
+        mag = _conv_magnitude(x, w, stride=2, padding=1, groups=2) + b.double().abs()[:, None, None]
+        inputs = (x, w, b)
+    else:
+        x, w = rand((1, 32, 12, 12), g, H), rand((32, 32, 1, 1), g, H)
+
+        def fn(x, w):
+            y = x.view(1, 2, 16, 12, 12).transpose(1, 2).reshape(1, 32, 12, 12)  # ShuffleNet's channel shuffle
+            return F.conv2d(y, w)
+
+        mag = _conv_magnitude(x.view(1, 2, 16, 12, 12).transpose(1, 2).reshape(1, 32, 12, 12), w)
+        inputs = (x, w)
+    c = compile_cpu(fn, inputs)
+    got, want = c(*inputs), fn(*inputs)
+    assert [(g["choice"], g["path"]) for g in report(c)["gemm"]] == [("vtc", "panels")]
+    assert [k.kind for k in kernels(c)] == ["gemm"] and [s.node.op for s in steps(c, "run")] == []
+    _assert_fp16_close(got, want, mag)
+
+
+def test_fp16_conv_epilogue():
+    """Conv2d with bias + SiLU + a residual add in float16: one kernel, the convolution rounded to float16 before
+    the SiLU and each op rounded as eager rounds it.  (A float16 BatchNorm2d after it runs through torch: "batch
+    norm in torch.float16".)"""
+    g = gen(140)
+    x, w, b, r = rand((1, 16, 20, 20), g, H), rand((32, 16, 3, 3), g, H), rand((32,), g, H), rand((1, 32, 20, 20), g, H)
+    fn = lambda x, w, b, r: F.silu(F.conv2d(x, w, b, padding=1)) + r  # noqa: E731
+    c = compile_cpu(fn, (x, w, b, r))
+    got, want = c(x, w, b, r), fn(x, w, b, r)
+    assert [g["choice"] for g in report(c)["gemm"]] == ["vtc"]
+    assert [k.kind for k in kernels(c)] == ["gemm"] and [s.node.op for s in steps(c, "run")] == []
+    _assert_fp16_close(got, want, _conv_magnitude(x, w, padding=1) + b.double().abs()[:, None, None] + r.double().abs())
