@@ -1,6 +1,8 @@
-"""float16 GEMMs and a float16 Llama forward: eager, vtc under gemm="auto" and gemm="vtc", side by side in one process.
+"""float16 GEMMs, convolutions and a Llama forward: eager and vtc (gemm="auto", gemm="vtc"; --fp32: vtc on float32)
+side by side in one process.
 
-    PYTHONPATH=$PWD python bench/fp16_side_by_side.py [--threads 1] [--only linear,bmm,llama] [--out bench/results/x.json]
+    PYTHONPATH=$PWD python bench/fp16_side_by_side.py [--threads 1] [--only linear,bmm,conv,llama] [--fp32]
+        [--out bench/results/x.json]
 
 Per workload the variants are timed interleaved (one round of each in turn, ``rounds`` times); each round is the
 CPU time of the calling thread (``time.thread_time``, the figure that moves least on a shared machine) per call
@@ -44,6 +46,14 @@ def workloads(only: set[str]):
         out.append(("bmm 16x(256x256 @ 256x64)", torch.bmm, (_rand(16, 256, 256), _rand(16, 256, 64))))
         out.append(("bmm q@k^T 16x(128x64 @ (128x64)^T)", lambda q, k: q @ k.transpose(1, 2),
                     (_rand(16, 128, 64), _rand(16, 128, 64))))
+        out.append(("bmm decode q @ cat(k_past, k)^T 16x(1x64 @ 64x256)",
+                    lambda q, kp, kn: q @ torch.cat([kp, kn], 1).transpose(1, 2),
+                    (_rand(16, 1, 64), _rand(16, 255, 64), _rand(16, 1, 64))))
+    if "conv" in only:
+        for cin, cout, k, size in ((64, 64, 3, 56), (116, 116, 1, 28)):
+            w, b = _rand(cout, cin, k, k) * 0.05, _rand(cout) * 0.1
+            out.append((f"conv2d {cin}->{cout} {k}x{k} {size}x{size} +bias+relu",
+                        lambda x, w=w, b=b, p=k // 2: F.relu(F.conv2d(x, w, b, padding=p)), (_rand(1, cin, size, size),)))
     if "llama" in only:
         import transformers as tf
 
@@ -65,7 +75,7 @@ def _float32(fn):
     if model is not None:
         m32 = copy.deepcopy(model).float()
         return lambda *a: m32(*a).logits
-    if fn.__defaults__:
+    if getattr(fn, "__defaults__", None):
         defaults = tuple(d.float() if isinstance(d, torch.Tensor) else d for d in fn.__defaults__)
         return lambda *a: fn(*a, *defaults)
     return fn
@@ -81,7 +91,7 @@ def _timed(fn, args, threads: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--only", default="linear,bmm,llama")
+    ap.add_argument("--only", default="linear,bmm,conv,llama")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default="")
     ap.add_argument("--fp32", action="store_true", help="also the same workloads in float32 under vtc")

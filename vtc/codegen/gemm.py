@@ -213,6 +213,10 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
 # 220 ms, 512^3: 93 ms).  Rates for 2 threads.
 F16_TORCH_GFLOPS = {"linear": 24.0, "bmm": 8.0, "other": 4.0}  # mm / addmm with B = W^T, bmm, any other mm
 F16_TORCH_GBPS = 32.0  # bytes of a float16 B read by a skinny (M <= SKINNY_M) product
+# an element of a float16 operand that is not a strided view, packed one by one through its mapping and widened
+# (vtc.codegen.gemm_pack's packs by runs read float32 only): q @ cat(k_past, k)^T, 16 x (1 x 64 @ 64 x 256), took
+# 0.68-0.77 ms, ~2.6 ns an element of B at 1 thread (float32 by runs: 0.26 ms)
+F16_MAPPED_PACK_NS = 1.3
 F16_FAST_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU flags with which oneDNN has float16 kernels: there torch's float16
 #                                             GEMM is taken as fast as its float32 one (the float32 estimate)
 
@@ -231,11 +235,12 @@ def _torch_f16_fast() -> bool:
 def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
                     b_unit_stride: str = "n", kind: str = "other") -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
-    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M), torch's at its float16 rate of `kind` (above),
+    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M) with `mapped_elems` packed one by one
+    (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above),
     or at
     float32's where the CPU has float16 GEMM instructions (``_torch_f16_fast``)."""
-    vtc, lib = estimate_us(batch, m, n, k, copies=copies, mapped_elems=mapped_elems, b_unit_stride=b_unit_stride,
-                           path="panels")
+    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride, path="panels")
+    vtc += mapped_elems * F16_MAPPED_PACK_NS * 1e-3
     if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
         vtc -= 2.0 * batch * k * n / (SKINNY["dot"][0] * 1e3)
     if _torch_f16_fast():
@@ -316,6 +321,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         torch_us += sum(CALL_US + 2 * nbytes / (COPY_GBPS * 1e3) for _, nbytes, _ in inlined)
     if a.dtype == F16 and not unsupported:  # widened into the float32 kernel; it stores only its own result
         pushed, speed = (), 1.0
+        mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
+                     if needs_copy(low, v))  # (none packed by runs)
         vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
                                            mapped_elems=mapped, b_unit_stride=b_stride,
                                            kind="bmm" if batched else "linear" if b_stride == "k" else "other")
