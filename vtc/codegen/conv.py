@@ -32,9 +32,11 @@ from __future__ import annotations
 import torch
 
 from vtc.codegen import conv_bcast, conv_direct, conv_panels, conv_t, depthwise, kernel_ir as K, winograd
-from vtc.codegen.gemm import ACC, F16, GemmChoice, GemmOperands, _torch_f16_fast, estimate_us, needs_copy
+from vtc.codegen.gemm import (ACC, F16, GemmChoice, GemmOperands, _torch_f16_fast, _unwidened, estimate_us,
+                              needs_copy)
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
+from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
 from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, not_, var
 from vtc.index.mapping import linear_offset, out_vars
 from vtc.ir.graph import Node
@@ -244,7 +246,8 @@ def conv_kernel(low, n: Node) -> Kernel:
     pack = Im2colPack(geo, low, image, group * cg + ci, memo)
     kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
     choice = low.gemm_choices.get(n.name)
-    if out.dtype == F16:  # vtc.codegen.gemm's panels: the weight widened by its A pack, the im2col element by element
+    if out.dtype == F16:  # vtc.codegen.gemm's panels: the weight widened by its A pack, the im2col by widened runs
+        kern.gemm.runtime += LOW_PRECISION_PRELUDE + RUN_RUNTIME_F16
         if choice is not None:
             choice.path = "panels"
         return kern
@@ -320,6 +323,25 @@ static inline void vtc_conv_run2(float* __restrict dst, const float* __restrict 
 #endif
 }
 static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
+#endif
+"""
+# float16 runs (a float16 convolution, after vecmath.LOW_PRECISION_PRELUDE): vtc_conv_run's, widened as they are read
+RUN_RUNTIME_F16 = r"""
+#ifndef VTC_CONV_RUNTIME_F16
+#define VTC_CONV_RUNTIME_F16
+static inline void vtc_conv_run(float* __restrict dst, const uint16_t* __restrict src, int64_t len, int64_t lo,
+                                int64_t hi) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, src + j)));
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_from_f16(src[j]) : 0.0f;
+#endif
+}
 #endif
 """
 MAX_CASES = 16  # piece choices unswitched out of the run loops (a cat of up to 16 inputs)
@@ -441,7 +463,7 @@ class Im2colPack:
         ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
         i4, i5 = i3 + "  ", i3 + "    "
         shifted = []
-        if run and self.shifted and self._row_stride(em, s) == geo["wd"]:
+        if run and self.shifted and s.op == "load" and self._row_stride(em, s) == geo["wd"]:  # (float32)
             kh, kw = geo["kh"], geo["kw"]
             shifted = [f"{ind}#if defined(__AVX512F__)",
                        f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
@@ -526,7 +548,9 @@ class Im2colPack:
         """C for the address of s at the run's start when s is a load with unit stride along the input row
         and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
         along = "cv_q" if self.flat else "cv_iw"
-        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] not in (1, 2)):
+        s = _unwidened(s)  # a float16 input: vtc_conv_run's float16 form (RUN_RUNTIME_F16), stride 1 only
+        stride = 1 if self.flat else self.geo["stride"][1]
+        if s.op != "load" or stride not in ((1, 2) if s.dtype == torch.float32 else (1,) if s.dtype == F16 else ()):
             return ""
         buf, idx = s.args
         lin = linear_offset(idx, em.shapes[buf])
