@@ -25,7 +25,11 @@ in place (vtc.codegen.conv_t; ``GemmChoice.path``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
-least ``WIDE_PIXELS`` output pixels is generated.
+least ``WIDE_PIXELS`` output pixels is generated.  A float16 one (not depthwise) runs
+vtc.codegen.gemm's panels on widened operands (its weight by the A pack, the im2col
+by ``RUN_RUNTIME_F16``'s runs or element by element), the result rounded once; under
+"auto" it is generated wherever torch's float16 convolution (``F16_TORCH_SLOWER``) is
+not estimated faster.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GEMM kernels: float32 mm / bmm / addmm / baddbmm whose operands are read through their mappings.
+"""GEMM kernels: float32 (and float16) mm / bmm / addmm / baddbmm whose operands are read through their mappings.
 
 On a CPU a fast GEMM copies its operands anyway: into small *packed panels*
 that stay in cache (Goto's algorithm).  Contiguity is needed only there, so
@@ -43,9 +43,13 @@ estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
 slightly ahead on large contiguous squares on the Intel CPUs the rates were
 measured on; where the machine's figures, ``vtc.plan.cost.machine()``, show
 torch's GEMM slower than the generated one, as MKL is on AMD EPYC, its rates
-are scaled by ``vtc.plan.cost.library_gemm_speed``).  Other dtypes
-run through torch, the reason in the report; bf16 mm / bmm on strided operands have a kernel of
-their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
+are scaled by ``vtc.plan.cost.library_gemm_speed``).  float16 GEMMs run
+this kernel: their operands widened to float32 as the packs read them (the strided branches and the dot path
+through ``vtc_widen16``, any other mapping through the general emitter), the float32 sums kept in a scratch C and
+rounded to float16 once per element by the epilogue (``narrowed``), as eager's float16 GEMM accumulates in
+float32 and rounds once; torch's float16 GEMM has no fast path on CPUs without float16 instructions
+(``f16_estimate_us``).  Other dtypes run through torch, the reason in the report; bf16 mm / bmm on strided
+operands have a kernel of their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
 every decision with both estimates for the report.
 """
 from __future__ import annotations
@@ -90,7 +94,8 @@ class GemmOperands:
     runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
     out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
     #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
-    dtype: torch.dtype = torch.float32  # of A, B and the result: float32, or bfloat16 (vtc.codegen.gemm_bf16)
+    dtype: torch.dtype = torch.float32  # of A, B and the result: float32 (a float16 GEMM's too: its operands are
+    #   widened casts, its result ``narrowed``), or bfloat16 (vtc.codegen.gemm_bf16)
     generate: Callable | None = None  # (kernel) -> its C++ source, for a kernel of another form than the
     #   packed panels (a convolution over a small map as dot products: vtc.codegen.conv_t)
 
