@@ -149,6 +149,15 @@ def test_fp16_threads(threads):
     _generated(lambda x, w: F.linear(x, w), (x, w), _magnitude(x, w.t()), threads=threads)
 
 
+def test_fp16_large_result():
+    """A result past NARROWED_KEEP floats (300 x 4000): its float32 sums in a buffer of the call, freed after it;
+    called twice."""
+    g = gen(125)
+    x, w = rand((300, 256), g, H), rand((4000, 256), g, H)
+    c, _, want = _generated(lambda x, w: F.linear(x, w), (x, w), _magnitude(x, w.t()))
+    _assert_fp16_close(c(x, w), want, _magnitude(x, w.t()))
+
+
 def test_fp16_llama_end_to_end():
     """A float16 transformers LlamaForCausalLM (2 layers, hidden 256, GQA 4 / 2 heads, 2 x 16 tokens) compiled end
     to end under gemm="auto": every GEMM generated, the logits within 2 float16 ulps of eager's plus 2^-9 of their

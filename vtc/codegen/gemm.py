@@ -1470,7 +1470,9 @@ def generate(k: Kernel) -> str:
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
-        *([f"  float* __restrict cacc = vtc_gemm_scratch(3, BATCH * M * N);  // the float32 sums (narrowed)"]
+        *([f"  float* __restrict cacc = BATCH * M * N <= {NARROWED_KEEP}LL ? vtc_gemm_scratch(3, BATCH * M * N)"
+           "  // the float32 sums (narrowed)",
+           "      : (float*)std::aligned_alloc(64, (size_t)((BATCH * M * N * 4 + 63) / 64 * 64));"]
           if narrowed(k) else []),
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
@@ -1603,6 +1605,8 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }", *_ksplit_finish(em, k)]
+    if narrowed(k):
+        lines.append(f"  if (BATCH * M * N > {NARROWED_KEEP}LL) std::free(cacc);")
     head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
@@ -2142,6 +2146,10 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             f"{inner}bp[(jj / VTC_NR) * VTC_NR * kb + pp * VTC_NR + jj % VTC_NR] = {em.scalar(g.b)};",
             f"{ind}  }}",
             f"{ind}}}"] + zero_tail
+
+
+NARROWED_KEEP = 1 << 20  # floats of a narrowed kernel's C kept in the thread's scratch (4 MB); a larger C (a float16
+#                          logits GEMM over a long prompt) is allocated for the call and freed after it
 
 
 def narrowed(k: Kernel) -> bool:
