@@ -552,7 +552,8 @@ class Im2colPack:
         """C for the address of s at the run's start when s is a load with unit stride along the input row
         and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
         along = "cv_q" if self.flat else "cv_iw"
-        s = _unwidened(s)  # a float16 input: vtc_conv_run's float16 form (RUN_RUNTIME_F16), stride 1 only
+        if self.geo["out"].dtype == F16:  # a float16 input: vtc_conv_run's float16 form (RUN_RUNTIME_F16), stride 1
+            s = _unwidened(s)
         stride = 1 if self.flat else self.geo["stride"][1]
         if s.op != "load" or stride not in ((1, 2) if s.dtype == torch.float32 else (1,) if s.dtype == F16 else ()):
             return ""
