@@ -53,7 +53,8 @@ def workloads(only: set[str]):
         for cin, cout, k, size in ((64, 64, 3, 56), (116, 116, 1, 28)):
             w, b = _rand(cout, cin, k, k) * 0.05, _rand(cout) * 0.1
             out.append((f"conv2d {cin}->{cout} {k}x{k} {size}x{size} +bias+relu",
-                        lambda x, w=w, b=b, p=k // 2: F.relu(F.conv2d(x, w, b, padding=p)), (_rand(1, cin, size, size),)))
+                        lambda x, w=w, b=b, p=k // 2: F.relu(F.conv2d(x, w, b, padding=p)),
+                        (_rand(1, cin, size, size),)))
     if "llama" in only:
         import transformers as tf
 

@@ -195,7 +195,8 @@ def test_fp16_conv2d(case):
     g = gen(130 + len(case))
     if case == "3x3":
         x, w, b = rand((2, 16, 13, 13), g, H), rand((24, 16, 3, 3), g, H), rand((24,), g, H)
-        fn, mag = (lambda x, w, b: F.conv2d(x, w, b, padding=1)), _conv_magnitude(x, w, padding=1) + b.double().abs()[:, None, None]
+        fn = lambda x, w, b: F.conv2d(x, w, b, padding=1)  # noqa: E731
+        mag = _conv_magnitude(x, w, padding=1) + b.double().abs()[:, None, None]
         inputs = (x, w, b)
     elif case == "1x1":
         x, w = rand((1, 40, 14, 14), g, H), rand((36, 40, 1, 1), g, H)

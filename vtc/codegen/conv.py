@@ -340,7 +340,8 @@ static inline void vtc_conv_run(float* __restrict dst, const uint16_t* __restric
     const int64_t n = std::min<int64_t>(16, len - j);
     const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
     const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
-    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, src + j)));
+    const __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, src + j));
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), x);
   }
 #else
   for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_from_f16(src[j]) : 0.0f;
