@@ -49,7 +49,8 @@ through ``vtc_widen16``, any other mapping through the general emitter), the flo
 rounded to float16 once per element by the epilogue (``narrowed``), as eager's float16 GEMM accumulates in
 float32 and rounds once; torch's float16 GEMM has no fast path on CPUs without float16 instructions
 (``f16_estimate_us``).  Other dtypes run through torch, the reason in the report; bf16 mm / bmm on strided
-operands have a kernel of their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
+operands have a kernel of their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).
+``Lowering.gemm_choices`` keeps
 every decision with both estimates for the report.
 """
 from __future__ import annotations
@@ -241,9 +242,8 @@ def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ..
                     b_unit_stride: str = "n", kind: str = "other") -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
     panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M) with `mapped_elems` packed one by one
-    (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above),
-    or at
-    float32's where the CPU has float16 GEMM instructions (``_torch_f16_fast``)."""
+    (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above), or at float32's where the CPU has
+    float16 GEMM instructions (``_torch_f16_fast``)."""
     vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride, path="panels")
     vtc += mapped_elems * F16_MAPPED_PACK_NS * 1e-3
     if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
@@ -1470,8 +1470,8 @@ def generate(k: Kernel) -> str:
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
-        *([f"  float* __restrict cacc = BATCH * M * N <= {NARROWED_KEEP}LL ? vtc_gemm_scratch(3, BATCH * M * N)"
-           "  // the float32 sums (narrowed)",
+        *(["  // the float32 sums (narrowed): kept in the thread's scratch, or for the call where large",
+           f"  float* __restrict cacc = BATCH * M * N <= {NARROWED_KEEP}LL ? vtc_gemm_scratch(3, BATCH * M * N)",
            "      : (float*)std::aligned_alloc(64, (size_t)((BATCH * M * N * 4 + 63) / 64 * 64));"]
           if narrowed(k) else []),
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
