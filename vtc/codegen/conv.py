@@ -25,16 +25,22 @@ in place (vtc.codegen.conv_t; ``GemmChoice.path``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
-least ``WIDE_PIXELS`` output pixels is generated.
+least ``WIDE_PIXELS`` output pixels is generated.  A float16 one (not depthwise) runs
+vtc.codegen.gemm's panels on widened operands (its weight by the A pack, the im2col
+by ``RUN_RUNTIME_F16``'s runs or element by element), the result rounded once; under
+"auto" it is generated wherever torch's float16 convolution (``F16_TORCH_SLOWER``) is
+not estimated faster.
 """
 from __future__ import annotations
 
 import torch
 
 from vtc.codegen import conv_bcast, conv_direct, conv_panels, conv_t, depthwise, kernel_ir as K, winograd
-from vtc.codegen.gemm import ACC, GemmChoice, GemmOperands, estimate_us, needs_copy
+from vtc.codegen.gemm import (ACC, F16, GemmChoice, GemmOperands, _torch_f16_fast, _unwidened, estimate_us,
+                              needs_copy)
 from vtc.codegen.kernel_ir import Buffer, Kernel, Store, scalars_under
 from vtc.codegen.ops import NotSupported, pointwise
+from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
 from vtc.index.expr import _terms, and_, const, free_vars, ge, lt, not_, var
 from vtc.index.mapping import linear_offset, out_vars
 from vtc.ir.graph import Node
@@ -57,6 +63,9 @@ PACK_COLS = 256  # im2col columns packed at a time (a multiple of every NR; 4-5%
 #   for 3x3 32->32 and 1x1 128->128 at 40x40, batch 16, 1 thread: bench/results/gemmspeed-2026-11-29.json)
 RUN_PACK_NS = 0.05  # per im2col element packed by runs (vs MAPPED_PACK_NS element by element)
 
+# torch's float16 convolutions on a CPU without float16 instructions (``_torch_f16_fast``): 11-23x its float32 ones
+# (torch 2.13, Zen 4, 2 threads: 3x3 64 -> 64 on 56x56 70.7 vs 3.08 ms, 1x1 116 -> 116 on 28x28 4.92 vs 0.42 ms)
+F16_TORCH_SLOWER = 10.0
 PREFETCH_NEXT = True  # a 1x1's pack prefetches each input row's next block of columns into L2
 MAX_TAPS = 49  # kernels up to 7x7 are unrolled
 
@@ -129,7 +138,7 @@ def _geometry(args: dict, out) -> dict:
 
 def _unsupported(args: dict, out, dtype: torch.dtype = torch.float32) -> str:
     """Why neither generated convolution runs this call ("" when they can); operands and result all of `dtype`
-    (float32; a depthwise one also all bf16 or all fp16)."""
+    (float32 or float16; a depthwise one also all bf16)."""
     x, w, bias = args["input"], args["weight"], args.get("bias")
     if args.get("transposed", False):
         return "transposed convolution"
@@ -137,7 +146,7 @@ def _unsupported(args: dict, out, dtype: torch.dtype = torch.float32) -> str:
         return f"{len(x.shape) - 2}-D convolution: the generated convolutions are 2-D only"
     bad = [v for v in (x, w, bias, out) if v is not None and v.dtype != dtype]
     if bad:
-        return (f"dtype {bad[0].dtype} of %{bad[0].name}: the generated convolutions are float32 only"
+        return (f"dtype {bad[0].dtype} of %{bad[0].name}: the generated convolutions are float32 or float16 only"
                 + (f" (a depthwise one also all {dtype})" if dtype != torch.float32 else ""))
     if any(s == 0 for v in (x, w, out) for s in v.shape):
         return "an empty operand"
@@ -147,7 +156,8 @@ def _unsupported(args: dict, out, dtype: torch.dtype = torch.float32) -> str:
 def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     """The generated implicit GEMM or torch's convolution for conv node n under gemm=`mode`."""
     args = bind(n.target, n.args, n.kwargs)
-    why = _unsupported(args, n.outputs[0])
+    half = n.outputs[0].dtype == F16  # float16: the panels on widened operands, the result rounded once (narrowed)
+    why = _unsupported(args, n.outputs[0], F16 if half else torch.float32)
     geo = _geometry(args, n.outputs[0]) if not why else None
     x = args["input"]
     copy = needs_copy(low, x)
@@ -159,17 +169,21 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
         shape = (batch, m, p, k)
         vtc_us, torch_us = estimate_us(batch, m, p, k, copies=(x.nbytes,) if copy else ())
         vtc_us += batch * k * p * -(-m // 128) * RUN_PACK_NS * 1e-3  # B packed once per 128 rows of A
+        if half and not _torch_f16_fast():
+            torch_us *= F16_TORCH_SLOWER
 
     # a 3x3 "same" one over 16..64 channels on a map of 16x16 or more: Winograd F(2x2, 3x3) (vtc.codegen.winograd)
-    wino = geo is not None and not winograd.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    wino = geo is not None and not half and not winograd.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # a small map, one group: the output channels as vectors (vtc.codegen.conv_bcast; measured faster than the
     # dot form wherever both apply, docs/gemm.md)
-    bcast = geo is not None and not wino and not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    bcast = geo is not None and not half and not wino and \
+        not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else (groups) with a long reduction: dot products, the weight read in place (vtc.codegen.conv_t)
-    dot = geo is not None and not wino and not bcast and not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
+    dot = geo is not None and not half and not wino and not bcast and \
+        not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else a very short reduction over a large map (a stem): straight from the input, no im2col packed
     # (vtc.codegen.conv_direct)
-    direct = geo is not None and not dot and not bcast and not wino and \
+    direct = geo is not None and not half and not dot and not bcast and not wino and \
         not conv_direct.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     form = winograd.FORM if wino else conv_t.FORM if dot else conv_bcast.FORM if bcast else \
         conv_direct.FORM if direct else "panels"
@@ -185,6 +199,9 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     if mode == "torch":
         return pick("torch", "gemm='torch' forces torch's convolution")
     moved = f"%{x.name} is not a strided view: torch would copy {x.nbytes} bytes first; " if copy else ""
+    if half and torch_us - vtc_us >= 0:
+        return pick("vtc", moved + "a float16 convolution: torch's has no fast path on this CPU (estimated "
+                                   f"{F16_TORCH_SLOWER:g}x its float32 one), the implicit GEMM widens its operands")
     wide = geo["og"] * shape[3] >= WIDE
     if wide and p < WIDE_PIXELS:
         return pick("vtc", moved + f"a wide {geo['kh']}x{geo['kw']} convolution of {shape[3]} -> {geo['og']} on a "
@@ -233,6 +250,11 @@ def conv_kernel(low, n: Node) -> Kernel:
     pack = Im2colPack(geo, low, image, group * cg + ci, memo)
     kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
     choice = low.gemm_choices.get(n.name)
+    if out.dtype == F16:  # vtc.codegen.gemm's panels: the weight widened by its A pack, the im2col by widened runs
+        kern.gemm.runtime += LOW_PRECISION_PRELUDE + RUN_RUNTIME_F16
+        if choice is not None:
+            choice.path = "panels"
+        return kern
     if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
         if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
@@ -305,6 +327,26 @@ static inline void vtc_conv_run2(float* __restrict dst, const float* __restrict 
 #endif
 }
 static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
+#endif
+"""
+# float16 runs (a float16 convolution, after vecmath.LOW_PRECISION_PRELUDE): vtc_conv_run's, widened as they are read
+RUN_RUNTIME_F16 = r"""
+#ifndef VTC_CONV_RUNTIME_F16
+#define VTC_CONV_RUNTIME_F16
+static inline void vtc_conv_run(float* __restrict dst, const uint16_t* __restrict src, int64_t len, int64_t lo,
+                                int64_t hi) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  for (int64_t j = 0; j < len; j += 16) {
+    const int64_t n = std::min<int64_t>(16, len - j);
+    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
+    const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
+    const __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, src + j));
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), x);
+  }
+#else
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_from_f16(src[j]) : 0.0f;
+#endif
+}
 #endif
 """
 MAX_CASES = 16  # piece choices unswitched out of the run loops (a cat of up to 16 inputs)
@@ -426,7 +468,7 @@ class Im2colPack:
         ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
         i4, i5 = i3 + "  ", i3 + "    "
         shifted = []
-        if run and self.shifted and self._row_stride(em, s) == geo["wd"]:
+        if run and self.shifted and s.op == "load" and self._row_stride(em, s) == geo["wd"]:  # (float32)
             kh, kw = geo["kh"], geo["kw"]
             shifted = [f"{ind}#if defined(__AVX512F__)",
                        f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
@@ -511,7 +553,10 @@ class Im2colPack:
         """C for the address of s at the run's start when s is a load with unit stride along the input row
         and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
         along = "cv_q" if self.flat else "cv_iw"
-        if s.op != "load" or s.dtype != torch.float32 or (not self.flat and self.geo["stride"][1] not in (1, 2)):
+        if self.geo["out"].dtype == F16:  # a float16 input: vtc_conv_run's float16 form (RUN_RUNTIME_F16), stride 1
+            s = _unwidened(s)
+        stride = 1 if self.flat else self.geo["stride"][1]
+        if s.op != "load" or stride not in ((1, 2) if s.dtype == torch.float32 else (1,) if s.dtype == F16 else ()):
             return ""
         buf, idx = s.args
         lin = linear_offset(idx, em.shapes[buf])

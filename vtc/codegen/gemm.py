@@ -1,4 +1,4 @@
-"""GEMM kernels: float32 mm / bmm / addmm / baddbmm whose operands are read through their mappings.
+"""GEMM kernels: float32 (and float16) mm / bmm / addmm / baddbmm whose operands are read through their mappings.
 
 On a CPU a fast GEMM copies its operands anyway: into small *packed panels*
 that stay in cache (Goto's algorithm).  Contiguity is needed only there, so
@@ -43,13 +43,19 @@ estimated at least as fast as torch's (decode's skinny x @ W^T; MKL stays
 slightly ahead on large contiguous squares on the Intel CPUs the rates were
 measured on; where the machine's figures, ``vtc.plan.cost.machine()``, show
 torch's GEMM slower than the generated one, as MKL is on AMD EPYC, its rates
-are scaled by ``vtc.plan.cost.library_gemm_speed``).  Other dtypes
-run through torch, the reason in the report; bf16 mm / bmm on strided operands have a kernel of
-their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).  ``Lowering.gemm_choices`` keeps
+are scaled by ``vtc.plan.cost.library_gemm_speed``).  float16 GEMMs run
+this kernel: their operands widened to float32 as the packs read them (the strided branches and the dot path
+through ``vtc_widen16``, any other mapping through the general emitter), the float32 sums kept in a scratch C and
+rounded to float16 once per element by the epilogue (``narrowed``), as eager's float16 GEMM accumulates in
+float32 and rounds once; torch's float16 GEMM has no fast path on CPUs without float16 instructions
+(``f16_estimate_us``).  Other dtypes run through torch, the reason in the report; bf16 mm / bmm on strided
+operands have a kernel of their own where the CPU has AVX512_BF16 (``vtc.codegen.gemm_bf16``).
+``Lowering.gemm_choices`` keeps
 every decision with both estimates for the report.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -71,6 +77,7 @@ GEMM_OPS = ("aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.b
 GEMM_MODES = ("auto", "vtc", "torch")
 ACC = "gemm"  # name of the accumulator the epilogue scalar reads
 SKINNY_M = 16  # rows up to which "auto" considers the generated kernel for strided operands too
+F16 = torch.float16  # computed by the float32 kernel: operands widened as the packs read them, C rounded once
 
 
 @dataclass
@@ -88,7 +95,8 @@ class GemmOperands:
     runtime: str = ""  # C++ helpers that pack_b's lines call (guarded against a second definition)
     out_layout: tuple[Expr, int] | None = None  # (offset of a batch, row stride) of the first store's buffer when
     #   the kernel accumulates into a pushed op's output (vtc.codegen.gemm_push); None: its own [batch, M, N]
-    dtype: torch.dtype = torch.float32  # of A, B and the result: float32, or bfloat16 (vtc.codegen.gemm_bf16)
+    dtype: torch.dtype = torch.float32  # of A, B and the result: float32 (a float16 GEMM's too: its operands are
+    #   widened casts, its result ``narrowed``), or bfloat16 (vtc.codegen.gemm_bf16)
     generate: Callable | None = None  # (kernel) -> its C++ source, for a kernel of another form than the
     #   packed panels (a convolution over a small map as dot products: vtc.codegen.conv_t)
 
@@ -203,6 +211,52 @@ def estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] =
     return vtc, lib
 
 
+# float16 (the float32 kernel on widened operands, ``narrowed``): torch's float16 GEMMs on CPUs without AVX512_FP16
+# / AMX-FP16 are slow (torch 2.13 on Zen 4, 1 thread, CPU time, bench/fp16_side_by_side.py): F.linear (mm / addmm,
+# B = W^T) runs ~11-18 GFLOPS (512^3: 14.7 ms, 128 x 1024 -> 1024: 17.4 ms, 17 x 301 -> 45: 41 us), its skinny
+# products read W at ~16 GB/s (1 x 1024 -> 4096: 0.53 ms); a bmm ~4-4.5 GFLOPS (16 x 256 x 256 @ 256 x 64: 33 ms),
+# an mm with any other B (x @ W, W [K, N]) 0.6-3 (128 x 1024 @ 1024 x 1024: 264 ms, 16 x 1024 @ 1024 x 4096:
+# 220 ms, 512^3: 93 ms).  Rates for 2 threads.
+F16_TORCH_GFLOPS = {"linear": 24.0, "bmm": 8.0, "other": 4.0}  # mm / addmm with B = W^T, bmm, any other mm
+F16_TORCH_GBPS = 32.0  # bytes of a float16 B read by a skinny (M <= SKINNY_M) product
+# an element of a float16 operand that is not a strided view, packed one by one through its mapping and widened
+# (vtc.codegen.gemm_pack's packs by runs read float32 only): q @ cat(k_past, k)^T, 16 x (1 x 64 @ 64 x 256), took
+# 0.68-0.77 ms, ~2.6 ns an element of B at 1 thread (float32 by runs: 0.26 ms)
+F16_MAPPED_PACK_NS = 1.3
+F16_FAST_FLAGS = ("avx512_fp16", "amx_fp16")  # CPU flags with which oneDNN has float16 kernels: there torch's float16
+#                                             GEMM is taken as fast as its float32 one (the float32 estimate)
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_f16_fast() -> bool:
+    """Whether this CPU has a float16 GEMM instruction set that torch's oneDNN uses (``F16_FAST_FLAGS``)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(x in flags for x in F16_FAST_FLAGS)
+
+
+def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
+                    b_unit_stride: str = "n", kind: str = "other") -> tuple[float, float]:
+    """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
+    panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M) with `mapped_elems` packed one by one
+    (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above), or at float32's where the CPU has
+    float16 GEMM instructions (``_torch_f16_fast``)."""
+    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride, path="panels")
+    vtc += mapped_elems * F16_MAPPED_PACK_NS * 1e-3
+    if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
+        vtc -= 2.0 * batch * k * n / (SKINNY["dot"][0] * 1e3)
+    if _torch_f16_fast():
+        return vtc, lib
+    rate = F16_TORCH_GFLOPS[kind]
+    lib = 2.0 * batch * m * n * k / (rate * 1e3) + CALL_US
+    lib += 2.0 * batch * k * n / (F16_TORCH_GBPS * 1e3) if m <= SKINNY_M else 0.0
+    lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies)
+    return vtc, lib
+
+
 def could_generate(n: Node) -> bool:
     """Whether the generated kernel can run float32 GEMM node n (``_unsupported`` says nothing against it), so that
     under gemm="auto" ``choose`` weighs packing a virtual operand through its mapping against torch on a copy of
@@ -229,6 +283,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     a, b = _operands(n, args)
     batch, m, kk = (a.shape if len(a.shape) == 3 else (1, *a.shape))
     nn = b.shape[-1]
+    batched = n.op in ("aten.bmm.default", "aten.baddbmm.default")
     unsupported = _unsupported(n, args, low)
     bias = args["self"] if n.op in ("aten.addmm.default", "aten.baddbmm.default") else None
 
@@ -269,6 +324,13 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     if inlined and a.dtype == torch.float32:
         vtc_us += sum(nbytes // 4 * reuse for _, nbytes, reuse in inlined) * MAPPED_PACK_NS * 1e-3
         torch_us += sum(CALL_US + 2 * nbytes / (COPY_GBPS * 1e3) for _, nbytes, _ in inlined)
+    if a.dtype == F16 and not unsupported:  # widened into the float32 kernel; it stores only its own result
+        pushed, speed = (), 1.0
+        mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
+                     if needs_copy(low, v))  # (none packed by runs)
+        vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
+                                           mapped_elems=mapped, b_unit_stride=b_stride,
+                                           kind="bmm" if batched else "linear" if b_stride == "k" else "other")
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -306,6 +368,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
                                f"back): estimated faster")
         measured = f" (torch's GEMM measured at {speed:.2f}x its assumed rate on this machine)" if speed != 1.0 else ""
+        measured = " (torch's float16 GEMM has no fast path on this CPU)" if a.dtype == F16 else measured
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
                            f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
@@ -383,10 +446,11 @@ def _unsupported(n: Node, args: dict, low) -> str:
         why = gemm_bf16.why_not(low, n, *_operands(n, args))
         if why:
             return why
-    else:
+    elif not all(v.dtype == F16 for v in vals):
         bad = [v for v in vals if v.dtype != torch.float32]
         if bad:
-            return f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32 (or all bf16) only"
+            return (f"dtype {bad[0].dtype} of %{bad[0].name}: the generated GEMM is float32, all bf16 or all "
+                    f"float16 only")
     for key in ("alpha", "beta"):
         if key in args and not isinstance(args[key], (int, float)):
             return f"{key}={args[key]!r} is not a number"
@@ -796,27 +860,42 @@ static inline void vtc_transpose16_regs(__m512* r) {
 }
 
 // dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block
-static inline void vtc_transpose16(const float* src, int64_t lds, float* dst, int64_t ldd) {
+// 16 elements from p, as floats: float16 ones (a float16 GEMM's operands, vtc.codegen.gemm ``narrowed``) widened
+static inline __m512 vtc_widen16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 vtc_widen16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
+static inline float vtc_widen1(const float* p) { return *p; }
+static inline float vtc_widen1(const uint16_t* p) { return _cvtsh_ss(*p); }
+// the first n < 16 elements from p, zeros after them
+template <typename T>
+static inline __m512 vtc_widen16_tail(const T* p, int64_t n) {
+  if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
+  alignas(32) T t[16] = {};
+  for (int64_t i = 0; i < n; ++i) t[i] = p[i];
+  return vtc_widen16(t);
+}
+template <typename T>
+static inline void vtc_transpose16(const T* src, int64_t lds, float* dst, int64_t ldd) {
   __m512 r[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; ++i) r[i] = vtc_widen16(src + i * lds);
   vtc_transpose16_regs(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 // dst[p * VTC_MR + r] = src[r * lds + p] for r < rows <= VTC_MR, p < kb: an A panel from row-major rows,
 // 16 x 16 blocks transposed in registers
-static inline void vtc_pack_a_rows(const float* __restrict src, int64_t lds, int rows, int64_t kb, float* __restrict dst) {
+template <typename T>
+static inline void vtc_pack_a_rows(const T* __restrict src, int64_t lds, int rows, int64_t kb, float* __restrict dst) {
   int64_t p0 = 0;
   const __mmask16 keep = (__mmask16)((1u << VTC_MR) - 1u);
   for (; p0 + 16 <= kb; p0 += 16) {
     __m512 r[16];
     #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_loadu_ps(src + i * lds + p0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? vtc_widen16(src + i * lds + p0) : _mm512_setzero_ps();
     vtc_transpose16_regs(r);
     #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) _mm512_mask_storeu_ps(dst + (p0 + i) * VTC_MR, keep, r[i]);
   }
   for (; p0 < kb; ++p0)
-    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = src[r * lds + p0];
+    for (int r = 0; r < rows; ++r) dst[p0 * VTC_MR + r] = vtc_widen1(src + r * lds + p0);
 }
 
 // C[j * ldc + r] (+)= sum_p w[r * LDW + p] * bt[p * VTC_NR + j] for r < R, j < cols: the transposed 12 x 32
@@ -937,8 +1016,8 @@ static inline __m512 vtc_reduce16(const __m512* s) {
 
 // c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
 // against a row-major weight (B = W^T) read in place
-template <int R, int J>
-static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+template <int R, int J, typename TW>
+static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                                 float* __restrict c, int64_t ldc, bool add) {
   const int64_t kf = kc / 16 * 16;
   const __mmask16 tail = (__mmask16)((1u << (kc - kf)) - 1u);
@@ -955,7 +1034,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int j = 0; j < J; ++j) {
       if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
         _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
-      const __m512 wv = _mm512_loadu_ps(w + j * ldw + p);
+      const __m512 wv = vtc_widen16(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -966,7 +1045,7 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
     for (int r = 0; r < R; ++r) x[r] = _mm512_maskz_loadu_ps(tail, a + r * kc + kf);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
-      const __m512 wv = _mm512_maskz_loadu_ps(tail, w + j * ldw + kf);
+      const __m512 wv = vtc_widen16_tail(w + j * ldw + kf, kc - kf);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
     }
@@ -985,8 +1064,8 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const flo
 }
 
 // rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
-template <int J>
-static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const float* __restrict w, int64_t ldw,
+template <int J, typename TW>
+static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                            float* __restrict c, int64_t ldc, bool add) {
   int64_t i = 0;
   for (; i + 4 <= m; i += 4) vtc_dot_rows<4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
@@ -995,7 +1074,8 @@ static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, con
 }
 
 // columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
-__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const float* w,
+template <typename TW>  // float, or float16 widened as it is read (a float16 GEMM's weight)
+__attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const TW* w,
                                                    int64_t ldw, float* c, int64_t ldc, bool add) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) vtc_dot<4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
@@ -1170,6 +1250,22 @@ def _strided(s: Scalar, g: GemmOperands, em) -> tuple[str, str, dict[str, int], 
     return buf, em.index(base), coeffs, rest
 
 
+def _unwidened(s: Scalar) -> Scalar:
+    """The float16 load of an operand that is one widened to float32 (a float16 GEMM's, ``narrowed``), else s.  The
+    paths that read such an operand through a pointer (the pack loops' strided branches, the dot path) widen as
+    they read (``vtc_widen16`` / ``vtc_widen1``, ``_elem``); the others see a cast and take the general loops."""
+    if s.op == "cast" and s.dtype == torch.float32 and s.args[0].op == "load" and s.args[0].dtype == F16:
+        return s.args[0]
+    return s
+
+
+def _elem(load: Scalar) -> tuple[str, Callable[[str], str]]:
+    """(C element type of the buffer an operand's `load` reads, C of one element of it read as a float)."""
+    if load.dtype == F16:
+        return "uint16_t", lambda x: f"vtc_from_f16({x})"
+    return "float", lambda x: x
+
+
 WT_MIN_M = 12  # from here (below: the dot-product path; at 16 rows the micro-kernel uses half its panel: H = 1)
 WT_MAX_M = 128  # rows of A up to which C = A @ W^T reads W in place ("weight_rows": A^T in one L2 block)
 WT_KC = 2048  # its reduction block (A^T's M x KC block stays in L2; C is touched once per block) and
@@ -1232,7 +1328,8 @@ def kernel_path(g: GemmOperands, shapes: dict, packed: str = "") -> str:
     if WT_MIN_M <= g.m <= WT_MAX_M and _wt_operands(g, shapes):
         return "weight_rows"
     if g.m <= SKINNY_M:
-        if cb is not None and cb.get("r", 0) == 1 and abs(cb.get(nv, 0)) != 1:
+        cd = _plain(_unwidened(g.b), g, shapes)  # the dot path reads a float16 weight too (``_dot_path``)
+        if cd is not None and cd.get("r", 0) == 1 and abs(cd.get(nv, 0)) != 1:
             return "dot"
         if gemm_dot.applies(g, shapes):
             return gemm_dot.PATH
@@ -1353,7 +1450,8 @@ def generate(k: Kernel) -> str:
     out = k.stores[0].buffer
     lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
-    c = em.ptr[out.name]
+    # a float16 result (``narrowed``): the sums go to a float32 scratch C, the epilogue rounds them into the output
+    c = "cacc" if narrowed(k) else em.ptr[out.name]
     wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
@@ -1372,6 +1470,10 @@ def generate(k: Kernel) -> str:
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
+        *(["  // the float32 sums (narrowed): kept in the thread's scratch, or for the call where large",
+           f"  float* __restrict cacc = BATCH * M * N <= {NARROWED_KEEP}LL ? vtc_gemm_scratch(3, BATCH * M * N)",
+           "      : (float*)std::aligned_alloc(64, (size_t)((BATCH * M * N * 4 + 63) / 64 * 64));"]
+          if narrowed(k) else []),
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *_wide_rows_blocking(em, g),
@@ -1503,6 +1605,8 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += ["      " + x for x in block] + epi + ["      }"]
     lines += ["    }", "  }", *_ksplit_finish(em, k)]
+    if narrowed(k):
+        lines.append(f"  if (BATCH * M * N > {NARROWED_KEEP}LL) std::free(cacc);")
     head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
@@ -1720,7 +1824,7 @@ def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     if g.m > SKINNY_M:
         return []
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    st = _strided(_unwidened(g.b), g, em)  # (a float16 weight widened as vtc_dot_cols reads it)
     if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
         return []
     buf, off, co, _ = st
@@ -1904,22 +2008,24 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
     by_runs = gemm_pack.pack_a(em, g, ind, rows)  # gathered rows, a cat's parts, gathered columns
     if by_runs is not None:
         return by_runs
-    st = _strided(g.a, g, em)
+    load = _unwidened(g.a)  # (a float16 A: the strided loops widen as they read, ``_elem``)
+    st = _strided(load, g, em)
     if st is not None and st[3].is_const:
         buf, off, co, _ = st
         sm, sk = co.get(mv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + m0 * {sm} + k0 * {sk}"
-        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        et, rd = _elem(load)
+        head = [f"{ind}{{ const {et}* __restrict src = {src};"]
         if not rows and sm == 1 and abs(sk) != 1:  # transposed A: MR contiguous elements per panel row
             body = [f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{",
                     f"{ind}    const int64_t rows = std::min<int64_t>(VTC_MR, mb - ir);",
                     f"{ind}    for (int64_t pp = 0; pp < kb; ++pp)",
-                    f"{ind}      for (int64_t i = 0; i < rows; ++i) ap[ir * kb + pp * VTC_MR + i] = src[ir + i + pp * {sk}];",
+                    f"{ind}      for (int64_t i = 0; i < rows; ++i) ap[ir * kb + pp * VTC_MR + i] = {rd(f'src[ir + i + pp * {sk}]')};",
                     f"{ind}  }}"]
         elif abs(sm) == 1 and abs(sk) != 1:
             body = [f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
                     f"{ind}    for (int64_t ii = 0; ii < mb; ++ii)",
-                    f"{ind}      ap[{base} + pp * {step}] = src[ii * {sm} + pp * {sk}];"]
+                    f"{ind}      ap[{base} + pp * {step}] = {rd(f'src[ii * {sm} + pp * {sk}]')};"]
         elif not rows and sk == 1:  # row-major A: 16 x 16 blocks transposed in registers
             body = [f"{ind}#if defined(__AVX512F__)",
                     f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)",
@@ -1927,15 +2033,15 @@ def _pack_a(em, g: GemmOperands, ind: str, rows: bool = False) -> list[str]:
                     f"{ind}#else",
                     f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
                     f"{ind}    float* __restrict dst = ap + {base};",
-                    f"{ind}    const float* __restrict s = src + ii * {sm};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp];",
+                    f"{ind}    const {et}* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = {rd('s[pp]')};",
                     f"{ind}  }}",
                     f"{ind}#endif"]
         else:
             body = [f"{ind}  for (int64_t ii = 0; ii < mb; ++ii) {{",
                     f"{ind}    float* __restrict dst = ap + {base};",
-                    f"{ind}    const float* __restrict s = src + ii * {sm};",
-                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = s[pp * {sk}];",
+                    f"{ind}    const {et}* __restrict s = src + ii * {sm};",
+                    f"{ind}    for (int64_t pp = 0; pp < kb; ++pp) dst[pp * {step}] = {rd(f's[pp * {sk}]')};",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"]
     along_m = None if rows else gemm_inline.pack_a_along_m(em, g, ind)  # a transposed A through a producer
@@ -1988,8 +2094,10 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
     if by_runs is not None:
         return by_runs
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    load = _unwidened(g.b)  # (a float16 B: the strided loops widen as they read, ``_elem``)
+    st = _strided(load, g, em)
     st = st if st is not None and st[3].is_const else None
+    et, rd = _elem(load)
     zero_tail = [f"{ind}if (nb % VTC_NR) {{",
                  f"{ind}  float* __restrict dst = bp + (nb / VTC_NR) * VTC_NR * kb;",
                  f"{ind}  for (int64_t pp = 0; pp < kb; ++pp)",
@@ -1999,14 +2107,14 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
         buf, off, co, _ = st
         sn, sk = co.get(nv, 0), co.get("r", 0)
         src = f"{em.ptr[buf]} + {off} + n0 * {sn} + k0 * {sk}"
-        head = [f"{ind}{{ const float* __restrict src = {src};"]
+        head = [f"{ind}{{ const {et}* __restrict src = {src};"]
         if abs(sn) == 1 or abs(sk) != 1:  # row-major B: each k row walked contiguously across the tile
             body = [f"{ind}  const int64_t nfull = nb / VTC_NR * VTC_NR;",
                     f"{ind}  for (int64_t pp = 0; pp < kb; ++pp) {{",
-                    f"{ind}    const float* __restrict s = src + pp * {sk};",
+                    f"{ind}    const {et}* __restrict s = src + pp * {sk};",
                     f"{ind}    for (int64_t jr = 0; jr < nfull; jr += VTC_NR)",
-                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = s[(jr + jj) * {sn}];",
-                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = s[jj * {sn}];",
+                    f"{ind}      for (int64_t jj = 0; jj < VTC_NR; ++jj) bp[jr * kb + pp * VTC_NR + jj] = {rd(f's[(jr + jj) * {sn}]')};",
+                    f"{ind}    for (int64_t jj = nfull; jj < nb; ++jj) bp[nfull * kb + pp * VTC_NR + jj - nfull] = {rd(f's[jj * {sn}]')};",
                     f"{ind}  }}"]
         else:  # transposed B (a Linear weight): 16 x 16 blocks transposed in registers, the rest per column
             vec = [f"{ind}  int64_t nfull = 0, kfull = 0;"]
@@ -2023,8 +2131,8 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             body = [*vec,
                     f"{ind}  for (int64_t jj = 0; jj < nb; ++jj) {{",
                     f"{ind}    float* __restrict dst = bp + (jj / VTC_NR) * VTC_NR * kb + jj % VTC_NR;",
-                    f"{ind}    const float* __restrict s = src + jj * {sn};",
-                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = s[pp * {sk}];",
+                    f"{ind}    const {et}* __restrict s = src + jj * {sn};",
+                    f"{ind}    for (int64_t pp = jj < nfull ? kfull : 0; pp < kb; ++pp) dst[pp * VTC_NR] = {rd(f's[pp * {sk}]')};",
                     f"{ind}  }}"]
         return head + body + [f"{ind}}}"] + zero_tail
     em.forget()
@@ -2040,20 +2148,35 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             f"{ind}}}"] + zero_tail
 
 
+NARROWED_KEEP = 1 << 20  # floats of a narrowed kernel's C kept in the thread's scratch (4 MB); a larger C (a float16
+#                          logits GEMM over a long prompt) is allocated for the call and freed after it
+
+
+def narrowed(k: Kernel) -> bool:
+    """True when float32 gemm kernel k stores a float16 result: its sums are a float32 scratch C that
+    ``_epilogue`` rounds into the output once per element (as eager's fp16 GEMM, which accumulates in float32)."""
+    return k.stores[0].buffer.dtype == F16
+
+
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
-    consumer); then each other store (through a push mapping, vtc.codegen.gemm_push) copies the finished
-    value where its predicate holds, over the columns it can hold on (``_column_run``).  Nothing when the
-    first store is acc and there are no others."""
+    consumer), into C or, where ``narrowed``, rounded into the float16 output; then each other store (through a
+    push mapping, vtc.codegen.gemm_push) copies the finished value where its predicate holds, over the columns
+    it can hold on (``_column_run``).  Nothing when the first store is acc into C and there are no others."""
     from vtc.codegen.cpp import ctype
 
     g: GemmOperands = k.gemm
-    value, pushes = k.stores[0].value, k.stores[1:]
-    if value.op == "acc" and not pushes:
+    first = k.stores[0]
+    value, pushes = first.value, k.stores[1:]
+    if value.op == "acc" and not pushes and not narrowed(k):
         return []
     bv, mv, nv = g.vars
     inner = ind + "    "
-    if value.op != "acc":
+    if narrowed(k):
+        out = first.buffer.name
+        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
+                             lambda: f"{em.ptr[out]}[{em.linear(out, first.index)}] = {em.stored(value, F16)}")
+    elif value.op != "acc":
         lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
                              lambda: f"ct[ii * LDC + jj] = {em.scalar(value)}")
     else:

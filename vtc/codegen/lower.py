@@ -323,9 +323,10 @@ class Lowering:
                 continue
             o = g.outputs[0]
             node = self._only_pointwise_kernel_reading(o.name)
-            # a bf16 GEMM (vtc.codegen.gemm_bf16) takes a bf16 or float32 epilogue reading any dtype
-            low = o.dtype == torch.bfloat16 and node is not None and node.outputs[0].dtype in (torch.bfloat16,
-                                                                                               torch.float32)
+            # a bf16 GEMM (vtc.codegen.gemm_bf16) or a float16 one (vtc.codegen.gemm ``narrowed``) takes an epilogue
+            # of its dtype or float32 reading any dtype
+            low = (o.dtype in LOW_PRECISION and node is not None
+                   and node.outputs[0].dtype in (o.dtype, torch.float32))
             if (node is None or (node.outputs[0].dtype != torch.float32 and not low)
                     or math.prod(node.outputs[0].shape) != math.prod(o.shape)):
                 continue
