@@ -103,3 +103,10 @@ def test_an_atom_of_one_value_folds_into_the_constant():
     assert 2 * E.load("t", (x,), 5, 5) + x is x + 10
     assert x - E.load("t", (x,), 5, 5) is x - 5
     assert 3 * E.load("u", (x,), 0, 0) + x is x
+
+
+def test_a_fused_digit_cancels_an_equal_term():
+    """x % 6 - (x % 2 + 2*((x // 2) % 3)) is 0: the fused digit meets its negative in the same sum."""
+    x = var("x", 40)
+    assert x % 6 - x % 2 - 2 * ((x // 2) % 3) is const(0)
+    assert 3 * (x // 6) + x % 6 - x % 2 - 2 * ((x // 2) % 3) is 3 * (x // 6)

@@ -46,6 +46,11 @@ def test_index_check_names_the_first_value_out_of_range(dtype):
         IndexCheck("t", -2, 4, "gather").run(t[[0, 1, 3]])
 
 
+def test_index_check_of_a_float_tensor_compares_its_values_not_their_integer_parts():
+    with pytest.raises(IndexError, match="out of range"):
+        IndexCheck("t", -2, 4, "gather").run(torch.tensor([0.0, 4.5]))
+
+
 def test_strided_gives_size_one_dims_stride_zero():
     assert identity("x", (3, 1, 4)).strided() == Strided("x", 0, (4, 0, 1))
     i0, i1, i2 = out_vars((1, 2, 1))
