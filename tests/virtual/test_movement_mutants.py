@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vtc.virtual.movement import Src, push
+from vtc.virtual.movement import Src, pull, push
 
 from .cases import A, T, case
 from .harness import check_pull
@@ -15,12 +15,23 @@ CASES = [
     case("slice-start-before-the-start", A.slice.Tensor, T(5, 3), 0, -100, 3),
     case("slice-start-past-the-end", A.slice.Tensor, T(5, 3), 0, 7, 9),
     case("expand-size-one-dims", A.expand.default, T(1, 3, 1), [2, 4, 3, 5]),
+    case("select-first-from-the-end", A.select.int, T(3, 5), 0, -3),
+    case("select-last", A.select.int, T(3, 5), 1, 4),
+    case("narrow-start-zero", A.narrow.default, T(3, 7), 1, 0, 4),
 ]
 
 
 @pytest.mark.parametrize("target,args,kwargs", CASES)
 def test_pull(target, args, kwargs):
     check_pull(target, args, kwargs)
+
+
+@pytest.mark.parametrize("index", [3, -4])
+def test_select_out_of_range_raises_like_torch(index):
+    with pytest.raises(IndexError):
+        A.select.int(T(3, 5), 0, index)
+    with pytest.raises(IndexError, match=f"select: index {index} is out of range for dimension 0 of size 3"):
+        pull(A.select.int, (Src("x", (3, 5)), 0, index), {}, [(5,)])
 
 
 def test_cat_pushes_every_input_after_a_legacy_empty_one():
