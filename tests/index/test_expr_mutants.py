@@ -110,3 +110,22 @@ def test_a_fused_digit_cancels_an_equal_term():
     x = var("x", 40)
     assert x % 6 - x % 2 - 2 * ((x // 2) % 3) is const(0)
     assert 3 * (x // 6) + x % 6 - x % 2 - 2 * ((x // 2) % 3) is 3 * (x // 6)
+
+
+def test_a_constant_decides_a_conjunction_or_disjunction():
+    x, y = var("x", 8), var("y", 8)
+    p, q = E.lt(x, 3), E.lt(y, 5)
+    for args in ((E.FALSE, p), (p, E.FALSE), (p, q, E.FALSE), (E.FALSE, p, q)):
+        assert E.and_(*args) is E.FALSE, args
+    for args in ((E.TRUE, p), (p, E.TRUE), (p, q, E.TRUE), (E.TRUE, p, q)):
+        assert E.or_(*args) is E.TRUE, args
+    assert E.and_(E.TRUE, p) is p and E.or_(E.FALSE, p) is p
+
+
+def test_predicates_range_over_zero_and_one():
+    x, y = var("x", 8), var("y", 8)
+    p, q = E.lt(x, 3), E.lt(y, 5)
+    env = {"x": torch.arange(8)[:, None], "y": torch.arange(8)[None, :]}
+    for e in (E.and_(p, q), E.or_(p, q), E.not_(E.eq(x, y)), E.eq(x, y)):
+        assert (e.lo, e.hi) == (0, 1), f"{e} claims [{e.lo}, {e.hi}]"
+        assert set(evaluate(e, env).unique().tolist()) == {0, 1}
