@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from vtc.plan.cost import Saving
-from vtc.plan.greedy import EPSILON_S, select
-from vtc.plan.vtog import PULL
+from vtc.plan.greedy import EPSILON_S, Decision, Strategy, resume, select
+from vtc.plan.vtog import PULL, PUSH
 
 
 class Chains:
@@ -54,3 +54,24 @@ def test_single_pulls_of_equal_saving_are_taken_in_graph_order():
     strategy = select(chains, chains)
     assert [c.name for c in strategy.chosen] == ["a", "d"]  # e saves no more than EPSILON_S: left
     assert [d.round for d in strategy.decisions if d.chosen] == [1, 2]
+
+
+def test_resume_leaves_pulls_that_conflict_with_a_taken_push():
+    """After the pushes, resume prices the pulls left again and takes those that pay, never one that conflicts
+    with a chosen choice (a and b each save now; a conflicts with the push of c)."""
+    chains = Chains({0: 0.0, 1: 0.0, 2: 0.0}, {"a": 1e-6, "b": 1e-6})
+    pushed = SimpleNamespace(name="c", op="c", values=("c",), invalid=None, direction=PUSH)
+    chains.conflict = lambda t, c: "both write c" if {t.op, c.op} == {"a", "c"} else None
+    before = Strategy([pushed], [Decision("c", "c", True, Saving(1e-6, "pushed"), "pushed", PUSH, 1)])
+    after = resume(chains, chains, before)
+    assert [c.name for c in after.chosen] == ["c", "b"]
+    assert after.decision("a") is None or not after.decision("a").chosen
+    assert after.decision("c", PUSH).chosen
+
+
+def test_an_invalid_choice_is_logged_once_with_its_reason():
+    chains = Chains({0: 0.0, 1: 0.0, 2: 0.0}, {"a": 1e-6})
+    chains.choices.append(SimpleNamespace(name="p", op="p", values=("p",), invalid="p has two readers",
+                                          direction=PUSH))
+    decisions = [d for d in select(chains, chains).decisions if d.op == "p"]
+    assert [(d.chosen, d.reason) for d in decisions] == [(False, "p has two readers")]
