@@ -5,7 +5,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from vtc.index.mapping import gather
-from vtc.index.expr import evaluate
+from vtc.index.expr import evaluate, walk
 from vtc.virtual.movement import Src, derive_index_tensors, pull, push
 
 
@@ -56,7 +56,37 @@ def check_pull(target, args, kwargs=None):
         assert got.shape == e.shape, (str(m), got.shape, e.shape)
         assert got.dtype == e.dtype, (got.dtype, e.dtype)
         torch.testing.assert_close(got, e, rtol=0, atol=0, equal_nan=True, msg=lambda s: f"{target} mapping {m}: {s}")
+        assert_reads_in_bounds(m, {**env, **derive_index_tensors(m, env)})
     return maps
+
+
+def assert_reads_in_bounds(m, tensors):
+    """Every element is read from inside its source: gather clamps indices (a masked-off piece may point
+    anywhere), so a pull that reads out of bounds where it applies would still give torch's values.  And
+    every sub-expression stays in its claimed range; a load of a checked index tensor claims its check's."""
+    n = len(m.shape)
+    if 0 in m.shape:
+        return
+    venv = {f"i{k}": torch.arange(s).reshape([s if j == k else 1 for j in range(n)]) for k, s in enumerate(m.shape)}
+    idx_t = {k: tensors[k] for k in m.index_tensors}
+    taken = torch.zeros(m.shape, dtype=torch.bool)
+    for p in m.pieces:
+        mask = torch.broadcast_to(evaluate(p.when, venv, idx_t).bool(), m.shape) & ~taken
+        taken = taken | mask
+        if p.source is None:
+            continue
+        for k, (i, size) in enumerate(zip(p.index, m.sources[p.source])):
+            where = torch.broadcast_to(evaluate(i, venv, idx_t), m.shape)[mask]
+            assert bool(((where >= 0) & (where < size)).all()), \
+                f"{m}: piece {p} reads {p.source} dim {k} (size {size}) at {sorted(set(where.tolist()))}"
+        for e in (p.when, *p.index):  # the ranges the simplifier relied on hold where the piece applies
+            for x in walk(e):
+                v = torch.broadcast_to(evaluate(x, venv, idx_t), m.shape)[mask]
+                if v.numel():
+                    assert x.lo <= int(v.min()) and int(v.max()) <= x.hi, f"{m}: {x} claims [{x.lo}, {x.hi}]"
+                if x.op == "load" and any(c.tensor == x.args[0] for c in m.checks):
+                    assert any((c.tensor, c.lo, c.hi) == (x.args[0], x.lo, x.hi) for c in m.checks), \
+                        f"{m}: {x} claims [{x.lo}, {x.hi}], its check {m.checks}"
 
 
 def check_push(target, args, kwargs=None):
