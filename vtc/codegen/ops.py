@@ -511,7 +511,7 @@ def _layer_norm(ctx, args, outs):
 def _batch_norm(ctx, args, out):
     """Inference batch norm: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c], c = dim 1.  In bfloat16 / float16
     as eager's kernel: x * alpha[c] + beta[c] in float32 (alpha = rsqrt(var + eps) * w, beta = b - mean * alpha),
-    rounded once (eager's multiply-add is fused: within 1 unit in the last place of it, docs/low_precision.md)."""
+    its multiply-add fused, rounded to the dtype once (docs/low_precision.md)."""
     if args.get("training", False):
         raise NotSupported("batch norm in training mode")
     dt = compute_dtype(out.dtype)
@@ -526,7 +526,11 @@ def _batch_norm(ctx, args, out):
     if dt != out.dtype:
         shift = K.binary("mul", mean, scale)
         shift = K.binary("sub", bias, shift) if bias is not None else K.unary("neg", shift)
-        return K.cast(K.binary("add", K.binary("mul", x, scale), shift), out.dtype)
+        # eager's multiply-add is fused: float32(x * alpha + beta in float64) is that (the product of two float32
+        # values is exact in float64), emitted as a float32 fused multiply-add (vtc.codegen.cpp _fused_multiply_add)
+        wide = torch.float64
+        y = K.binary("add", K.binary("mul", K.cast(x, wide), K.cast(scale, wide)), K.cast(shift, wide))
+        return K.cast(K.cast(y, dt), out.dtype)
     y = K.binary("mul", K.binary("sub", x, mean), scale)
     return K.binary("add", y, bias) if bias is not None else y
 
