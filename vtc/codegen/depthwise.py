@@ -62,26 +62,29 @@ static inline __m512 vtc_dw_even(__m512 fill, unsigned wide, const float* src) {
   return _mm512_permutex2var_ps(x0, even, x1);
 }
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-// bf16 / fp16 planes (the taps summed in float32): 16 elements widened to float, 0 where the mask is clear
-static inline __m512 vtc_dw_bf16(__mmask16 m, const uint16_t* src) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src)), 16));
-}
-static inline __m512 vtc_dw_f16(__mmask16 m, const uint16_t* src) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
-}
-// the even elements src[2 * l] where bit 2 * l of `wide` is set (else 0): one 32-element load, each 32-bit
-// word's low half
-static inline __m512 vtc_dw_even_bf16(unsigned wide, const uint16_t* src) {
-  const __m256i h = _mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi16((__mmask32)wide, src));
+// bf16 / fp16 planes (the taps summed, or a max pool's maxed, in float32): 16 elements widened to float; where
+// the mask is clear, the element whose bits are `fill` (0: 0.0; a max pool's -inf)
+static inline __m512 vtc_dw_bf16(__mmask16 m, const uint16_t* src, short fill) {
+  const __m256i h = _mm256_mask_loadu_epi16(_mm256_set1_epi16(fill), m, src);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-static inline __m512 vtc_dw_even_f16(unsigned wide, const uint16_t* src) {
-  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi16((__mmask32)wide, src)));
+static inline __m512 vtc_dw_f16(__mmask16 m, const uint16_t* src, short fill) {
+  return _mm512_cvtph_ps(_mm256_mask_loadu_epi16(_mm256_set1_epi16(fill), m, src));
+}
+// the even elements src[2 * l] where bit 2 * l of `wide` is set (else `fill`'s): one 32-element load, each
+// 32-bit word's low half
+static inline __m512 vtc_dw_even_bf16(unsigned wide, const uint16_t* src, short fill) {
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_loadu_epi16(_mm512_set1_epi16(fill), (__mmask32)wide, src));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __m512 vtc_dw_even_f16(unsigned wide, const uint16_t* src, short fill) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_loadu_epi16(_mm512_set1_epi16(fill), (__mmask32)wide, src)));
 }
 #endif
 #endif
 """
 LOW = {torch.bfloat16: "bf16", torch.float16: "f16"}  # planes of these dtypes: loads widen (vtc_dw_bf16, ...)
+LOW_NEG_INF = {torch.bfloat16: 0xFF80, torch.float16: 0xFC00}  # -inf's bits: a max pool's fill
 NAN_BITS = True  # a max pool's NaN lanes from an unsigned max of the taps' bits (vector ops; False: a compare per
 #   tap into a mask, whose OR gcc keeps in a general register: kernel alone, 1 thread, ShuffleNet's 3x3 / 2 pool of
 #   24 x 112 x 112, 48.7 -> 40.3 us min, docs/gemm.md)
@@ -157,9 +160,8 @@ def source(k: Kernel, em, generic) -> list[str] | None:
     if len(dtypes) != 1:
         return None
     dtype = dtypes.pop()
-    # bf16 / fp16: convolutions only (a max pool's -inf fill and NaN bits are float32's), stride 1 or 2 (no
-    # 16-bit gather)
-    if dtype != torch.float32 and (dw.combine != "fma" or dw.stride[1] > 2):
+    # bf16 / fp16: stride 1 or 2 (no 16-bit gather)
+    if dtype != torch.float32 and dw.stride[1] > 2:
         return None
     leaves = [(src, row) for src, row, _ in leaves]
     (oh, ow), w = dw.out_hw, dw.in_hw[1]
@@ -221,6 +223,11 @@ def _plane_head(k: Kernel, dw: DepthwiseSum, em, ind: str) -> list[str]:
     lines += [f"{ind}float wt[{kh * kw}];", *[f"{ind}wt[{t}] = {em.scalar(s)};" for t, s in enumerate(dw.taps)]]
     bias = em.scalar(dw.bias) if dw.bias is not None else "0.0f"
     return lines + [f"{ind}const __m512 bias = _mm512_set1_ps({bias}), fill = _mm512_setzero_ps();"]
+
+
+def _low_fill(dw: DepthwiseSum, dtype: torch.dtype) -> str:
+    """C bits of the bf16 / fp16 element a masked-off tap loads: 0.0 for a sum, -inf for a max."""
+    return f"(short)0x{LOW_NEG_INF[dtype]:X}" if dw.combine == "max" else "0"
 
 
 def _combine(dw: DepthwiseSum, t: int, load: str) -> str:
@@ -347,7 +354,8 @@ def _flat(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
                 f"{ind}  const __mmask16* mk = masks.m + c * {taps};",
                 f"{ind}  const {'uint16_t' if dtype in LOW else 'float'}* __restrict s = src + c * 16;",
                 f"{ind}  {start}",
-                *[f"{ind}  " + _combine(dw, t, f"vtc_dw_{LOW[dtype]}(mk[{t}], s + ({offs[t]}))" if dtype in LOW
+                *[f"{ind}  " + _combine(dw, t, f"vtc_dw_{LOW[dtype]}(mk[{t}], s + ({offs[t]}), {_low_fill(dw, dtype)})"
+                                        if dtype in LOW
                                         else f"_mm512_mask_loadu_ps(fill, mk[{t}], s + ({offs[t]}))")
                   for t in range(taps)],
                 f"{ind}  {end}",
@@ -457,8 +465,9 @@ def _rows(k: Kernel, em, dw: DepthwiseSum, total: Scalar, cases, leaves, dtype=t
     def load(b: int) -> str:
         off = f"c * {16 * sw} + ({b * dd - pw})"
         if dtype in LOW:  # stride 1 or 2 (source)
-            return (f"vtc_dw_{LOW[dtype]}(mk[{b}], rp + {off})" if sw == 1 else
-                    f"vtc_dw_even_{LOW[dtype]}(wide.m[c * {kw} + {b}], rp + {off})")
+            fill = _low_fill(dw, dtype)
+            return (f"vtc_dw_{LOW[dtype]}(mk[{b}], rp + {off}, {fill})" if sw == 1 else
+                    f"vtc_dw_even_{LOW[dtype]}(wide.m[c * {kw} + {b}], rp + {off}, {fill})")
         if sw == 1:
             return f"_mm512_mask_loadu_ps(fill, mk[{b}], rp + {off})"
         if sw == 2:

@@ -509,21 +509,30 @@ def _layer_norm(ctx, args, outs):
 
 @pointwise("_native_batch_norm_legit_no_training", "native_batch_norm")
 def _batch_norm(ctx, args, out):
-    """Inference batch norm: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c], c = dim 1."""
+    """Inference batch norm: (x - mean[c]) * rsqrt(var[c] + eps) * w[c] + b[c], c = dim 1.  In bfloat16 / float16
+    as eager's kernel: x * alpha[c] + beta[c] in float32 (alpha = rsqrt(var + eps) * w, beta = b - mean * alpha),
+    its multiply-add fused, rounded to the dtype once (docs/low_precision.md)."""
     if args.get("training", False):
         raise NotSupported("batch norm in training mode")
-    dt = out.dtype
+    dt = compute_dtype(out.dtype)
     if dt not in (torch.float32, torch.float64):
-        raise NotSupported(f"batch norm in {dt}")
+        raise NotSupported(f"batch norm in {out.dtype}")
     x = ctx.arg(args["input"], dt)
     mean = ctx.channel(args["running_mean"], 1, dt)
     scale = K.unary("rsqrt", K.binary("add", ctx.channel(args["running_var"], 1, dt), K.const(args["eps"], dt)))
     if args.get("weight") is not None:
         scale = K.binary("mul", scale, ctx.channel(args["weight"], 1, dt))
+    bias = ctx.channel(args["bias"], 1, dt) if args.get("bias") is not None else None
+    if dt != out.dtype:
+        shift = K.binary("mul", mean, scale)
+        shift = K.binary("sub", bias, shift) if bias is not None else K.unary("neg", shift)
+        # eager's multiply-add is fused: float32(x * alpha + beta in float64) is that (the product of two float32
+        # values is exact in float64), emitted as a float32 fused multiply-add (vtc.codegen.cpp _fused_multiply_add)
+        wide = torch.float64
+        y = K.binary("add", K.binary("mul", K.cast(x, wide), K.cast(scale, wide)), K.cast(shift, wide))
+        return K.cast(K.cast(y, dt), out.dtype)
     y = K.binary("mul", K.binary("sub", x, mean), scale)
-    if args.get("bias") is not None:
-        y = K.binary("add", y, ctx.channel(args["bias"], 1, dt))
-    return y
+    return K.binary("add", y, bias) if bias is not None else y
 
 
 from vtc.codegen import conv  # noqa: E402,F401  (registers "convolution": depthwise convolutions as pointwise)
