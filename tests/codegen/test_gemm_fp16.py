@@ -224,8 +224,8 @@ def test_fp16_conv2d(case):
 
 def test_fp16_conv_epilogue():
     """Conv2d with bias + SiLU + a residual add in float16: one kernel, the convolution rounded to float16 before
-    the SiLU and each op rounded as eager rounds it.  (A float16 BatchNorm2d after it runs through torch: "batch
-    norm in torch.float16".)"""
+    the SiLU and each op rounded as eager rounds it.  (A float16 BatchNorm2d after a convolution:
+    tests/codegen/test_pool_low_precision.py.)"""
     g = gen(140)
     x, w, b, r = rand((1, 16, 20, 20), g, H), rand((32, 16, 3, 3), g, H), rand((32,), g, H), rand((1, 32, 20, 20), g, H)
     fn = lambda x, w, b, r: F.silu(F.conv2d(x, w, b, padding=1)) + r  # noqa: E731
