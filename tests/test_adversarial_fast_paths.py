@@ -38,13 +38,21 @@ class _FlippedWeight(torch.nn.Module):
 
 
 @pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENABLED, reason="B packed once: AVX-512 only")
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "not-folded"])
 @pytest.mark.parametrize("transposed", [True, False], ids=["x@W.flip(0)^T", "x@W.flip(0)"])
 @pytest.mark.parametrize("m", [24, 130])
-def test_a_weight_read_backwards_is_packed_by_the_kernel(transposed, m):
+def test_a_weight_read_backwards_is_packed_by_the_kernel(transposed, m, folded, monkeypatch):
     """A constant B whose rows (W = B^T's, or B's own) are a negative stride apart: the call plan packed it once
     through ``as_strided`` with that stride and the first call raised torch's "as_strided: Negative strides are not
-    supported" (gemm auto and vtc alike).  Now the kernel packs it per call as it packs a runtime B, the reason in
-    ``why_not_packed`` (vtc/runtime/packed.py, conv_weight_why_not)."""
+    supported" (gemm auto and vtc alike).  Since session 22 the flip is folded into a constant copy
+    (``vtc.ir.fold.fold_weight_chains``) that is packed once like any weight; where it is not folded (here: the
+    fold switched off, as a budget refusal leaves it), the kernel packs it per call as it packs a runtime B, the
+    reason in ``why_not_packed`` (vtc/runtime/packed.py, conv_weight_why_not).  Either way an in-place change of W
+    reaches the next call."""
+    from vtc.ir import fold
+
+    if not folded:
+        monkeypatch.setattr(fold, "fold_weight_chains", lambda graph: graph)
     k, n = (1024, 300) if transposed else (300, 1024)
     model = _FlippedWeight(n if transposed else k, k if transposed else n, transposed)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -55,8 +63,13 @@ def test_a_weight_read_backwards_is_packed_by_the_kernel(transposed, m):
             model.w.mul_(-2.0)
             torch.testing.assert_close(compiled(x), model(x), **_tol(k), msg="after an in-place change of W")
             plan = compiled._first.executor.call_plan()
-            assert plan.counts["packed_conv_weights"] == 0
-            assert any("negative" in why for why in plan.why_not_packed.values()), plan.why_not_packed
+            packed_copies = plan.counts["packed_conv_weights"] + plan.counts.get("packed_weights", 0)
+            if folded:
+                assert compiled.report.to_dict()["packing"]["folded_weight_chains"] == 1
+                assert packed_copies == 1 and not plan.why_not_packed, plan.why_not_packed
+            else:
+                assert plan.counts["packed_conv_weights"] == 0
+                assert any("negative" in why for why in plan.why_not_packed.values()), plan.why_not_packed
 
 
 # -- drawn cases: what the campaign draws, a few of them the same every run -------------------------------------
