@@ -109,3 +109,32 @@ def test_a_budget_for_the_float32_panels_admits_the_copy(budget):
         compiled = vtc.compile(lin, (x,), gemm="vtc")
     _check(compiled, lin, x)
     assert _plan(compiled).counts["packed_conv_weights"] == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rows", [2, 7, 16])
+def test_few_rows_on_a_float16_weight_run_vtc_skinny_packed_on_it_packed_once_widened(rows, threads):
+    k, n = 512, 300  # W's float32 copy 600 KB: at least gemm.SKINNY_PACKED_WT_MIN_BYTES (16 rows take it from there)
+    lin = _linear(k, n, rows)
+    x = rand((rows, k), gen(rows + 1), H)
+    with torch_threads(threads):
+        with torch.no_grad():
+            compiled = vtc.compile(lin, (x,), gemm="vtc")
+        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["skinny_packed"]
+        _check(compiled, lin, x)
+        plan = _plan(compiled)
+        assert plan.counts["packed_conv_weights"] == 1, plan.why_not_packed
+        with torch.no_grad():
+            lin.weight.mul_(2.0)
+        _check(compiled, lin, x)
+
+
+def test_one_row_on_a_float16_weight_keeps_the_dot_path_reading_it_in_place():
+    k, n = 512, 300
+    lin = _linear(k, n, 3)
+    x = rand((1, k), gen(4), H)
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+    assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["dot"]
+    _check(compiled, lin, x)
+    assert _plan(compiled).counts["packed_conv_weights"] == 0

@@ -45,7 +45,8 @@ measured on; where the machine's figures, ``vtc.plan.cost.machine()``, show
 torch's GEMM slower than the generated one, as MKL is on AMD EPYC, its rates
 are scaled by ``vtc.plan.cost.library_gemm_speed``).  float16 GEMMs run
 this kernel: their operands widened to float32 as the packs read them (the strided branches and the dot path
-through ``vtc_widen16``, any other mapping through the general emitter), the float32 sums kept in a scratch C and
+through ``vtc_widen16``, any other mapping through the general emitter; a constant B packed once, widened, into
+the float32 panels: ``F16_PACKED_B``), the float32 sums kept in a scratch C and
 rounded to float16 once per element by the epilogue (``narrowed``), as eager's float16 GEMM accumulates in
 float32 and rounds once; torch's float16 GEMM has no fast path on CPUs without float16 instructions
 (``f16_estimate_us``).  Other dtypes run through torch, the reason in the report; bf16 mm / bmm on strided
@@ -244,10 +245,11 @@ def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ..
     panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M) with `mapped_elems` packed one by one
     (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above), or at float32's where the CPU has
     float16 GEMM instructions (``_torch_f16_fast``).  `b_packed`: B a constant the call plan packs once, widened."""
-    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride, path="panels",
-                           b_packed=b_packed)
+    skinny = m <= SKINNY_M and b_packed  # vtc_skinny_packed on the widened copy
+    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride,
+                           path=SKINNY_PACKED_PATH if skinny else "panels", b_packed=b_packed)
     vtc += mapped_elems * F16_MAPPED_PACK_NS * 1e-3
-    if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
+    if m <= SKINNY_M and b_unit_stride == "k" and not skinny:  # the dot path reads the float16 weight: half float32's bytes
         vtc -= 2.0 * batch * k * n / (SKINNY["dot"][0] * 1e3)
     if _torch_f16_fast():
         return vtc, lib
@@ -256,6 +258,15 @@ def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ..
     lib += 2.0 * batch * k * n / (F16_TORCH_GBPS * 1e3) if m <= SKINNY_M else 0.0
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies)
     return vtc, lib
+
+
+def _f16_b_packed(low, a: Value, b: Value, m: int, b_stride: str) -> bool:
+    """Whether the call plan packs float16 GEMM's constant B once, widened (``_packed_spec``, ``_skinny_spec``)."""
+    if not _constant_b(low, b) or needs_copy(low, a):
+        return False
+    if m <= SKINNY_M:
+        return b_stride == "k" and SKINNY_PACKED and _skinny_packed_rows(m, 4 * b.shape[-1] * b.shape[-2], f16=True)
+    return PACKED_B
 
 
 def could_generate(n: Node) -> bool:
@@ -332,8 +343,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
         vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
                                            mapped_elems=mapped, b_unit_stride=b_stride,
                                            kind="bmm" if batched else "linear" if b_stride == "k" else "other",
-                                           b_packed=(F16_PACKED_B and PACKED_B and m > SKINNY_M and _constant_b(low, b)
-                                                     and not needs_copy(low, a)))
+                                           b_packed=F16_PACKED_B and _f16_b_packed(low, a, b, m, b_stride))
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -1426,7 +1436,7 @@ def _weight_packing(em, g: GemmOperands) -> tuple:
     m = g.m
     wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
     packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
-    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):
+    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4, f16=_unwidened(g.b) is not g.b):
         packed_weight = skinny
     return lazy, spec, skinny, packed_weight
 
@@ -1702,16 +1712,18 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
 
 SKINNY_PACKED = True  # the dot path's weight (B = W^T, M <= SKINNY_M) packed once into packed_panels (docs/gemm.md)
 SKINNY_PACKED_MAX_M = SKINNY_M  # up to here: WT_MIN_M..SKINNY_M rows instead of weight_rows, on a W of at least
+F16_SKINNY_PACKED_MIN_M = 2  # one row on a float16 W: the dot path reading it in place (half the bytes) was as fast
 SKINNY_PACKED_WT_MIN_BYTES = 1 << 19  # this size (a smaller W, read in place from L2, was as fast or faster)
 
 
-def _skinny_packed_rows(m: int, w_bytes: int) -> bool:
+def _skinny_packed_rows(m: int, w_bytes: int, f16: bool = False) -> bool:
     """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (else the
     dot path), and one row (else the dot path) or WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at
     least SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024
     0.170 -> 0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15); one row 1 x 1024 -> 4096 0.259
-    -> 0.244, 1 x 4096 -> 1024 0.273 -> 0.236 ms, level at 512 x 512 (docs/gemm.md, session 19)."""
-    if m > SKINNY_PACKED_MAX_M:
+    -> 0.244, 1 x 4096 -> 1024 0.273 -> 0.236 ms, level at 512 x 512 (docs/gemm.md, session 19).  `f16`: a float16
+    W (packed widened) from F16_SKINNY_PACKED_MIN_M rows only (docs/low_precision.md, helper f16pack)."""
+    if m > SKINNY_PACKED_MAX_M or f16 and m < F16_SKINNY_PACKED_MIN_M:
         return False
     return 2 <= m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
@@ -1729,10 +1741,11 @@ def _skinny_spec(em, g: GemmOperands) -> tuple | None:
             or not all(isinstance(x, int) for x in (g.m, g.n, g.k)) or g.m > SKINNY_M):
         return None
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    load = _unwidened(g.b) if F16_PACKED_B else g.b  # (a float16 weight: packed widened)
+    st = _strided(load, g, em)
     if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
         return None
-    buf, idx = g.b.args
+    buf, idx = load.args
     c, terms = _terms(linear_offset(idx, em.shapes[buf]))
     if any(not (atom.op == "var" and atom.args[0] in (nv, "r")) for atom in terms):
         return None  # a batch or other term: not one weight for all of the kernel
