@@ -45,7 +45,8 @@ measured on; where the machine's figures, ``vtc.plan.cost.machine()``, show
 torch's GEMM slower than the generated one, as MKL is on AMD EPYC, its rates
 are scaled by ``vtc.plan.cost.library_gemm_speed``).  float16 GEMMs run
 this kernel: their operands widened to float32 as the packs read them (the strided branches and the dot path
-through ``vtc_widen16``, any other mapping through the general emitter), the float32 sums kept in a scratch C and
+through ``vtc_widen16``, any other mapping through the general emitter; a constant B packed once, widened, into
+the float32 panels: ``F16_PACKED_B``), the float32 sums kept in a scratch C and
 rounded to float16 once per element by the epilogue (``narrowed``), as eager's float16 GEMM accumulates in
 float32 and rounds once; torch's float16 GEMM has no fast path on CPUs without float16 instructions
 (``f16_estimate_us``).  Other dtypes run through torch, the reason in the report; bf16 mm / bmm on strided
@@ -239,14 +240,16 @@ def _torch_f16_fast() -> bool:
 
 
 def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ...] = (), mapped_elems: int = 0,
-                    b_unit_stride: str = "n", kind: str = "other") -> tuple[float, float]:
+                    b_unit_stride: str = "n", kind: str = "other", b_packed: bool = False) -> tuple[float, float]:
     """(generated kernel, torch) estimated microseconds for one float16 GEMM: the generated side as float32's
     panels (or the dot path: `b_unit_stride` "k" at M <= SKINNY_M) with `mapped_elems` packed one by one
     (F16_MAPPED_PACK_NS), torch's at its float16 rate of `kind` (above), or at float32's where the CPU has
-    float16 GEMM instructions (``_torch_f16_fast``)."""
-    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride, path="panels")
+    float16 GEMM instructions (``_torch_f16_fast``).  `b_packed`: B a constant the call plan packs once, widened."""
+    skinny = m <= SKINNY_M and b_packed  # vtc_skinny_packed on the widened copy
+    vtc, lib = estimate_us(batch, m, n, k, copies=copies, b_unit_stride=b_unit_stride,
+                           path=SKINNY_PACKED_PATH if skinny else "panels", b_packed=b_packed)
     vtc += mapped_elems * F16_MAPPED_PACK_NS * 1e-3
-    if m <= SKINNY_M and b_unit_stride == "k":  # the dot path reads the float16 weight: half float32's bytes
+    if m <= SKINNY_M and b_unit_stride == "k" and not skinny:  # the dot path reads the float16 weight: half float32's bytes
         vtc -= 2.0 * batch * k * n / (SKINNY["dot"][0] * 1e3)
     if _torch_f16_fast():
         return vtc, lib
@@ -255,6 +258,15 @@ def f16_estimate_us(batch: int, m: int, n: int, k: int, *, copies: tuple[int, ..
     lib += 2.0 * batch * k * n / (F16_TORCH_GBPS * 1e3) if m <= SKINNY_M else 0.0
     lib += sum(CALL_US + 2 * b / (COPY_GBPS * 1e3) for b in copies)
     return vtc, lib
+
+
+def _f16_b_packed(low, a: Value, b: Value, m: int, b_stride: str) -> bool:
+    """Whether the call plan packs float16 GEMM's constant B once, widened (``_packed_spec``, ``_skinny_spec``)."""
+    if not _constant_b(low, b) or needs_copy(low, a):
+        return False
+    if m <= SKINNY_M:
+        return b_stride == "k" and SKINNY_PACKED and _skinny_packed_rows(m, 4 * b.shape[-1] * b.shape[-2], f16=True)
+    return PACKED_B
 
 
 def could_generate(n: Node) -> bool:
@@ -330,7 +342,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                      if needs_copy(low, v))  # (none packed by runs)
         vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
                                            mapped_elems=mapped, b_unit_stride=b_stride,
-                                           kind="bmm" if batched else "linear" if b_stride == "k" else "other")
+                                           kind="bmm" if batched else "linear" if b_stride == "k" else "other",
+                                           b_packed=F16_PACKED_B and _f16_b_packed(low, a, b, m, b_stride))
     if a.dtype == gemm_bf16.BF16 and not unsupported:  # the bf16 kernel stores only its own result
         pushed = ()
         vtc_us, torch_us = gemm_bf16.estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
@@ -381,7 +394,7 @@ def _constant_b(low, b: Value) -> bool:
     sizes, on AVX-512."""
     from vtc.codegen.conv_t import has_avx512
 
-    if b.dtype != torch.float32 or not all(isinstance(d, int) for d in b.shape) or not has_avx512():
+    if b.dtype not in (torch.float32, F16) or not all(isinstance(d, int) for d in b.shape) or not has_avx512():
         return False
     whole, st = _of_a_constant(low, b.name)
     if whole:
@@ -514,7 +527,7 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
     from vtc.codegen.cpp import _Emitter
 
     g = k.gemm
-    if g.pack_b is not None or g.dtype != torch.float32 or g.b.op != "load":
+    if g.pack_b is not None or g.dtype != torch.float32 or _unwidened(g.b).op != "load":
         return ""
     em = _Emitter(k)  # (k has no inputs yet: their shapes and some pointer names for the spec functions)
     em.shapes.update(shapes)
@@ -1423,7 +1436,7 @@ def _weight_packing(em, g: GemmOperands) -> tuple:
     m = g.m
     wt_packed = spec is not None and wt and g.k * g.n * 4 <= WT_PACKED_MAX_BYTES and _panels_pad_less(m)
     packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
-    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4):
+    if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4, f16=_unwidened(g.b) is not g.b):
         packed_weight = skinny
     return lazy, spec, skinny, packed_weight
 
@@ -1566,7 +1579,9 @@ def generate(k: Kernel) -> str:
                   f"{ind}const float* __restrict btail = nb % VTC_NR ?  // the last, narrower panel zero-padded",
                   f"{ind}    vtc_pad_cols(bsrc + nb / VTC_NR * VTC_NR, ldb, kb, nb % VTC_NR, bp) : nullptr;",
                   f"{ind}#else"]
-    if lazy is None:
+    if lazy is None and spec is not None:  # (a float16 B: packed once by the caller, else per block here)
+        lines += [f"{ind}if (!bpk) {{", *(g.pack_b or _pack_b)(em, g, ind + "  "), f"{ind}}}"]
+    elif lazy is None:
         lines += (g.pack_b or _pack_b)(em, g, ind)  # in scope: batch index, k0, kb, n0, nb, bp
     else:
         lines.append(f"{ind}const float* __restrict bnext = {lazy[0]};  // B's block at (k0, n0): panels packed in the first strip")
@@ -1637,6 +1652,7 @@ PACKED_M_SPLIT = True  # B packed once and small: 2+ threads split M, not N (doc
 PACKED_M_SPLIT_B = 1 << 18  # B's bytes (K x N floats) up to which (read whole by each thread from L2) ...
 PACKED_M_SPLIT_MIN_M = 16 * MR  # ... and rows from which (at least 8 MR-row tiles a thread: little imbalance), up
 #                                  to one MC block a thread (more: equal blocks, 300 rows as 84 x 3 + 48, 168 / 132)
+F16_PACKED_B = True  # a float16 constant B too: the call plan packs it once widened into the same float32 panels
 PACKED_B = True  # a constant B (W^T of a weight, or a row-major weight) that _lazy_b would pack per call: the kernel
 #                  also takes its panels packed once by the caller (packed_panels; vtc.runtime.packed) (docs/gemm.md)
 
@@ -1658,7 +1674,7 @@ def packed_panels(w: torch.Tensor, offset: int, lda: int, rows: int, cols: int, 
     b = rows_.t() if wt else rows_
     kk, n = b.shape
     npad = -(-n // 32) * 32
-    out = torch.zeros(kk * npad, dtype=w.dtype)
+    out = torch.zeros(kk * npad, dtype=torch.float32)  # (a float16 w widened)
     for k0 in range(0, kk, kc):
         kb = min(kc, kk - k0)
         blk = out[k0 * npad:(k0 + kb) * npad].view(npad // 32, kb, 32)
@@ -1677,9 +1693,11 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
 
     from vtc.codegen.conv_t import has_avx512
 
+    if lazy is None and F16_PACKED_B and g.pack_b is None and g.m > SKINNY_M and _unwidened(g.b) is not g.b:
+        lazy = _b_source(em, g)  # a float16 B: packed once widened, else per block before the strips
     if not PACKED_B or lazy is None or not has_avx512() or not all(isinstance(x, int) for x in (g.m, g.n, g.k)):
         return None
-    buf, idx = g.b.args
+    buf, idx = _unwidened(g.b).args
     c, terms = _terms(linear_offset(idx, em.shapes[buf]))
     if any(not (atom.op == "var" and atom.args[0] in (g.vars[2], "r")) for atom in terms):
         return None  # a batch or other term: not one weight for all of the kernel
@@ -1694,16 +1712,18 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
 
 SKINNY_PACKED = True  # the dot path's weight (B = W^T, M <= SKINNY_M) packed once into packed_panels (docs/gemm.md)
 SKINNY_PACKED_MAX_M = SKINNY_M  # up to here: WT_MIN_M..SKINNY_M rows instead of weight_rows, on a W of at least
+F16_SKINNY_PACKED_MIN_M = 2  # one row on a float16 W: the dot path reading it in place (half the bytes) was as fast
 SKINNY_PACKED_WT_MIN_BYTES = 1 << 19  # this size (a smaller W, read in place from L2, was as fast or faster)
 
 
-def _skinny_packed_rows(m: int, w_bytes: int) -> bool:
+def _skinny_packed_rows(m: int, w_bytes: int, f16: bool = False) -> bool:
     """Whether m rows of A run vtc_skinny_packed on W packed once (a W of `w_bytes`): 2..WT_MIN_M - 1 rows (else the
     dot path), and one row (else the dot path) or WT_MIN_M..SKINNY_PACKED_MAX_M rows (else weight_rows) on a W of at
     least SKINNY_PACKED_WT_MIN_BYTES: on Zen 5, 1 thread, 16 x 1024 -> 1024 0.168 -> 0.142 ms, 12 x 1024 -> 1024
     0.170 -> 0.104, but 16 x 256 -> 256 0.0117 -> 0.0126 (docs/gemm.md, session 15); one row 1 x 1024 -> 4096 0.259
-    -> 0.244, 1 x 4096 -> 1024 0.273 -> 0.236 ms, level at 512 x 512 (docs/gemm.md, session 19)."""
-    if m > SKINNY_PACKED_MAX_M:
+    -> 0.244, 1 x 4096 -> 1024 0.273 -> 0.236 ms, level at 512 x 512 (docs/gemm.md, session 19).  `f16`: a float16
+    W (packed widened) from F16_SKINNY_PACKED_MIN_M rows only (docs/low_precision.md, helper f16pack)."""
+    if m > SKINNY_PACKED_MAX_M or f16 and m < F16_SKINNY_PACKED_MIN_M:
         return False
     return 2 <= m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
@@ -1721,10 +1741,11 @@ def _skinny_spec(em, g: GemmOperands) -> tuple | None:
             or not all(isinstance(x, int) for x in (g.m, g.n, g.k)) or g.m > SKINNY_M):
         return None
     nv = g.vars[2]
-    st = _strided(g.b, g, em)
+    load = _unwidened(g.b) if F16_PACKED_B else g.b  # (a float16 weight: packed widened)
+    st = _strided(load, g, em)
     if st is None or not st[3].is_const or st[2].get("r", 0) != 1 or abs(st[2].get(nv, 0)) == 1:
         return None
-    buf, idx = g.b.args
+    buf, idx = load.args
     c, terms = _terms(linear_offset(idx, em.shapes[buf]))
     if any(not (atom.op == "var" and atom.args[0] in (nv, "r")) for atom in terms):
         return None  # a batch or other term: not one weight for all of the kernel
@@ -1742,7 +1763,12 @@ def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:
     PF 2), and M > SKINNY_M; else None (the whole block packed before the strips)."""
     if g.pack_b is not None or g.m <= SKINNY_M or gemm_pack.pack_b(em, g, "") is not None:
         return None
-    st = _strided(g.b, g, em)
+    return _b_source(em, g) if _unwidened(g.b) is g.b else None  # (a float16 B: its pointer is no float's)
+
+
+def _b_source(em, g: GemmOperands) -> tuple[str, int, int] | None:
+    """``_lazy_b``'s (pointer, PF mode, row stride) of a plain strided B (a float16 one's load), else None."""
+    st = _strided(_unwidened(g.b), g, em)
     if st is None or not st[3].is_const:
         return None
     buf, off, co, _ = st

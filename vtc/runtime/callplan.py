@@ -527,7 +527,8 @@ class CallPlan:
         rows, cols = spec[3], spec[4]  # the packed region: a GEMM's W (N x K), a convolution's (M x K)
         # up to SKINNY_M rows the copy replaces the dot path on W (vtc.codegen.gemm._skinny_spec); else a pack per call
         kind = "skinny" if gemm.pack_b is None and gemm.m <= SKINNY_M else "panels"
-        return packed.Wish(name, rows * cols * w.element_size(), packed.saving_us(kind, gemm.m, rows, cols),
+        return packed.Wish(name, rows * cols * packed.packed_element_size(w, spec[5] if len(spec) > 5 else None),
+                           packed.saving_us(kind, gemm.m, rows, cols),
                            lambda: packed.shared_conv_weight(w, *spec[1:]))
 
     def _refused(self, name: str, e: "packed.OverBudget") -> None:

@@ -313,7 +313,13 @@ def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
     (OverBudget where that would pass BUDGET_BYTES)."""
     lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
     return _one_per_key(_SHARED_CONV, (*_weight_key(w), w.dtype, offset, lda, m, k, lay),
-                        lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * w.element_size())
+                        lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * packed_element_size(w, layout))
+
+
+def packed_element_size(w: torch.Tensor, layout) -> int:
+    """The bytes of an element of `w`'s packed copy: a generated GEMM's B (a `layout`) float32 panels (a float16
+    weight widened: twice its bytes), a convolution's W^T w's own dtype."""
+    return 4 if layout is not None else w.element_size()
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
@@ -322,7 +328,8 @@ def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
         return "the weight's offset is not a constant"
     if w is None:
         return "the weight is not a constant of the graph"
-    if w.dtype != torch.float32 or not w.is_contiguous():
+    gemm_b = len(spec) > 4  # a generated GEMM's B (its layout widens a float16 weight into float32 panels)
+    if w.dtype not in ((torch.float32, torch.float16) if gemm_b else (torch.float32,)) or not w.is_contiguous():
         return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
