@@ -10,8 +10,6 @@ weight was packed once: ``packed_conv_weights`` 0).
 """
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -71,16 +69,6 @@ def test_float16_weight_packed_once_widened_and_again_after_an_in_place_change(s
             with torch.no_grad():
                 change(lin.weight)
             _check(compiled, lin, x)  # stale panels: off by the whole change
-
-
-@pytest.fixture
-def budget(monkeypatch):
-    """set(extra): the budget made the bytes held now (other tests' copies still alive) plus `extra`."""
-    gc.collect()
-
-    def set_budget(extra: int) -> None:
-        monkeypatch.setattr(packed, "BUDGET_BYTES", packed.HELD.bytes + extra)
-    return set_budget
 
 
 def test_a_budget_for_the_float16_bytes_only_refuses_the_float32_copy(budget):

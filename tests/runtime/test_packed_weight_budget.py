@@ -29,16 +29,6 @@ needs_avx512 = pytest.mark.skipif(not conv_t.has_avx512() or not packed.CONV_ENA
 GEMM_TOL = dict(rtol=1e-4, atol=1e-4)
 
 
-@pytest.fixture
-def budget(monkeypatch):
-    """set(extra): the budget made the bytes held now (other tests' copies still alive) plus `extra`."""
-    gc.collect()
-
-    def set_budget(extra: int) -> None:
-        monkeypatch.setattr(packed, "BUDGET_BYTES", packed.HELD.bytes + extra)
-    return set_budget
-
-
 def _plan(compiled):
     return compiled._first.executor.call_plan()
 
