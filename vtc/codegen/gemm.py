@@ -381,7 +381,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
                                f"back): estimated faster")
         measured = f" (torch's GEMM measured at {speed:.2f}x its assumed rate on this machine)" if speed != 1.0 else ""
-        measured = " (torch's float16 GEMM has no fast path on this CPU)" if a.dtype == F16 else measured
+        if a.dtype == F16 and not _torch_f16_fast():
+            measured = " (torch's float16 GEMM has no fast path on this CPU)"
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
                            f"estimated faster than torch's library kernel here{measured}")
     return pick("torch", "every operand is physical or a zero-copy strided view: torch's library kernel "
