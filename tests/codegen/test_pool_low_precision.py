@@ -94,8 +94,8 @@ def test_low_precision_max_pool_with_a_consumer(dtype):
 
 # bf16 / fp16 batch norm (eval), vtc/codegen/ops.py ``_batch_norm``: eager computes x * alpha[c] + beta[c] in float32
 # (alpha = rsqrt(var + eps) * w, beta = b - mean * alpha), its multiply-add fused, and rounds once; the generated
-# kernel too (a fused multiply-add, vtc/codegen/cpp.py ``_fused_multiply_add``): bit for bit.  Before the change the
-# batch norm ran through torch; unfused, the float16 cases below differ from eager in a few elements.
+# kernel too (the kernel IR's fused multiply-add, vtc/codegen/kernel_ir.py ``fma``): bit for bit.  Before the change
+# the batch norm ran through torch; unfused, the float16 cases below differ from eager in a few elements.
 
 
 def _bn(g, channels: int, dtype: torch.dtype) -> torch.nn.BatchNorm2d:

@@ -97,23 +97,6 @@ _BINARY_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/", "eq": "==", "ne": 
               "bitand": "&", "bitor": "|", "bitxor": "^"}
 
 
-def _fused_multiply_add(s: Scalar) -> tuple[Scalar, Scalar, Scalar] | None:
-    """The float64 casts (x, y, z) of float32 values where s is float32(x * y + z) in float64, else None.  The
-    product of two float32 values is exact in float64, so s is float32's fused multiply-add of them (but where
-    the float64 sum rounds onto a float32 tie, about 1 in 2^29) and is emitted as one, in float32 vectors: the
-    16-bit batch norm's ``x * alpha + beta`` (vtc.codegen.ops ``_batch_norm``), fused as eager's is (the C is
-    compiled -ffp-contract=off)."""
-    def widened(v: Scalar) -> Scalar | None:
-        return v.args[0] if v.op == "cast" and v.args[0].dtype == torch.float32 else None
-
-    if s.dtype != torch.float32 or s.op != "cast" or (add := s.args[0]).dtype != torch.float64:
-        return None
-    if add.op != "binary" or add.args[0] != "add" or (mul := add.args[1]).op != "binary" or mul.args[0] != "mul":
-        return None
-    terms = (mul.args[1], mul.args[2], add.args[2])
-    return terms if all(widened(v) is not None for v in terms) else None
-
-
 _ASSOC = {"sum": "+", "prod": "*", "any": "||", "all": "&&"}
 _INIT = {"sum": "0", "prod": "1", "any": "false", "all": "true"}
 
@@ -242,15 +225,14 @@ class _Emitter:
         if op == "acc":
             return f"acc_{a[0]}"
         if op == "cast":
-            if (fused := _fused_multiply_add(s)) is not None:  # a hoisted float64 operand holds a float32 value
-                return "std::fma(" + ", ".join(f"(float){self.temps[id(v)]}" if id(v) in self.temps
-                                               else self.scalar(v.args[0]) for v in fused) + ")"
             x = self.scalar(a[0])
             return f"({x} != 0)" if dt == torch.bool else f"(({ctype(dt)}){x})"
         if op == "unary":
             return _narrow(_UNARY_FMT[a[0]].format(x=self.scalar(a[1]), t=ctype(dt)), dt)
         if op == "binary":
             return _narrow(self.binary(a[0], self.scalar(a[1]), self.scalar(a[2]), a[1].dtype, dt), dt)
+        if op == "fma":
+            return f"std::fma({self.scalar(a[0])}, {self.scalar(a[1])}, {self.scalar(a[2])})"
         if op == "where":
             return f"({self.scalar(a[0])} ? {self.scalar(a[1])} : {self.scalar(a[2])})"
         if op == "pick":

@@ -8,8 +8,9 @@ Its three stages:
   an index expression of the index algebra.  Virtual tensors appear only here:
   the index is a composed mapping, and a piece chosen by an index predicate is
   a ``Scalar("pick", (predicate, a, b))``; a padding fill is a constant.
-- **compute**: a DAG of scalar ops (``unary``/``binary``/``where``/``cast``/
-  ``const``/``iota``), the same whether the inputs were physical or virtual.
+- **compute**: a DAG of scalar ops (``unary``/``binary``/``fma``/``where``/
+  ``cast``/``const``/``iota``), the same whether the inputs were physical or
+  virtual.
 - **store**: each output buffer is written at the domain index (contiguous); a
   pushed op's input is instead stored through the op's push mapping into the
   op's output (``vtc.codegen.push``; that buffer is then also among the
@@ -103,6 +104,13 @@ def unary(fn: str, x: Scalar, dtype: torch.dtype | None = None) -> Scalar:
 def binary(fn: str, a: Scalar, b: Scalar, dtype: torch.dtype | None = None) -> Scalar:
     """fn(a, b), fn one of add, sub, mul, div, max, min, pow, lt, ..."""
     return Scalar.make("binary", (fn, a, b), dtype or a.dtype)
+
+
+def fma(a: Scalar, b: Scalar, c: Scalar) -> Scalar:
+    """a * b + c rounded once (a fused multiply-add), of float32 or float64 values.  Only where a lowering asks
+    for it (eager's kernel fuses it): a ``binary`` mul and add round twice, as eager's separate ops do."""
+    assert a.dtype == b.dtype == c.dtype and a.dtype in (torch.float32, torch.float64), (a, b, c)
+    return Scalar.make("fma", (a, b, c), a.dtype)
 
 
 def where(c: Scalar, a: Scalar, b: Scalar) -> Scalar:

@@ -526,11 +526,7 @@ def _batch_norm(ctx, args, out):
     if dt != out.dtype:
         shift = K.binary("mul", mean, scale)
         shift = K.binary("sub", bias, shift) if bias is not None else K.unary("neg", shift)
-        # eager's multiply-add is fused: float32(x * alpha + beta in float64) is that (the product of two float32
-        # values is exact in float64), emitted as a float32 fused multiply-add (vtc.codegen.cpp _fused_multiply_add)
-        wide = torch.float64
-        y = K.binary("add", K.binary("mul", K.cast(x, wide), K.cast(scale, wide)), K.cast(shift, wide))
-        return K.cast(K.cast(y, dt), out.dtype)
+        return K.cast(K.fma(x, scale, shift), out.dtype)  # eager's multiply-add is fused
     y = K.binary("mul", K.binary("sub", x, mean), scale)
     return K.binary("add", y, bias) if bias is not None else y
 
