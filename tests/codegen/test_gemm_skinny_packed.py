@@ -86,7 +86,7 @@ def test_the_kernel_text_and_the_spec():
         spec = getattr(k.gemm, "packed_weight", None)
         assert (spec is not None) == (m >= 2), m
         if spec is not None:
-            assert spec[1:5] == (0, 300, 70, 300)  # offset, W's row stride, N, K
+            assert (spec.offset, spec.row_stride, spec.rows, spec.cols) == (0, 300, 70, 300)  # W: N x K
         assert _count(compiled) == (1 if m >= 2 else 0)
 
 

@@ -252,6 +252,7 @@ def generate(k) -> str:
     from vtc.codegen import gemm
     from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, buffer_pointers
     from vtc.index.expr import free_vars
+    from vtc.runtime.packed import WeightSpec
 
     g = k.gemm
     em = _Emitter(k)
@@ -264,7 +265,7 @@ def generate(k) -> str:
     offset = _constant(wbase)
     # what a caller may pack once (vtc.runtime.packed.PackedConvWeight) and pass after the buffers with
     # PACKED_FLAG set in nthreads; a size-generic kernel (sizes at bufs[nbufs]) is never called so
-    g.packed_weight = (wbuf, offset, int(lda), int(M), int(KK)) if offset is not None else None
+    g.packed_weight = WeightSpec(wbuf, offset, int(lda), int(M), int(KK)) if offset is not None else None
     nbufs = len(buffer_order(k))
     lines += [f"  const float* __restrict wtp = (nthreads & {PACKED_FLAG}) ? (const float*)bufs[{nbufs}] : nullptr;",
               f"  nthreads &= ~{PACKED_FLAG};"]

@@ -539,7 +539,7 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
     _, _, skinny, spec = _weight_packing(em, g)
     if spec is None:
         return ""
-    whole, st = _of_a_constant(low, spec[0])
+    whole, st = _of_a_constant(low, spec.buffer)
     if not whole and st is None:
         return ""  # a runtime B: the kernel reads it as without a packed copy
     return SKINNY_PACKED_PATH if spec is skinny else "panels"
@@ -1685,7 +1685,7 @@ def packed_panels(w: torch.Tensor, offset: int, lda: int, rows: int, cols: int, 
     return out
 
 
-def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tuple | None:
+def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> packed.WeightSpec | None:
     """What a caller may pack once and pass with PACKED_FLAG (``vtc.runtime.packed.PackedConvWeight``'s spec:
     the weight's buffer, offset, row stride, rows, columns and ``packed_panels`` as its layout), or None: B
     packed panel by panel in the first strip (``_lazy_b``) from one buffer at a constant offset with no
@@ -1707,8 +1707,8 @@ def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> tupl
     sn, sk = co.get(g.vars[2], 0), co.get("r", 0)
     offset = int(c)
     if mode == 2:  # B = W^T: N rows of K floats, sn apart
-        return buf, offset, sn, g.n, g.k, partial(packed_panels, kc=packed_kc(g.k), wt=True)
-    return buf, offset, sk, g.k, g.n, partial(packed_panels, kc=packed_kc(g.k), wt=False)
+        return packed.WeightSpec(buf, offset, sn, g.n, g.k, partial(packed_panels, kc=packed_kc(g.k), wt=True))
+    return packed.WeightSpec(buf, offset, sk, g.k, g.n, partial(packed_panels, kc=packed_kc(g.k), wt=False))
 
 
 SKINNY_PACKED = True  # the dot path's weight (B = W^T, M <= SKINNY_M) packed once into packed_panels (docs/gemm.md)
@@ -1729,7 +1729,7 @@ def _skinny_packed_rows(m: int, w_bytes: int, f16: bool = False) -> bool:
     return 2 <= m < WT_MIN_M or w_bytes >= SKINNY_PACKED_WT_MIN_BYTES
 
 
-def _skinny_spec(em, g: GemmOperands) -> tuple | None:
+def _skinny_spec(em, g: GemmOperands) -> packed.WeightSpec | None:
     """The spec of the dot path's weight packed once (as ``_packed_spec``'s: W's buffer, offset, row stride, N, K,
     ``packed_panels`` at the skinny kc), or None: the dot path (``_dot_path``: M <= SKINNY_M, B = W^T of a
     plain strided weight) with one weight for the whole kernel (no batch term), static sizes, AVX-512.  The
@@ -1754,7 +1754,7 @@ def _skinny_spec(em, g: GemmOperands) -> tuple | None:
     if sn <= 0:
         return None
     kc = -(-g.k // -(-g.k // SKINNY_KC))
-    return buf, int(c), sn, g.n, g.k, partial(packed_panels, kc=kc, wt=True)
+    return packed.WeightSpec(buf, int(c), sn, g.n, g.k, partial(packed_panels, kc=kc, wt=True))
 
 
 def _lazy_b(em, g: GemmOperands) -> tuple[str, int, int] | None:

@@ -516,20 +516,18 @@ class CallPlan:
         if not packed.CONV_ENABLED or gemm is None or not hasattr(gemm, "packed_weight") or ck._sizes:
             return None
         spec = gemm.packed_weight
-        wbuf = spec[0] if spec is not None else None
+        wbuf = spec.buffer if spec is not None else None
         w = self.template[self.slot[wbuf]] if wbuf in self.slot else None  # set: a constant or a view of one
-        why = packed.conv_weight_why_not(w if isinstance(w, torch.Tensor) else None,
-                                         spec[1:] if spec is not None else None)
+        why = packed.conv_weight_why_not(w if isinstance(w, torch.Tensor) else None, spec)
         name = ck.step.kernel.name
         if why is not None:
             self.why_not_packed[name] = why
             return None
-        rows, cols = spec[3], spec[4]  # the packed region: a GEMM's W (N x K), a convolution's (M x K)
         # up to SKINNY_M rows the copy replaces the dot path on W (vtc.codegen.gemm._skinny_spec); else a pack per call
         kind = "skinny" if gemm.pack_b is None and gemm.m <= SKINNY_M else "panels"
-        return packed.Wish(name, rows * cols * packed.packed_element_size(w, spec[5] if len(spec) > 5 else None),
-                           packed.saving_us(kind, gemm.m, rows, cols),
-                           lambda: packed.shared_conv_weight(w, *spec[1:]))
+        return packed.Wish(name, spec.rows * spec.cols * packed.packed_element_size(w, spec.layout),
+                           packed.saving_us(kind, gemm.m, spec.rows, spec.cols),
+                           lambda: packed.shared_conv_weight(w, spec))
 
     def _refused(self, name: str, e: "packed.OverBudget") -> None:
         """Step `name`'s weight left unpacked for the budget (its GEMM packs it per call)."""

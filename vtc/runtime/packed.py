@@ -262,6 +262,20 @@ def packed_linear(a_rows: int, b: torch.Tensor, bias: torch.Tensor | None) -> Ca
     return run
 
 
+class WeightSpec(NamedTuple):
+    """A generated kernel's constant weight that a call plan may pack once (``shared_conv_weight``), its GEMM
+    operands' ``packed_weight``: `rows` rows of `cols` elements, `row_stride` apart from element `offset` of the
+    kernel's buffer `buffer`, packed by `layout` (None: a convolution's W^T in vectors of 16 output channels,
+    vtc.codegen.conv_bcast.packed_layout; a generated GEMM's B: vtc.codegen.gemm.packed_panels)."""
+
+    buffer: str
+    offset: int
+    row_stride: int
+    rows: int
+    cols: int
+    layout: Callable[..., torch.Tensor] | None = None
+
+
 class PackedConvWeight:
     """A generated convolution's constant weight packed once as the kernel reads it (vtc.codegen.conv_bcast: W^T
     in vectors of 16 output channels), packed again when the weight's version counter moves.  A generated
@@ -307,10 +321,10 @@ class PackedConvWeight:
 _SHARED_CONV: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
-                       layout: Callable[..., torch.Tensor] | None = None) -> PackedConvWeight:
-    """The PackedConvWeight of `w` with this spec and layout: the one another call plan holds, else a new one
-    (OverBudget where that would pass BUDGET_BYTES)."""
+def shared_conv_weight(w: torch.Tensor, spec: WeightSpec) -> PackedConvWeight:
+    """The PackedConvWeight of `w` with this spec: the one another call plan holds, else a new one (OverBudget
+    where that would pass BUDGET_BYTES)."""
+    offset, lda, m, k, layout = spec.offset, spec.row_stride, spec.rows, spec.cols, spec.layout
     lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
     return _one_per_key(_SHARED_CONV, (*_weight_key(w), w.dtype, offset, lda, m, k, lay),
                         lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * packed_element_size(w, layout))
@@ -322,18 +336,18 @@ def packed_element_size(w: torch.Tensor, layout) -> int:
     return 4 if layout is not None else w.element_size()
 
 
-def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
+def conv_weight_why_not(w: torch.Tensor | None, spec: WeightSpec | None) -> str | None:
     """Why a conv_bcast kernel's weight `w` (a constant of the plan, or None) cannot be packed once (None: it can)."""
     if spec is None:
         return "the weight's offset is not a constant"
     if w is None:
         return "the weight is not a constant of the graph"
-    gemm_b = len(spec) > 4  # a generated GEMM's B (its layout widens a float16 weight into float32 panels)
+    gemm_b = spec.layout is not None  # a generated GEMM's B (its layout widens a float16 weight into float32 panels)
     if w.dtype not in ((torch.float32, torch.float16) if gemm_b else (torch.float32,)) or not w.is_contiguous():
         return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
-    offset, lda, m, k = spec[:4]  # a fifth: the layout (a generated GEMM's B)
+    offset, lda, m, k = spec.offset, spec.row_stride, spec.rows, spec.cols
     if lda < 0:  # a flipped weight (W.flip(0)): the layouts read rows through as_strided, which takes no such stride
         return f"the weight rows are a negative stride ({lda}) apart"
     if offset < 0 or offset + (m - 1) * lda + k > w.numel():
