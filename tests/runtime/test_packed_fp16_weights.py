@@ -44,6 +44,18 @@ def _plan(compiled):
     return compiled._first.executor.call_plan()
 
 
+def _compiled_and_checked(lin, x, path: str, packed_copies: int):
+    """lin compiled for x (gemm="vtc"), asserted to run kernel path `path`, to agree with eager and to have
+    `packed_copies` weights packed once by its call plan.  Returns (compiled, its call plan)."""
+    with torch.no_grad():
+        compiled = vtc.compile(lin, (x,), gemm="vtc")
+    assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [path]
+    _check(compiled, lin, x)
+    plan = _plan(compiled)
+    assert plan.counts["packed_conv_weights"] == packed_copies, plan.why_not_packed
+    return compiled, plan
+
+
 def _f32_panels_bytes(k: int, n: int) -> int:
     return k * (-(-n // 32) * 32) * 4  # float32 panels, N rounded up to 32
 
@@ -58,12 +70,7 @@ def test_float16_weight_packed_once_widened_and_again_after_an_in_place_change(s
     lin = _linear(k, n, m + k + n)
     x = rand((m, k), gen(n), H)
     with torch_threads(threads):
-        with torch.no_grad():
-            compiled = vtc.compile(lin, (x,), gemm="vtc")
-        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["panels"]
-        _check(compiled, lin, x)
-        plan = _plan(compiled)
-        assert plan.counts["packed_conv_weights"] == 1, plan.why_not_packed
+        compiled, plan = _compiled_and_checked(lin, x, "panels", 1)
         assert sum(plan.packed_copies.values()) == _f32_panels_bytes(k, n)  # float32: twice the weight's bytes
         for change in (lambda w: w.mul_(2.0), lambda w: w.copy_(rand(tuple(w.shape), gen(9), H, low=0.05, high=0.5))):
             with torch.no_grad():
@@ -106,12 +113,7 @@ def test_few_rows_on_a_float16_weight_run_vtc_skinny_packed_on_it_packed_once_wi
     lin = _linear(k, n, rows)
     x = rand((rows, k), gen(rows + 1), H)
     with torch_threads(threads):
-        with torch.no_grad():
-            compiled = vtc.compile(lin, (x,), gemm="vtc")
-        assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["skinny_packed"]
-        _check(compiled, lin, x)
-        plan = _plan(compiled)
-        assert plan.counts["packed_conv_weights"] == 1, plan.why_not_packed
+        compiled, _ = _compiled_and_checked(lin, x, "skinny_packed", 1)
         with torch.no_grad():
             lin.weight.mul_(2.0)
         _check(compiled, lin, x)
@@ -120,9 +122,4 @@ def test_few_rows_on_a_float16_weight_run_vtc_skinny_packed_on_it_packed_once_wi
 def test_one_row_on_a_float16_weight_keeps_the_dot_path_reading_it_in_place():
     k, n = 512, 300
     lin = _linear(k, n, 3)
-    x = rand((1, k), gen(4), H)
-    with torch.no_grad():
-        compiled = vtc.compile(lin, (x,), gemm="vtc")
-    assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == ["dot"]
-    _check(compiled, lin, x)
-    assert _plan(compiled).counts["packed_conv_weights"] == 0
+    _compiled_and_checked(lin, rand((1, k), gen(4), H), "dot", 0)
