@@ -10,7 +10,6 @@ kernel) and that the GEMM ran as a generated kernel, not through torch.
 """
 from __future__ import annotations
 
-import ctypes
 import platform
 from dataclasses import replace
 
@@ -18,12 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vtc.codegen.cpp import buffer_order
 from vtc.codegen.gemm import generate as generate_gemm
 from vtc.runtime import cbuild
 
-from .util import (assert_matches_eager, compile_cpu, gen, kernels, rand, report, run_gemm_built_for, steps,
-                   torch_threads)
+from .util import (assert_matches_eager, call_gemm_kernel, compile_cpu, gen, kernels, rand, report,
+                   run_gemm_built_for, steps, torch_threads)
 
 # float32 sums over K up to 300 of products of magnitude <= 4, in another order than torch's
 GEMM_TOL = dict(rtol=1e-4, atol=2e-4)
@@ -287,18 +285,6 @@ def test_movement_operands_at_batch_1_and_16(batch):
     _assert_generated_without_movement(c, 3)
 
 
-def _call_directly(k, compiled, inputs: tuple, nthreads: int) -> torch.Tensor:
-    """Runs gemm kernel k of `compiled` on `inputs` with `nthreads` threads, outside the executor."""
-    lib = cbuild.build(generate_gemm(k), name="gemm_direct")
-    fn_c = getattr(lib, k.name)
-    fn_c.argtypes, fn_c.restype = [ctypes.c_void_p, ctypes.c_int], None
-    env = dict(zip([v.name for v in compiled.graph.inputs], inputs))
-    out = torch.empty(k.stores[0].buffer.shape)
-    tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
-    fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), nthreads)
-    return out
-
-
 @pytest.mark.parametrize("fn,shapes", [
     (torch.bmm, [(3, 129, 257), (3, 257, 65)]),  # odd batch: M split into a multiple of the threads
     (torch.mm, [(5, 2048), (2048, 257)]),  # skinny: N split
@@ -315,8 +301,9 @@ def test_every_thread_count_covers_the_output_once(fn, shapes):
     c = _check(fn, inputs, gemm="vtc")
     (k,) = _gemm_kernels(c)
     want = fn(*inputs)
+    lib = cbuild.build(generate_gemm(k), name="gemm_direct")
     for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(_call_directly(k, c, inputs, nthreads), want, **GEMM_TOL)
+        torch.testing.assert_close(call_gemm_kernel(lib, k, c, inputs, nthreads), want, **GEMM_TOL)
 
 
 def test_auto_generates_skinny_rows_against_a_weight_and_keeps_torch_on_large_squares():

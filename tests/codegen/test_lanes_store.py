@@ -6,15 +6,13 @@ of `width` floats per output element.
 """
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
 from vtc.codegen import lanes
 from vtc.codegen.cpp import PRELUDE, generate
 
-from .util import assert_no_movement, check, gen, kernels, rand
+from .util import assert_no_movement, check, gen, kernels, rand, run_cpp_program
 
 TOL = dict(rtol=1e-5, atol=1e-6)  # softmax in float32: the same exp and sum order per row up to rounding
 TILE_CALL = "vtc_tile_transpose16(tile_, 16, term_buf + rb * "
@@ -87,11 +85,8 @@ def test_transpose8x16_on_every_index(tmp_path):
     """vtc_tile_transpose8x16 built with the kernels' compiler and flags: dst[l * ld + b] = src[b * 8 + l] for
     every l < 8, b < 16, and nothing else of dst written (ld 20: 4 untouched floats after each row)."""
     from vtc.codegen.tiles import PRELUDE as TILES
-    from vtc.runtime.cbuild import compiler_info
 
-    info = compiler_info()
-    src = tmp_path / "t.cpp"
-    src.write_text("#include <cstdint>\n#include <cstdio>\n" + TILES + r"""
+    out = run_cpp_program("#include <cstdint>\n#include <cstdio>\n" + TILES + r"""
 int main() {
   float s[128], d[8 * 20];
   for (int i = 0; i < 128; ++i) s[i] = 0.5f * i - 17.0f;
@@ -103,9 +98,5 @@ int main() {
   printf("%d\n", bad);
   return bad != 0;
 }
-""")
-    exe = tmp_path / "t"
-    flags = [f for f in info.flags if f not in ("-shared", "-fPIC")]
-    subprocess.run([*info.command, *flags, "-o", str(exe), str(src)], check=True, capture_output=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True)
+""", tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stdout

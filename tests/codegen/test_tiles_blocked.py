@@ -8,8 +8,6 @@ before.
 """
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
@@ -18,7 +16,8 @@ from vtc.codegen import stream, tiles
 from vtc.codegen.cpp import _Emitter, generate
 from vtc.codegen.tiles import transposed_loads
 
-from .util import POINTWISE_TOL, assert_all_generated, assert_no_movement, check, gen, kernels, rand
+from .util import (POINTWISE_TOL, assert_all_generated, assert_no_movement, check, gen, kernels, rand,
+                   run_cpp_program)
 
 BLOCKED = "vtc_tile_transpose16(tr0, 16, "
 STAGED = "vtc_stream_row(b"  # a call (the prelude defines it in every streamed kernel)
@@ -139,11 +138,7 @@ def test_8mb_chain_plain_stores_and_stays_virtual(monkeypatch):
 def test_stream_row_on_every_offset_and_length(tmp_path):
     """vtc_stream_row built with the kernels' compiler and flags: dst[0:n] = src[0:n] for every dst offset
     within a line (0..15 floats), src offset (0..3) and n in 0..70, nothing outside dst[0:n] written."""
-    from vtc.runtime.cbuild import compiler_info
-
-    info = compiler_info()
-    src = tmp_path / "t.cpp"
-    src.write_text("#include <cstdint>\n#include <cstdio>\n#include <algorithm>\n" + stream.PRELUDE + r"""
+    out = run_cpp_program("#include <cstdint>\n#include <cstdio>\n#include <algorithm>\n" + stream.PRELUDE + r"""
 int main() {
   alignas(64) float s[128], d[128];
   for (int i = 0; i < 128; ++i) s[i] = 0.25f * i - 9.0f;
@@ -159,9 +154,5 @@ int main() {
   printf("%d\n", bad);
   return bad != 0;
 }
-""")
-    exe = tmp_path / "t"
-    flags = [f for f in info.flags if f not in ("-shared", "-fPIC")]
-    subprocess.run([*info.command, *flags, "-o", str(exe), str(src)], check=True, capture_output=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True)
+""", tmp_path)
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stdout

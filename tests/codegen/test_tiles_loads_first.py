@@ -9,15 +9,13 @@ row-by-row form with the loads-first form forced ("always").  Fail before: the p
 """
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
 from vtc.codegen import stream, tiles
 from vtc.codegen.cpp import generate
 
-from .util import POINTWISE_TOL, assert_no_movement, check, gen, kernels, rand
+from .util import POINTWISE_TOL, assert_no_movement, check, gen, kernels, rand, run_cpp_program
 
 FLAG = "first_ = vtc_tile_rows_meet4k("
 
@@ -33,22 +31,14 @@ def _meet(diff: int, stride: int) -> bool:
 
 
 def test_the_predicate_as_defined(tmp_path):
-    from vtc.runtime.cbuild import compiler_info
-
-    info = compiler_info()
     cases = [(d, s) for s in (2048, 4096, 5792, 8192, 1024 * 4 + 64, 3000) for d in range(-4160, 4160, 32)]
-    src = tmp_path / "t.cpp"
-    src.write_text("#include <cstdint>\n#include <cstdio>\n#include <algorithm>\n" + tiles.PRELUDE + r"""
+    out = run_cpp_program("#include <cstdint>\n#include <cstdio>\n#include <algorithm>\n" + tiles.PRELUDE + r"""
 int main() {
   alignas(64) static char base[16384];
   int64_t d, s;
   while (scanf("%ld %ld", &d, &s) == 2) printf("%d\n", (int)vtc_tile_rows_meet4k(base + 8192 + d, base + 8192, s));
 }
-""")
-    exe = tmp_path / "t"
-    flags = [f for f in info.flags if f not in ("-shared", "-fPIC")]
-    subprocess.run([*info.command, *flags, "-o", str(exe), str(src)], check=True, capture_output=True)
-    out = subprocess.run([str(exe)], input="".join(f"{d} {s}\n" for d, s in cases), capture_output=True, text=True)
+""", tmp_path, stdin="".join(f"{d} {s}\n" for d, s in cases))
     got = [line == "1" for line in out.stdout.split()]
     assert got == [_meet(d, s) for d, s in cases]
     assert any(got) and not all(got)

@@ -255,3 +255,18 @@ def call_gemm_kernel(lib, k, compiled, inputs: tuple, nthreads: int) -> torch.Te
     tensors = [env[b.name].contiguous() if b.name in env else out for b in buffer_order(k)]
     fn_c((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), nthreads)
     return out
+
+
+def run_cpp_program(source: str, tmp_path, stdin: str = ""):
+    """C++ program `source` built with the kernels' compiler and flags (an executable, not a library) and run on
+    `stdin`: the finished process (``subprocess.CompletedProcess``, its output as text)."""
+    import subprocess
+
+    from vtc.runtime import cbuild
+
+    info = cbuild.compiler_info()
+    src, exe = tmp_path / "t.cpp", tmp_path / "t"
+    src.write_text(source)
+    flags = [f for f in info.flags if f not in ("-shared", "-fPIC")]
+    subprocess.run([*info.command, *flags, "-o", str(exe), str(src)], check=True, capture_output=True)
+    return subprocess.run([str(exe)], input=stdin, capture_output=True, text=True)
