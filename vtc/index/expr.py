@@ -410,33 +410,28 @@ def eq(a: ExprLike, b: ExprLike) -> Expr:
 
 def and_(*ps: ExprLike) -> Expr:
     """The conjunction of predicates."""
-    out = TRUE
-    for p in map(lift, ps):
-        if p is FALSE or out is FALSE:
-            return FALSE
-        if p is TRUE or p is out:
-            continue
-        if out is TRUE:
-            out = p
-            continue
-        a, b = (out, p) if _atom_key(out) <= _atom_key(p) else (p, out)
-        out = Expr("and", (a, b), 0, 1)
-    return out
+    return _join("and", TRUE, FALSE, ps)
 
 
 def or_(*ps: ExprLike) -> Expr:
     """The disjunction of predicates."""
-    out = FALSE
+    return _join("or", FALSE, TRUE, ps)
+
+
+def _join(op: str, unit: Expr, zero: Expr, ps) -> Expr:
+    """Predicates `ps` joined by `op` ("and" / "or"): `zero` decides it (FALSE for "and"), `unit` is left out, a
+    predicate the same as the join so far adds nothing; the two sides of each join in one order."""
+    out = unit
     for p in map(lift, ps):
-        if p is TRUE or out is TRUE:
-            return TRUE
-        if p is FALSE or p is out:
+        if p is zero or out is zero:
+            return zero
+        if p is unit or p is out:
             continue
-        if out is FALSE:
+        if out is unit:
             out = p
             continue
         a, b = (out, p) if _atom_key(out) <= _atom_key(p) else (p, out)
-        out = Expr("or", (a, b), 0, 1)
+        out = Expr(op, (a, b), 0, 1)
     return out
 
 
