@@ -14,12 +14,15 @@ the attention kernel turns its index arithmetic into a predicate and skips the k
 ``(arange + shift) % n`` indices stay index arithmetic (``Lowering._foldable_index_tensors``), not gathers
 through a constant; RoPE's position-times-frequency table stays computed, where the kernels read it.
 
+Values that read a parameter or buffer (the model may change it in place after compiling) are folded by
+``fold_weight_chains`` instead, into constant copies computed again when what they read changes in place: a
+GEMM's or convolution's weight behind a movement chain that is not a strided view, and a value a compute op
+makes from the model's tensors (weight normalisation, ``W * s``, a LoRA merge, T5's relative position bias).
+
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
-call), anything reading a parameter or buffer (the model may change it in place after compiling; vtc reads
-it at each call) but a GEMM's or convolution's weight behind a movement chain that is not a strided view
-(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph
-output (returned to the caller, who may write to it), a value above ``MAX_BYTES``, and graphs of the
-size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
+call), a graph output (returned to the caller, who may write to it), a value above ``MAX_BYTES`` (but a GEMM's
+or convolution's weight computed from the model's tensors: held against the packed-weight budget), and graphs
+of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
 """
 from __future__ import annotations
 
@@ -36,8 +39,9 @@ def fold_constants(graph: Graph) -> Graph:
     """`graph` with its foldable values (module docstring) that are worth a constant computed once: the
     floating-point values the rest of the graph reads whose index arithmetic would divide (``_divides``), with
     the nodes only they need removed; those Value objects become "const" ones (`graph` itself is consumed).
-    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``.
-    Then the weights behind movement chains (``fold_weight_chains``)."""
+    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``, the
+    constants made in ``graph.meta["folded_from_nothing"]``.  Then the values computed from the model's tensors
+    (``fold_weight_chains``)."""
     outputs = {v.name for v in graph.outputs}
     env: dict[str, torch.Tensor] = {}
     divides: dict[str, bool] = {}  # foldable value -> its index arithmetic would divide somewhere
@@ -79,6 +83,8 @@ def fold_constants(graph: Graph) -> Graph:
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["folded_nodes"] = len(removed)
+    made = [v.name for v in consts[len(graph.consts):]]
+    out.meta["folded_from_nothing"] = [*graph.meta.get("folded_from_nothing", ()), *made]
     return fold_weight_chains(out)
 
 
@@ -99,24 +105,34 @@ WEIGHT_READERS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "
 
 
 def fold_weight_chains(graph: Graph) -> Graph:
-    """`graph` with each weight behind a movement chain that is not a strided view folded into a constant copy.
+    """`graph` with the values computed from the model's tensors alone that pay for a constant folded into copies.
 
-    A GEMM's or convolution's operand that is a constant, or a strided view of one, takes the paths for weights
-    packed once (``vtc.runtime.packed``: MKL's packed weight, the generated kernels' packed panels).  Behind a
-    chain that is not a strided view (roll, cat, index_select, gather, pad, flip: a negative stride) it did not:
-    the generated kernel packed it through the chain's mapping on every call or read it so in its dot loop
-    (x @ W.roll(3, 0)^T, 5 rows, W 1024 x 1024: 2.2 ms against 0.10 on W itself, 1 thread;
-    docs/robustness.md, session 22).  Such a chain's result (the last value before the strided views the operand
-    is read through: W.roll(3, 0), not its transpose) becomes a constant of its own memory, computed once with
-    torch from the constants it reads (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``) and
-    computed again at a call where one of them changed in place since (``load_state_dict``, ``p.mul_`` under
-    ``no_grad``); the nodes only it needed are removed.  The constants it reads stay constants of the graph (the
-    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).
+    Two kinds of such values are computed on every call when left in the graph:
 
-    The copy takes as much memory as the chain's result, counted with the packed copies against
+    - a GEMM's or convolution's weight behind a movement chain that is not a strided view (roll, cat,
+      index_select, gather, pad, flip: a negative stride).  The paths for weights packed once
+      (``vtc.runtime.packed``: MKL's packed weight, the generated kernels' packed panels) take a constant or a
+      strided view of one, not such a chain: the generated kernel packed it through the chain's mapping on every
+      call or read it so in its dot loop (x @ W.roll(3, 0)^T, 5 rows, W 1024 x 1024: 2.2 ms against 0.10 on W
+      itself, 1 thread; docs/robustness.md, session 22);
+    - a value that a compute op makes from the model's tensors (``_made_by_compute``): weight normalisation
+      (g * v / ||v||), ``W * s``, a LoRA merge ``W + B @ A``, ``logit_scale.exp()``, T5's relative position
+      bias (an embedding of a parameter at buckets computed from aranges).  Its nodes ran at every call, and a
+      GEMM reading it took it as a runtime operand, packed per call.
+
+    Such a value (the last one before the strided views its reader reads it through: W.roll(3, 0) or W * s, not
+    its transpose) becomes a constant of its own memory, computed once with torch from the constants it reads
+    (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``; the count of nodes removed in
+    ``graph.meta["const_copy_nodes"]``) and computed again at a call where one of them changed in place since
+    (``load_state_dict``, ``p.mul_`` under ``no_grad``).  The constants it reads stay constants of the graph (the
+    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).  Not folded: graph outputs, random ops,
+    fallback ops, a value that is not a GEMM's or convolution's operand above ``MAX_BYTES`` (the values it is
+    computed from are considered instead).
+
+    The copy takes as much memory as the value, counted with the packed copies against
     ``vtc.runtime.packed.BUDGET_BYTES`` (made before them: a call plan's copies are admitted when it is built);
     one that would pass it, or whose constants include an inference tensor (no version counter), is not made
-    and the chain stays as it was: why in ``graph.meta["weight_chains_not_folded"]`` ({value: the reason, or the
+    and the value stays computed: why in ``graph.meta["weight_chains_not_folded"]`` ({value: the reason, or the
     ``OverBudget`` that refused the copy}; the call plan's ``why_not_packed`` and ``report.packing``).
     ``VTC_PACKED_WEIGHTS=0`` makes none."""
     from vtc.runtime import packed
@@ -130,14 +146,34 @@ def fold_weight_chains(graph: Graph) -> Graph:
         if (n.kind != "fallback" and all(v.name in consts or v.name in made for v in n.inputs)
                 and not any(w in n.op for w in NONDETERMINISTIC)):
             made.update((v.name, n) for v in n.outputs)
+    by_compute = _made_by_compute(graph, made, set(consts) - set(graph.meta.get("folded_from_nothing", ())))
     targets: dict[str, Value] = {}
-    for n in graph.nodes:
-        if n.op in WEIGHT_READERS:
-            for v in n.inputs:
-                t = _behind_views(v, made)
-                if (t.name in made and made[t.name].kind == "movement" and len(made[t.name].outputs) == 1
-                        and t.name not in outputs and all(isinstance(d, int) for d in t.shape)):
-                    targets[t.name] = t
+    seen: set[str] = set()
+
+    def consider(v: Value, weight: bool) -> None:
+        """Folds the value `v` is a strided view of where that pays; a computed one too large for a constant is
+        computed per call from the values it reads, considered in turn."""
+        t = _behind_views(v, made)
+        n = made.get(t.name)
+        if (n is None or t.name in seen or t.name in outputs or len(n.outputs) != 1
+                or not all(isinstance(d, int) for d in t.shape)):
+            return
+        seen.add(t.name)
+        if weight and (n.kind == "movement" or t.name in by_compute):
+            targets[t.name] = t
+        elif t.name in by_compute:
+            if t.nbytes <= MAX_BYTES:
+                targets[t.name] = t
+            else:
+                for u in n.inputs:
+                    consider(u, False)
+
+    readers = [n for n in graph.nodes if any(v.name not in made or v.name in outputs for v in n.outputs)]
+    for weight in (True, False):  # a weight first: it is folded whatever its size
+        for n in readers:
+            if (n.op in WEIGHT_READERS) == weight:
+                for v in n.inputs:
+                    consider(v, weight)
     copies, recipes, not_folded = {}, [], {}
     for t in targets.values():
         folded = _fold(graph, t, made, consts)
@@ -164,9 +200,26 @@ def fold_weight_chains(graph: Graph) -> Graph:
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts_out, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["const_copies"] = {**graph.meta.get("const_copies", {}), **copies}
+    out.meta["const_copy_nodes"] = graph.meta.get("const_copy_nodes", 0) + len(removed)
     if not_folded:
         out.meta["weight_chains_not_folded"] = not_folded
     return out
+
+
+def _made_by_compute(graph: Graph, made: dict[str, Node], model: set[str]) -> set[str]:
+    """The values in `made` that read one of the model's tensors (`model`: constants not folded from nothing by
+    ``fold_constants``) with a compute node on the way: from the tensors to them, or making an index they gather
+    with (T5's buckets).  A movement chain of the model's tensors alone is not one: it costs no arithmetic where it
+    is read through its mapping."""
+    reads_model, computed = set(model), set()
+    for n in graph.nodes:
+        if n.outputs[0].name in made:
+            names = [v.name for v in n.inputs]
+            if any(x in reads_model for x in names):
+                reads_model.update(v.name for v in n.outputs)
+            if n.kind == "compute" or any(x in computed for x in names):
+                computed.update(v.name for v in n.outputs)
+    return reads_model & computed
 
 
 def _behind_views(v: Value, made: dict[str, Node]) -> Value:
