@@ -37,16 +37,21 @@ def wn_linear():
     return weight_norm(torch.nn.Linear(1024, 1024)).eval(), (torch.randn(8, 1024),)
 
 
-def t5_small():
+def t5_small(mask: bool = True):
     """A t5-small-sized encoder (d_model 512, 6 layers, 8 heads, random weights), 1 x 128 tokens with a mask."""
     import transformers as tf
 
     cfg = tf.T5Config(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8, use_cache=False)
     ids = torch.randint(1, 32128, (1, 128))
-    return tf.T5EncoderModel(cfg).eval(), (ids, torch.ones(1, 128, dtype=torch.long))
+    return tf.T5EncoderModel(cfg).eval(), (ids, torch.ones(1, 128, dtype=torch.long)) if mask else (ids,)
 
 
-MODELS = {f.__name__: f for f in (wav2vec2_pos_conv, wn_linear, t5_small)}
+def t5_small_no_mask():
+    """t5_small without the mask: the bias is added to the scores through a where in each layer."""
+    return t5_small(mask=False)
+
+
+MODELS = {f.__name__: f for f in (wav2vec2_pos_conv, wn_linear, t5_small, t5_small_no_mask)}
 
 
 def compiled(model, inputs, folded: bool):

@@ -97,6 +97,9 @@ def test_weight_norm_linear_is_packed_once():
         _check(compiled, model, x)
         model.parametrizations.weight.original0.data = rand((80, 1), gen(7))
         _check(compiled, model, x)
+        model.parametrizations.weight.original1.data.mul_(-2.0)  # not seen by a copy (README): refresh()
+        compiled.refresh()
+        _check(compiled, model, x)
 
 
 class Scaled(torch.nn.Module):
@@ -210,8 +213,10 @@ def test_t5_relative_position_bias(mask):
         assert packing["folded_nodes"] >= 15, packing
         if mask:  # the bias [24, 24, 4] (the reader takes its permutation as a view)
             assert [c.value.shape for c in graph.meta["const_copies"].values()] == [(24, 24, 4)]
-        else:  # no mask to add: the bias where its rows are kept, [2, 4, 24, 24] (its two uses)
-            assert [c.value.shape for c in graph.meta["const_copies"].values()] == [(2, 4, 24, 24)] * 2
+        else:  # no mask to add: the bias where its rows are kept, [2, 4, 24, 24], made alike in both layers
+            (copy,) = graph.meta["const_copies"].values()
+            assert copy.value.shape == (2, 4, 24, 24)
+            assert [v.data.data_ptr() for v in graph.consts if v.shape == (2, 4, 24, 24)] == [copy.value.data_ptr()] * 2
         bias.mul_(-2.0)
         torch.testing.assert_close(compiled(*inputs).last_hidden_state, check(*inputs), **TOL)
 

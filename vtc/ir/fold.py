@@ -27,6 +27,7 @@ of the size-generic path (``vtc.dynamic``), whose plans are replayed by node nam
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from vtc.ir.graph import Graph, Node, Value
 
@@ -175,13 +176,22 @@ def fold_weight_chains(graph: Graph) -> Graph:
                 for v in n.inputs:
                     consider(v, weight)
     copies, recipes, not_folded = {}, [], {}
+    same: dict[str, str] = {}  # value -> the folded one the same ops make from the same constants (T5's bias
+    folded_as: dict[int, str] = {}  # per layer): one copy for both
+    keys = _recipe_keys(graph, made)
     for t in targets.values():
+        key = keys[t.name]
+        if key in folded_as:
+            same[t.name] = folded_as[key]
+            recipes += _recipe(graph, t, made)
+            continue
         folded = _fold(graph, t, made, consts)
         if not isinstance(folded, tuple):
             not_folded[t.name] = folded
         else:
             copies[t.name], recipe = folded
             recipes += recipe
+            folded_as[key] = t.name
     if not copies:
         if not_folded:
             graph.meta["weight_chains_not_folded"] = not_folded
@@ -189,13 +199,14 @@ def fold_weight_chains(graph: Graph) -> Graph:
     removed = {id(n) for n in recipes}
     read_by_kept = outputs | {v.name for n in graph.nodes if id(n) not in removed for v in n.inputs}
     for n in reversed(graph.nodes):  # a node something kept reads (other than through a folded value) stays
-        if id(n) in removed and any(v.name in read_by_kept and v.name not in copies for v in n.outputs):
+        if id(n) in removed and any(v.name in read_by_kept and v.name not in copies and v.name not in same
+                                    for v in n.outputs):
             removed.discard(id(n))
             read_by_kept.update(v.name for v in n.inputs)
     consts_out = list(graph.consts)
-    for name, c in copies.items():
+    for name in [*copies, *same]:
         v = targets[name]
-        v.kind, v.producer, v.data = "const", None, c.value
+        v.kind, v.producer, v.data = "const", None, copies[same.get(name, name)].value
         consts_out.append(v)
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts_out, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
@@ -213,7 +224,7 @@ def _made_by_compute(graph: Graph, made: dict[str, Node], model: set[str]) -> se
     is read through its mapping."""
     reads_model, computed = set(model), set()
     for n in graph.nodes:
-        if n.outputs[0].name in made:
+        if n.outputs and n.outputs[0].name in made:
             names = [v.name for v in n.inputs]
             if any(x in reads_model for x in names):
                 reads_model.update(v.name for v in n.outputs)
@@ -239,12 +250,8 @@ def _behind_views(v: Value, made: dict[str, Node]) -> Value:
     return v
 
 
-def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
-    """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
-    OverBudget that refused it)."""
-    from vtc.runtime import packed
-    from vtc.runtime.weights import ConstCopy
-
+def _recipe(graph: Graph, t: Value, made: dict[str, Node]) -> list[Node]:
+    """The nodes computing value `t` from constants, in graph order."""
     need: set[int] = set()
     stack = [t]
     while stack:
@@ -252,7 +259,29 @@ def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch
         if n is not None and id(n) not in need:
             need.add(id(n))
             stack.extend(n.inputs)
-    recipe = [n for n in graph.nodes if id(n) in need]
+    return [n for n in graph.nodes if id(n) in need]
+
+
+def _recipe_keys(graph: Graph, made: dict[str, Node]) -> dict[str, int]:
+    """{value in `made`: a number, equal for two values the same ops compute from the same constants}."""
+    keys: dict[str, int] = {}
+    numbers: dict[tuple, int] = {}
+    for n in graph.nodes:
+        if n.outputs and n.outputs[0].name in made:
+            args = pytree.tree_map(lambda x: keys.get(x.name, x.name) if isinstance(x, Value) else x,
+                                   (n.args, n.kwargs))
+            for i, v in enumerate(n.outputs):
+                keys[v.name] = numbers.setdefault((n.op, repr(args), i), len(numbers))
+    return keys
+
+
+def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
+    """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
+    OverBudget that refused it)."""
+    from vtc.runtime import packed
+    from vtc.runtime.weights import ConstCopy
+
+    recipe = _recipe(graph, t, made)
     names = sorted({v.name for n in recipe for v in n.inputs if v.name in consts})
     sources = tuple(consts[x] for x in names)
     if not sources:
