@@ -1,6 +1,6 @@
 """Values computed from the model's tensors, folded once or computed per call, timed side by side in one process.
 
-    python -m bench.param_fold [--models wav2vec2_pos_conv,wn_linear,t5_small] [--rounds 30]
+    python -m bench.param_fold [--models wav2vec2_pos_conv,wn_linear,t5_small,...] [--rounds 30]
 
 Each model is compiled twice: with ``vtc.ir.fold.fold_weight_chains`` (the fold of session 23) and with it switched
 off (none of these models has a weight behind a movement chain, so that is the compiler before session 23).  Calls
@@ -51,7 +51,17 @@ def t5_small_no_mask():
     return t5_small(mask=False)
 
 
-MODELS = {f.__name__: f for f in (wav2vec2_pos_conv, wn_linear, t5_small, t5_small_no_mask)}
+def llama_small():
+    """A Llama (hidden 512, 4 layers, 8 heads, 2 KV heads, random weights) on 1 x 128 tokens: RoPE's cos and sin
+    tables are computed from the inv_freq buffer."""
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, use_cache=False)
+    return tf.LlamaModel(cfg).eval(), (torch.randint(1, 1000, (1, 128)),)
+
+
+MODELS = {f.__name__: f for f in (wav2vec2_pos_conv, wn_linear, t5_small, t5_small_no_mask, llama_small)}
 
 
 def compiled(model, inputs, folded: bool):
