@@ -49,7 +49,8 @@ class FromBuffer(torch.nn.Module):
         return x * (self.scale + torch.arange(5))
 
 
-def test_values_from_a_buffer_are_not_folded_so_an_in_place_change_is_seen():
+def test_values_from_a_buffer_follow_an_in_place_change():
+    """Folded into a constant copy computed again when the buffer changes (vtc.ir.fold.fold_weight_chains)."""
     m = FromBuffer()
     x = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
     c = vtc.compile(m, (x,))

@@ -14,16 +14,20 @@ the attention kernel turns its index arithmetic into a predicate and skips the k
 ``(arange + shift) % n`` indices stay index arithmetic (``Lowering._foldable_index_tensors``), not gathers
 through a constant; RoPE's position-times-frequency table stays computed, where the kernels read it.
 
+Values that read a parameter or buffer (the model may change it in place after compiling) are folded by
+``fold_weight_chains`` instead, into constant copies computed again when what they read changes in place: a
+GEMM's or convolution's weight behind a movement chain that is not a strided view, and a value a compute op
+makes from the model's tensors (weight normalisation, ``W * s``, a LoRA merge, T5's relative position bias).
+
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
-call), anything reading a parameter or buffer (the model may change it in place after compiling; vtc reads
-it at each call) but a GEMM's or convolution's weight behind a movement chain that is not a strided view
-(``fold_weight_chains``: a constant copy computed again when what it reads changes in place), a graph
-output (returned to the caller, who may write to it), a value above ``MAX_BYTES``, and graphs of the
-size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
+call), a graph output (returned to the caller, who may write to it), a value above ``MAX_BYTES`` (but a GEMM's
+or convolution's weight computed from the model's tensors: held against the packed-weight budget), and graphs
+of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
 """
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 from vtc.ir.graph import Graph, Node, Value
 
@@ -36,8 +40,9 @@ def fold_constants(graph: Graph) -> Graph:
     """`graph` with its foldable values (module docstring) that are worth a constant computed once: the
     floating-point values the rest of the graph reads whose index arithmetic would divide (``_divides``), with
     the nodes only they need removed; those Value objects become "const" ones (`graph` itself is consumed).
-    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``.
-    Then the weights behind movement chains (``fold_weight_chains``)."""
+    The same graph object when nothing folds; the count of removed nodes in ``graph.meta["folded_nodes"]``, the
+    constants made in ``graph.meta["folded_from_nothing"]``.  Then the values computed from the model's tensors
+    (``fold_weight_chains``)."""
     outputs = {v.name for v in graph.outputs}
     env: dict[str, torch.Tensor] = {}
     divides: dict[str, bool] = {}  # foldable value -> its index arithmetic would divide somewhere
@@ -79,6 +84,8 @@ def fold_constants(graph: Graph) -> Graph:
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["folded_nodes"] = len(removed)
+    made = [v.name for v in consts[len(graph.consts):]]
+    out.meta["folded_from_nothing"] = [*graph.meta.get("folded_from_nothing", ()), *made]
     return fold_weight_chains(out)
 
 
@@ -99,24 +106,34 @@ WEIGHT_READERS = ("aten.mm.default", "aten.addmm.default", "aten.bmm.default", "
 
 
 def fold_weight_chains(graph: Graph) -> Graph:
-    """`graph` with each weight behind a movement chain that is not a strided view folded into a constant copy.
+    """`graph` with the values computed from the model's tensors alone that pay for a constant folded into copies.
 
-    A GEMM's or convolution's operand that is a constant, or a strided view of one, takes the paths for weights
-    packed once (``vtc.runtime.packed``: MKL's packed weight, the generated kernels' packed panels).  Behind a
-    chain that is not a strided view (roll, cat, index_select, gather, pad, flip: a negative stride) it did not:
-    the generated kernel packed it through the chain's mapping on every call or read it so in its dot loop
-    (x @ W.roll(3, 0)^T, 5 rows, W 1024 x 1024: 2.2 ms against 0.10 on W itself, 1 thread;
-    docs/robustness.md, session 22).  Such a chain's result (the last value before the strided views the operand
-    is read through: W.roll(3, 0), not its transpose) becomes a constant of its own memory, computed once with
-    torch from the constants it reads (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``) and
-    computed again at a call where one of them changed in place since (``load_state_dict``, ``p.mul_`` under
-    ``no_grad``); the nodes only it needed are removed.  The constants it reads stay constants of the graph (the
-    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).
+    Two kinds of such values are computed on every call when left in the graph:
 
-    The copy takes as much memory as the chain's result, counted with the packed copies against
+    - a GEMM's or convolution's weight behind a movement chain that is not a strided view (roll, cat,
+      index_select, gather, pad, flip: a negative stride).  The paths for weights packed once
+      (``vtc.runtime.packed``: MKL's packed weight, the generated kernels' packed panels) take a constant or a
+      strided view of one, not such a chain: the generated kernel packed it through the chain's mapping on every
+      call or read it so in its dot loop (x @ W.roll(3, 0)^T, 5 rows, W 1024 x 1024: 2.2 ms against 0.10 on W
+      itself, 1 thread; docs/robustness.md, session 22);
+    - a value that a compute op makes from the model's tensors (``_made_by_compute``): weight normalisation
+      (g * v / ||v||), ``W * s``, a LoRA merge ``W + B @ A``, ``logit_scale.exp()``, T5's relative position
+      bias (an embedding of a parameter at buckets computed from aranges).  Its nodes ran at every call, and a
+      GEMM reading it took it as a runtime operand, packed per call.
+
+    Such a value (the last one before the strided views its reader reads it through: W.roll(3, 0) or W * s, not
+    its transpose) becomes a constant of its own memory, computed once with torch from the constants it reads
+    (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``; the count of nodes removed in
+    ``graph.meta["const_copy_nodes"]``) and computed again at a call where one of them changed in place since
+    (``load_state_dict``, ``p.mul_`` under ``no_grad``).  The constants it reads stay constants of the graph (the
+    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).  Not folded: graph outputs, random ops,
+    fallback ops, a value that is not a GEMM's or convolution's operand above ``MAX_BYTES`` (the values it is
+    computed from are considered instead).
+
+    The copy takes as much memory as the value, counted with the packed copies against
     ``vtc.runtime.packed.BUDGET_BYTES`` (made before them: a call plan's copies are admitted when it is built);
     one that would pass it, or whose constants include an inference tensor (no version counter), is not made
-    and the chain stays as it was: why in ``graph.meta["weight_chains_not_folded"]`` ({value: the reason, or the
+    and the value stays computed: why in ``graph.meta["weight_chains_not_folded"]`` ({value: the reason, or the
     ``OverBudget`` that refused the copy}; the call plan's ``why_not_packed`` and ``report.packing``).
     ``VTC_PACKED_WEIGHTS=0`` makes none."""
     from vtc.runtime import packed
@@ -130,22 +147,51 @@ def fold_weight_chains(graph: Graph) -> Graph:
         if (n.kind != "fallback" and all(v.name in consts or v.name in made for v in n.inputs)
                 and not any(w in n.op for w in NONDETERMINISTIC)):
             made.update((v.name, n) for v in n.outputs)
+    by_compute = _made_by_compute(graph, made, set(consts) - set(graph.meta.get("folded_from_nothing", ())))
     targets: dict[str, Value] = {}
-    for n in graph.nodes:
-        if n.op in WEIGHT_READERS:
-            for v in n.inputs:
-                t = _behind_views(v, made)
-                if (t.name in made and made[t.name].kind == "movement" and len(made[t.name].outputs) == 1
-                        and t.name not in outputs and all(isinstance(d, int) for d in t.shape)):
-                    targets[t.name] = t
+    seen: set[str] = set()
+
+    def consider(v: Value, weight: bool) -> None:
+        """Folds the value `v` is a strided view of where that pays; a computed one too large for a constant is
+        computed per call from the values it reads, considered in turn."""
+        t = _behind_views(v, made)
+        n = made.get(t.name)
+        if (n is None or t.name in seen or t.name in outputs or len(n.outputs) != 1
+                or not all(isinstance(d, int) for d in t.shape)):
+            return
+        seen.add(t.name)
+        if weight and (n.kind == "movement" or t.name in by_compute):
+            targets[t.name] = t
+        elif t.name in by_compute:
+            if t.nbytes <= MAX_BYTES:
+                targets[t.name] = t
+            else:
+                for u in n.inputs:
+                    consider(u, False)
+
+    readers = [n for n in graph.nodes if any(v.name not in made or v.name in outputs for v in n.outputs)]
+    for weight in (True, False):  # a weight first: it is folded whatever its size
+        for n in readers:
+            if (n.op in WEIGHT_READERS) == weight:
+                for v in n.inputs:
+                    consider(v, weight)
     copies, recipes, not_folded = {}, [], {}
+    same: dict[str, str] = {}  # value -> the folded one the same ops make from the same constants (T5's bias
+    folded_as: dict[int, str] = {}  # per layer): one copy for both
+    keys = _recipe_keys(graph, made)
     for t in targets.values():
+        key = keys[t.name]
+        if key in folded_as:
+            same[t.name] = folded_as[key]
+            recipes += _recipe(graph, t, made)
+            continue
         folded = _fold(graph, t, made, consts)
         if not isinstance(folded, tuple):
             not_folded[t.name] = folded
         else:
             copies[t.name], recipe = folded
             recipes += recipe
+            folded_as[key] = t.name
     if not copies:
         if not_folded:
             graph.meta["weight_chains_not_folded"] = not_folded
@@ -153,20 +199,38 @@ def fold_weight_chains(graph: Graph) -> Graph:
     removed = {id(n) for n in recipes}
     read_by_kept = outputs | {v.name for n in graph.nodes if id(n) not in removed for v in n.inputs}
     for n in reversed(graph.nodes):  # a node something kept reads (other than through a folded value) stays
-        if id(n) in removed and any(v.name in read_by_kept and v.name not in copies for v in n.outputs):
+        if id(n) in removed and any(v.name in read_by_kept and v.name not in copies and v.name not in same
+                                    for v in n.outputs):
             removed.discard(id(n))
             read_by_kept.update(v.name for v in n.inputs)
     consts_out = list(graph.consts)
-    for name, c in copies.items():
+    for name in [*copies, *same]:
         v = targets[name]
-        v.kind, v.producer, v.data = "const", None, c.value
+        v.kind, v.producer, v.data = "const", None, copies[same.get(name, name)].value
         consts_out.append(v)
     kept = [n for n in graph.nodes if id(n) not in removed]
     out = Graph(graph.inputs, consts_out, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["const_copies"] = {**graph.meta.get("const_copies", {}), **copies}
+    out.meta["const_copy_nodes"] = graph.meta.get("const_copy_nodes", 0) + len(removed)
     if not_folded:
         out.meta["weight_chains_not_folded"] = not_folded
     return out
+
+
+def _made_by_compute(graph: Graph, made: dict[str, Node], model: set[str]) -> set[str]:
+    """The values in `made` that read one of the model's tensors (`model`: constants not folded from nothing by
+    ``fold_constants``) with a compute node on the way: from the tensors to them, or making an index they gather
+    with (T5's buckets).  A movement chain of the model's tensors alone is not one: it costs no arithmetic where it
+    is read through its mapping."""
+    reads_model, computed = set(model), set()
+    for n in graph.nodes:
+        if n.outputs and n.outputs[0].name in made:
+            names = [v.name for v in n.inputs]
+            if any(x in reads_model for x in names):
+                reads_model.update(v.name for v in n.outputs)
+            if n.kind == "compute" or any(x in computed for x in names):
+                computed.update(v.name for v in n.outputs)
+    return reads_model & computed
 
 
 def _behind_views(v: Value, made: dict[str, Node]) -> Value:
@@ -186,12 +250,8 @@ def _behind_views(v: Value, made: dict[str, Node]) -> Value:
     return v
 
 
-def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
-    """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
-    OverBudget that refused it)."""
-    from vtc.runtime import packed
-    from vtc.runtime.weights import ConstCopy
-
+def _recipe(graph: Graph, t: Value, made: dict[str, Node]) -> list[Node]:
+    """The nodes computing value `t` from constants, in graph order."""
     need: set[int] = set()
     stack = [t]
     while stack:
@@ -199,7 +259,29 @@ def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch
         if n is not None and id(n) not in need:
             need.add(id(n))
             stack.extend(n.inputs)
-    recipe = [n for n in graph.nodes if id(n) in need]
+    return [n for n in graph.nodes if id(n) in need]
+
+
+def _recipe_keys(graph: Graph, made: dict[str, Node]) -> dict[str, int]:
+    """{value in `made`: a number, equal for two values the same ops compute from the same constants}."""
+    keys: dict[str, int] = {}
+    numbers: dict[tuple, int] = {}
+    for n in graph.nodes:
+        if n.outputs and n.outputs[0].name in made:
+            args = pytree.tree_map(lambda x: keys.get(x.name, x.name) if isinstance(x, Value) else x,
+                                   (n.args, n.kwargs))
+            for i, v in enumerate(n.outputs):
+                keys[v.name] = numbers.setdefault((n.op, repr(args), i), len(numbers))
+    return keys
+
+
+def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
+    """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
+    OverBudget that refused it)."""
+    from vtc.runtime import packed
+    from vtc.runtime.weights import ConstCopy
+
+    recipe = _recipe(graph, t, made)
     names = sorted({v.name for n in recipe for v in n.inputs if v.name in consts})
     sources = tuple(consts[x] for x in names)
     if not sources:

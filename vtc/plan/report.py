@@ -21,7 +21,8 @@ Counts are per call of the compiled graph:
   (``packed_weights``) and the generated kernels' (``packed_conv_weights``) copies, their ``packed_bytes``,
   and how many weights were left unpacked because their copies would pass ``budget_bytes``
   (``unpacked_for_budget``; why per step in the call plan's ``why_not_packed``); the weights behind movement
-  chains folded into constant copies (``folded_weight_chains``, ``folded_bytes``: ``vtc.ir.fold.fold_weight_chains``).
+  chains and the values computed from the model's tensors folded into constant copies (``folded_weight_chains``,
+  ``folded_bytes``, and ``folded_nodes``: the nodes they replaced; ``vtc.ir.fold.fold_weight_chains``).
 """
 from __future__ import annotations
 
@@ -95,8 +96,9 @@ class Report:
                          f"({_mb(p['packed_bytes'])}), {p['unpacked_for_budget']} left unpacked for the "
                          f"packed-weight budget of {_mb(p['budget_bytes'])}")
         if p.get("folded_weight_chains"):
-            lines.append(f"  weights behind movement chains folded into constant copies: {p['folded_weight_chains']} "
-                         f"({_mb(p['folded_bytes'])}, within the packed-weight budget)")
+            lines.append(f"  values computed from the model's tensors folded into constant copies: "
+                         f"{p['folded_weight_chains']} ({_mb(p['folded_bytes'])}, within the packed-weight budget), "
+                         f"{p['folded_nodes']} nodes removed")
         if self.fallback_ops:
             lines.append(f"  fallback ops (run by the framework): {', '.join(sorted(set(self.fallback_ops)))}")
         return "\n".join(lines)

@@ -159,7 +159,7 @@ class CallPlan:
         return packed.admit_best_first([w for w in wishes if w is not None])
 
     def _report_packing(self, executor) -> None:
-        """The weights packed once, the weight chains folded into constant copies (``vtc.ir.fold.fold_weight_chains``)
+        """The weights packed once, the values folded into constant copies (``vtc.ir.fold.fold_weight_chains``)
         and those left unpacked or unfolded for the budget, into the executor's ``packing`` (the report's), and a
         PackedBudgetWarning where the budget left some."""
         meta = executor.graph.meta
@@ -173,7 +173,7 @@ class CallPlan:
             packed_weights=self.counts["packed_weights"], packed_conv_weights=self.counts["packed_conv_weights"],
             packed_bytes=sum(self.packed_copies.values()), unpacked_for_budget=self.over_budget,
             budget_bytes=packed.BUDGET_BYTES, folded_weight_chains=len(folded),
-            folded_bytes=sum(c.value.nbytes for c in folded.values()))
+            folded_bytes=sum(c.value.nbytes for c in folded.values()), folded_nodes=meta.get("const_copy_nodes", 0))
         if self.over_budget:
             warnings.warn(f"vtc: {self.over_budget} weight(s) not packed once, which would pass the packed-weight "
                           f"budget of {packed.BUDGET_BYTES / (1 << 20):.1f} MB (VTC_PACKED_WEIGHTS_MB); their GEMMs "

@@ -123,7 +123,8 @@ def watch(model: Any, graph) -> ParameterWatch | None:
 
 class ConstCopy:
     """A constant the compiled graph holds as a copy computed from the model's tensors (``sources``): a contiguous
-    copy of a non-contiguous parameter (``vtc.runtime.executor``), a weight behind a movement chain folded once
+    copy of a non-contiguous parameter (``vtc.runtime.executor``), a weight behind a movement chain or a value a
+    compute op makes from the model's tensors (weight normalisation, T5's position bias), folded once
     (``vtc.ir.fold.fold_weight_chains``).  ``refresh()`` (each call, before any kernel) computes it again, into the
     same memory, where a source's version counter moved since: an in-place change (``load_state_dict``, ``p.mul_``
     under ``no_grad``) reaches the next call.  The copy's own version counter then moves too, so the packed copies
