@@ -12,7 +12,8 @@ Only where that pays: a floating-point value whose index arithmetic would divide
 dims, a division or remainder on the way).  A causal mask (``arange[:, None] < arange[None, :]``) stays a node:
 the attention kernel turns its index arithmetic into a predicate and skips the key blocks it hides; roll's
 ``(arange + shift) % n`` indices stay index arithmetic (``Lowering._foldable_index_tensors``), not gathers
-through a constant; RoPE's position-times-frequency table stays computed, where the kernels read it.
+through a constant; a RoPE position-times-frequency table made from aranges alone stays computed, where the
+kernels read it (transformers' reads an ``inv_freq`` buffer: a value of the model's tensors, below).
 
 Values that read a parameter or buffer (the model may change it in place after compiling) are folded by
 ``fold_weight_chains`` instead, into constant copies computed again when what they read changes in place: a
