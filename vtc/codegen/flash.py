@@ -683,7 +683,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         "      const float inv = 1.0f / sm[q];",
         "      #pragma omp simd",
         f"      for (int64_t e = 0; e < {ee}; ++e) "
-        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[q][e] * inv;",
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = {k.stored('ov[q][e] * inv')};",
         "    }",
         "  }",
         *around[1],

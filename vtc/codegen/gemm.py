@@ -2190,7 +2190,7 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     consumer), into C or, where ``narrowed``, rounded into the float16 output; then each other store (through a
     push mapping, vtc.codegen.gemm_push) copies the finished value where its predicate holds, over the columns
     it can hold on (``_column_run``).  Nothing when the first store is acc into C and there are no others."""
-    from vtc.codegen.cpp import ctype
+    from vtc.codegen.cpp import storage_ctype
 
     g: GemmOperands = k.gemm
     first = k.stores[0]
@@ -2201,8 +2201,14 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     inner = ind + "    "
     if narrowed(k):
         out = first.buffer.name
-        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
-                             lambda: f"{em.ptr[out]}[{em.linear(out, first.index)}] = {em.stored(value, F16)}")
+
+        def store() -> str:
+            at = f"{em.ptr[out]}[{em.linear(out, first.index)}]"
+            if not pushes:
+                return f"{at} = {em.stored(value, F16)}"
+            # the pushed stores copy the value, unrounded, from the tile; each rounds it as the first store
+            return f"ct[ii * LDC + jj] = {em.temps.get(id(value)) or em.unrounded(value)}; {at} = vtc_to_f16(ct[ii * LDC + jj])"
+        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]", store)
     elif value.op != "acc":
         lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
                              lambda: f"ct[ii * LDC + jj] = {em.scalar(value)}")
@@ -2224,20 +2230,26 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
             lines += [f"{ind}  for (int64_t jj = std::max<int64_t>(0, {lo} - n0), jend = std::min<int64_t>(nb, {hi} - n0); jj < jend;) {{",
                       f"{inner}const int64_t jh = (n0 + jj - {lo}) / {d}, je0 = (n0 + jj - {lo}) % {d};",
                       f"{inner}const int64_t len = std::min<int64_t>({d} - je0, jend - jj);",
-                      f"{inner}{ctype(st.buffer.dtype)}* __restrict dst = {em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, base)} + je0;",
+                      f"{inner}{storage_ctype(st.buffer.dtype)}* __restrict dst = {em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, base)} + je0;",
                       f"{inner}const float* __restrict src = ct + ii * LDC + jj;",
                       f"{inner}#pragma omp simd",
-                      f"{inner}for (int64_t e = 0; e < len; ++e) dst[e] = ({ctype(st.buffer.dtype)})src[e];",
+                      f"{inner}for (int64_t e = 0; e < len; ++e) dst[e] = {_pushed_value(st, 'src[e]')};",
                       f"{inner}jj += len;",
                       f"{ind}  }}"]
             continue
-        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = "
-                 f"({ctype(st.buffer.dtype)})ct[ii * LDC + jj];")
+        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = {_pushed_value(st, 'ct[ii * LDC + jj]')};"
         lines += [f"{ind}  for (int64_t {cols}; ++jj) {{",
                   *col,
                   f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
                   f"{ind}  }}"]
     return lines + [f"{ind}}}"]
+
+
+def _pushed_value(st: Store, x: str) -> str:
+    """C float x (a finished element of the tile) as an element of pushed store st's buffer (float16: rounded)."""
+    from vtc.codegen.cpp import ctype
+
+    return f"vtc_to_f16({x})" if st.buffer.dtype == F16 else f"({ctype(st.buffer.dtype)}){x}"
 
 
 PUSH_RUNS = True  # a pushed store whose columns land in runs of d consecutive elements copies each run as a vector

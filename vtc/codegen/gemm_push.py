@@ -223,8 +223,9 @@ def pushed_store(low, st: Store, y: Buffer, fwd: Mapping, value: str, write: Map
 def in_place_layout(k: Kernel, st: Store) -> tuple[Expr, int] | None:
     """(offset of a tile's batch, row stride) where GEMM kernel k can accumulate straight into st's buffer:
     st stores every element (no predicate) at an offset that is affine in the row and column indices, with
-    unit column stride, plus any function of the batch index; else None."""
-    if st.when is not None or any(loads(e) for e in st.index):
+    unit column stride, plus any function of the batch index, of the sums' dtype (a float16 GEMM's sums are
+    float32, kept apart and rounded into its outputs); else None."""
+    if st.when is not None or any(loads(e) for e in st.index) or st.buffer.dtype != k.gemm.dtype:
         return None
     bv, mv, nv = k.gemm.vars
     c, terms = _terms(linear_offset(st.index, st.buffer.shape))
