@@ -296,7 +296,7 @@ def softmax_over_queries(q, k, v):
 
 
 @pytest.mark.parametrize("fn, why", [(h2o, "is read by 2 nodes"), (keyformer_like, "also read by"),
-                                     (float64, "float32 only"), (softmax_over_queries, "not the last")],
+                                     (float64, "float32 or float16 only"), (softmax_over_queries, "not the last")],
                          ids=["h2o_column_sums", "scores_read_twice", "float64", "softmax_dim_-2"])
 def test_patterns_that_are_not_one_attention_kernel_run_as_before(fn, why):
     g = gen(9)

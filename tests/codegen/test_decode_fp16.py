@@ -20,6 +20,9 @@ import torch.nn.functional as F
 
 from bench.workloads import llama3
 
+from vtc.codegen.conv_t import has_avx512
+from vtc.codegen.cpp import generate
+
 from .util import compile_cpu, gen, kernels, rand, report, steps, torch_threads
 
 H = torch.float16
@@ -86,6 +89,9 @@ def test_fp16_attention_in_one_kernel(case):
     assert [x.kind for x in kernels(c)] == ["attention"], [x.name for x in kernels(c)]
     assert [x.node.op for x in steps(c, "run")] == []
     assert report(c)["materialized_movement_bytes"] == 0
+    (att,) = kernels(c)
+    if att.shared_rows and not att.tiled and has_avx512():  # GQA decode: the float16 K and V rows read in place, widened
+        assert "const uint16_t* kb_" in generate(att) and "const uint16_t* vb_" in generate(att)
     _assert_close(got, want, fn(q.double(), k.double(), v.double()), v.abs().max().item())
 
 

@@ -231,7 +231,7 @@ def _match(low, sm: Node) -> AttentionMatch:
     if len(x.shape) < 2 or args["dim"] % len(x.shape) != len(x.shape) - 1:
         raise NotAttention(f"softmax over dim {args['dim']} of {list(x.shape)}, not the last")
     if x.dtype not in DTYPES or p.dtype != x.dtype or args.get("half_to_float"):
-        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 or float16")
+        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 or float16 only")
     guard, probs = _guard(low, sm, x)
     pv = _only_reader(low, probs)
     if not _is(pv, "bmm") or low.kind[pv.name] not in ("library", "gemm"):
