@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import Workload, randn
+from . import Workload, in_dtype, randn
 
 
 class RMSNorm(nn.Module):
@@ -86,7 +86,7 @@ def attention_inputs(layer: nn.Module, h: torch.Tensor, k_cache: torch.Tensor, v
     q = q.view(b, s, layer.heads, d).transpose(1, 2)
     k = k.view(b, s, layer.kv_heads, d).transpose(1, 2)
     v = v.view(b, s, layer.kv_heads, d).transpose(1, 2)
-    cos, sin = layer.rotary(cache_position)
+    cos, sin = (t.to(h.dtype) for t in layer.rotary(cache_position))  # float32 tables, in h's dtype as transformers'
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     k_cache = k_cache.index_copy(2, cache_position, k)
     v_cache = v_cache.index_copy(2, cache_position, v)
@@ -173,6 +173,8 @@ WORKLOADS = [
              _decode(1), in_quick=True, params=dict(batch=1, seq=1, cache=1024)),
     Workload("llama3_decode_b16", "unit", f"Llama-3 layer, decode 1 token, KV cache 1024, batch 16 ({_CFG})",
              _decode(16), params=dict(batch=16, seq=1, cache=1024)),
+    Workload("llama3_decode_b1_fp16", "unit", "llama3_decode_b1 in float16", in_dtype(_decode(1), torch.float16),
+             default=False, params=dict(batch=1, seq=1, cache=1024, dtype="float16")),
     Workload("llama3_prefill_b1", "unit", f"Llama-3 layer, prefill 256 tokens, batch 1 ({_CFG})",
              _prefill(1), params=dict(batch=1, seq=256, cache=256),
              notes="batch 16 prefill (4096 tokens) is left out: about 1 s a call on 2 cores, too slow for 20 runs x 8 systems"),

@@ -150,12 +150,12 @@ def test_tolerance_follows_the_output_dtype(harness):
 
 
 def test_fp16_workloads_cast_weights_and_inputs():
-    """The named float16 twins of the whole models build in float16 and stay off a plain run."""
+    """The named float16 twins of the whole models and of the decode step build in float16 and stay off a plain run."""
     import torch
 
     from bench.workloads import get, select
 
-    for name in ("llama_model_fp16", "shufflenet_v2_model_fp16"):
+    for name in ("llama_model_fp16", "shufflenet_v2_model_fp16", "llama3_decode_b1_fp16"):
         w = get(name)
         model, inputs = w.build(quick=True)
         assert {p.dtype for p in model.parameters()} == {torch.float16}, name

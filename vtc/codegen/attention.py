@@ -87,6 +87,10 @@ TILE_ROWS = 8  # queries per head from which the tiled (flash) form is used (vtc
 # queries x 4 heads ran 1.7x faster tiled than as decode, 2 x 4 1.7x slower (1 thread, 1024 keys)
 TILE_GROUP_ROWS = 12
 CHEAP_KV_OPS = ("mul", "div", "add", "sub", "neg", "_to_copy")  # recomputed per read inside the kernel
+# dtypes of the matched bmm, softmax and bmm; float16: q, K and V widened at their loads, the scores rounded to
+# float16 as eager's bmm and each op of the score chain round them, softmax and PV in float32 (eager: the
+# probabilities rounded to float16, then a float32 sum), the output row rounded once
+DTYPES = {torch.float32: "", torch.float16: "vtc_to_f16"}
 
 
 class NotAttention(Exception):
@@ -140,6 +144,11 @@ class AttentionKernel(Kernel):
 
     def roots(self) -> list[Scalar]:
         return [*super().roots(), self.q, self.k, self.score, self.v]
+
+    def stored(self, x: str) -> str:
+        """C float expression x as an element of the output (float16: rounded once)."""
+        narrow = DTYPES[self.stores[0].buffer.dtype]
+        return f"{narrow}({x})" if narrow else x
 
     @property
     def shared_rows(self) -> int:
@@ -221,8 +230,8 @@ def _match(low, sm: Node) -> AttentionMatch:
         raise NotAttention(f"softmax runs through torch ({low.why_torch.get(sm.name, 'no generated code')})")
     if len(x.shape) < 2 or args["dim"] % len(x.shape) != len(x.shape) - 1:
         raise NotAttention(f"softmax over dim {args['dim']} of {list(x.shape)}, not the last")
-    if x.dtype != torch.float32 or p.dtype != torch.float32 or args.get("half_to_float"):
-        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 only")
+    if x.dtype not in DTYPES or p.dtype != x.dtype or args.get("half_to_float"):
+        raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 or float16 only")
     guard, probs = _guard(low, sm, x)
     pv = _only_reader(low, probs)
     if not _is(pv, "bmm") or low.kind[pv.name] not in ("library", "gemm"):
@@ -232,9 +241,9 @@ def _match(low, sm: Node) -> AttentionMatch:
         raise NotAttention(f"{pv.name} does not read the probabilities as its left operand only")
     qk, chain = _scores(low, x, sm, guard)
     for n in (qk, pv):
-        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != torch.float32]
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != x.dtype]
         if bad:
-            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}: the attention kernel is float32 only")
+            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}, its softmax {x.dtype}")
     m = AttentionMatch(qk, sm, pv, chain, guard, probs)
     saved = low.inline
     low.inline = {o.name for c in chain if low.kind[c.name] == "pointwise" for o in c.outputs}
@@ -425,7 +434,8 @@ def attention_kernel(low, m: AttentionMatch) -> AttentionKernel:
     memo: dict = {}
     scores = m.scores.outputs[0]
     raw = K.load(scores.name, rows.h, scores.dtype)
-    score = _replace(low.value_at(m.softmax.inputs[0].name, rows.j, memo), raw, K.acc("score", torch.float32), {})
+    dot = K.cast(K.acc("score", torch.float32), scores.dtype)  # float16: rounded as eager's bmm result
+    score = _replace(low.value_at(m.softmax.inputs[0].name, rows.j, memo), raw, dot, {})
     score = K.cast(score, torch.float32)
     h0, h1 = rows.h[0], rows.h[1]
     q = K.cast(low.value_at(qk["self"].name, (h0, h1, d), memo), torch.float32)
@@ -635,7 +645,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "      const float mx_ = mx[rr], sm_ = sm[rr];",
         f"      const float inv = {inv};",
         "      #pragma omp simd",
-        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = ov[rr][e] * inv;",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = {k.stored('ov[rr][e] * inv')};",
         "    }",
         "  }",
         "  if (nsplit > 1) {",
@@ -658,7 +668,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         "      }",
         f"      const float inv = {inv};",
         "      #pragma omp simd",
-        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = acc_[e] * inv;",
+        f"      for (int64_t e = 0; e < {ee}; ++e) {store} = {k.stored('acc_[e] * inv')};",
         "    }",
         "    std::free(part_);",
         "  }",

@@ -168,6 +168,15 @@ static inline vtc_v16 vtc_load16_n(const float* p, int n) {
   return r;
 #endif
 }
+#if defined(__AVX512F__)
+// a float16 row (in_place with f16): 16 elements widened, or p[0..n) and zeros above
+static inline vtc_v16 vtc_load16(const uint16_t* p) {
+  return (vtc_v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+static inline vtc_v16 vtc_load16_n(const uint16_t* p, int n) {
+  return (vtc_v16)_mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1u), p));
+}
+#endif
 static inline vtc_v16 vtc_splat16(float x) {  // x in every lane (a broadcast load where x is in memory)
 #if defined(__AVX512F__)
   return (vtc_v16)_mm512_set1_ps(x);
@@ -242,12 +251,17 @@ static inline vtc_v16 vtc_sum16(const vtc_v16* x) {
 
 @dataclass
 class Rows:
-    """A K or V operand read in place: row ``r`` (a key) starts at ``base + r * stride`` floats from ``ptr``
+    """A K or V operand read in place: row ``r`` (a key) starts at ``base + r * stride`` elements from ``ptr``
     and its elements (head / value dim) are consecutive."""
 
     ptr: str  # the C pointer of the buffer
     base: str  # C offset of key r0's row (the enclosing code defines r0 and the row variables)
     stride: int
+    ctype: str = "float"  # of the elements: float, or uint16_t for float16 (widened by vtc_load16's overloads)
+
+    def element(self, x: str) -> str:
+        """C element x of a row as a float."""
+        return f"vtc_from_f16({x})" if self.ctype == "uint16_t" else x
 
 
 def row_vector(ptr: str, v: int, dim: int) -> str:
@@ -257,11 +271,17 @@ def row_vector(ptr: str, v: int, dim: int) -> str:
     return f"vtc_load16({ptr} + {LANES * v})" if rest >= LANES else f"vtc_load16_n({ptr} + {LANES * v}, {rest})"
 
 
-def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
+def in_place(s: Scalar, em, col: str, col_extent: int, n: int, f16: bool = False) -> Rows | None:
     """How to read operand `s` (over key ``r`` and `col`) in place, or None where it must be packed:
-    a float32 load whose offset steps by 1 along `col` and by a constant along ``r`` (a strided view
-    of a physical tensor, the GQA head mapping included)."""
-    if s.op != "load" or s.dtype != torch.float32 or s.args[0] not in em.ptr:
+    a float32 load (or with `f16`, on AVX-512, a float16 load widened: the decode forms, which read a row as
+    vectors) whose offset steps by 1 along `col` and by a constant along ``r`` (a strided view of a physical
+    tensor, the GQA head mapping included)."""
+    from vtc.codegen.conv_t import has_avx512
+
+    widened = (f16 and s.op == "cast" and s.dtype == torch.float32 and s.args[0].op == "load"
+               and s.args[0].dtype == torch.float16 and has_avx512())
+    s = s.args[0] if widened else s
+    if s.op != "load" or s.dtype != (torch.float16 if widened else torch.float32) or s.args[0] not in em.ptr:
         return None
     off = linear_offset(s.args[1], em.shapes[s.args[0]])
     r, c = var("r", n), var(col, col_extent)
@@ -269,7 +289,8 @@ def in_place(s: Scalar, em, col: str, col_extent: int, n: int) -> Rows | None:
     step_r = add(subs(off, {"r": add(r, 1)}), mul(off, -1))
     if not (step_c.is_const and step_c.value == 1 and step_r.is_const):
         return None
-    return Rows(em.ptr[s.args[0]], em.index(subs(off, {col: 0, "r": var("r0", n)})), step_r.value)
+    return Rows(em.ptr[s.args[0]], em.index(subs(off, {col: 0, "r": var("r0", n)})), step_r.value,
+                "uint16_t" if widened else "float")
 
 
 def key_range(score: Scalar) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -683,7 +704,7 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         "      const float inv = 1.0f / sm[q];",
         "      #pragma omp simd",
         f"      for (int64_t e = 0; e < {ee}; ++e) "
-        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = ov[q][e] * inv;",
+        f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = {k.stored('ov[q][e] * inv')};",
         "    }",
         "  }",
         *around[1],
@@ -751,10 +772,10 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
     dd, n = k.head_dim, k.r_extent
     dv = -(-dd // LANES)
     v16, dp = f"vtc_v{LANES}", dv * LANES
-    rows = in_place(k.k, em, "d", dd, n)
+    rows = in_place(k.k, em, "d", dd, n, f16=True)
     lines = [f"      const int64_t nk = r1 - r0, nkp = (nk + {LANES - 1}) / {LANES} * {LANES};"]
     if rows is not None:
-        lines += ["      const float* kb_;",
+        lines += [f"      const {rows.ctype}* kb_;",
                   "      {", "        const int64_t rr = 0;", *row("        "),
                   f"        kb_ = {rows.ptr} + ({rows.base});", "      }"]
         key_row = f"kb_ + std::min<int64_t>(c0 + t, nk - 1) * {rows.stride}"  # past the last key: a real row
@@ -785,7 +806,7 @@ def shared_scores(k, em, row, g: int, pre_k, kx, pre_s, sx) -> list[str]:
         f"        for (int64_t c0 = 0; c0 < nkp; c0 += {LANES}) {{",
         f"          {v16} part[{LANES}];",
         f"          for (int t = 0; t < {LANES}; ++t) {{",
-        f"            const float* kr = {key_row};",
+        f"            const {rows.ctype if rows else 'float'}* kr = {key_row};",
         f"            {v16} a = q0 * {load(0)};",
         *[f"            a = vtc_fma16(q{v}, {load(v)}, a);" for v in range(1, dv)],
         "            part[t] = a;",
@@ -814,11 +835,12 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
     ep = -(-ee // LANES) * LANES
     ev = ep // LANES
     qg = max(x for x in range(1, g + 1) if g % x == 0 and x * ev <= ACCUMULATORS) if ev <= ACCUMULATORS else 1
-    rows = in_place(k.v, em, "e", ee, n)
-    vdim = ee if rows else ep  # floats of a value row that may be read (a packed row is zero-padded)
+    rows = in_place(k.v, em, "e", ee, n, f16=True)
+    vdim = ee if rows else ep  # elements of a value row that may be read (a packed row is zero-padded)
+    vt = rows.ctype if rows else "float"
     lines = ["      {", "      const int64_t nk = r1 - r0;"]
     if rows is not None:
-        lines += ["      const float* vb_;",
+        lines += [f"      const {vt}* vb_;",
                   "      {", "        const int64_t rr = 0;", *row("        "),
                   f"        vb_ = {rows.ptr} + ({rows.base});", "      }"]
 
@@ -843,7 +865,7 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         f"        for (int64_t q0 = 0; q0 < nr; q0 += {qg}) {{",
         *[f"          {v16} o{j}_{v} = *(const {v16}*)&ov[q0 + {j}][{LANES * v}];" for j in range(qg) for v in range(ev)],
         "          for (int64_t t = 0; t < nk; ++t) {",
-        f"            const float* vr = {vrow('t')};",
+        f"            const {vt}* vr = {vrow('t')};",
         *[f"            {v16} w{v} = {row_vector('vr', v, vdim)};{' VTC_IN_REG(w%d);' % v if PIN_OPERANDS and qg > 1 else ''}"
           for v in range(ev)],
         *[f"            const float p{j} = sc[q0 + {j}][t];" for j in range(qg)],
@@ -857,9 +879,9 @@ def shared_pv(k, em, row, g: int, pre_v, vx) -> list[str]:
         "          for (int64_t t = 0; t < nk; ++t) {",
         "            const float p_ = sc[q][t];",
         "            if (p_ == 0.0f) continue;",
-        f"            const float* vr = {vrow('t')};",
+        f"            const {vt}* vr = {vrow('t')};",
         "            #pragma omp simd",
-        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * vr[e];",
+        f"            for (int64_t e = 0; e < {vdim}; ++e) ov[q][e] += p_ * {rows.element('vr[e]') if rows else 'vr[e]'};",
         "          }",
         "        }",
         "      }",

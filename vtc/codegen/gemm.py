@@ -155,6 +155,10 @@ TILE = (12, 32)  # the AVX-512 micro-kernel's MR x NR: a partial tile costs a fu
 # on physical / strided operands the generated kernel must be estimated this much cheaper than torch's
 # (estimates closer than that are within their error: the library keeps those)
 MIN_SAVING = (10.0, 0.05)  # microseconds, and fraction of torch's estimate
+# (a float16 GEMM where torch's has no fast path: the fraction only.  A small one (1 x 128 -> 64 .. 256 of a
+# decode step, estimated 5.5 / 6.2 us generated / torch) is no faster in torch, and there it is a torch op between
+# kernels that keeps its pointwise readers apart: a float16 Llama-3 decode layer at hidden 128 ran 205 us with its
+# 7 projections in torch, 109 us generated (1 thread, CPU time; docs/gemm.md, helper dec16))
 
 
 # Shape-aware terms (the llama shapes, M = 32 .. 384 x W^T, squares and bmm_cat_b16 at 1 thread, CPU time, per
@@ -336,11 +340,11 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     if inlined and a.dtype == torch.float32:
         vtc_us += sum(nbytes // 4 * reuse for _, nbytes, reuse in inlined) * MAPPED_PACK_NS * 1e-3
         torch_us += sum(CALL_US + 2 * nbytes / (COPY_GBPS * 1e3) for _, nbytes, _ in inlined)
-    if a.dtype == F16 and not unsupported:  # widened into the float32 kernel; it stores only its own result
-        pushed, speed = (), 1.0
+    if a.dtype == F16 and not unsupported:  # widened into the float32 kernel
+        speed = 1.0
         mapped = sum(_numel(v.shape) * reuse for v, reuse in ((a, -(-nn // 1024)), (b, 2 if m > SKINNY_M else 1))
                      if needs_copy(low, v))  # (none packed by runs)
-        vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies),
+        vtc_us, torch_us = f16_estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                            mapped_elems=mapped, b_unit_stride=b_stride,
                                            kind="bmm" if batched else "linear" if b_stride == "k" else "other",
                                            b_packed=F16_PACKED_B and _f16_b_packed(low, a, b, m, b_stride))
@@ -373,7 +377,8 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"the generated kernel packs it through its mapping (estimated cheaper)")
         return pick("torch", f"{names} is not a strided view, but copying {copy_bytes} bytes and running "
                              f"torch's faster library kernel is estimated cheaper")
-    if torch_us - vtc_us >= max(MIN_SAVING[0], MIN_SAVING[1] * torch_us):
+    slow_f16 = a.dtype == F16 and not _torch_f16_fast()
+    if torch_us - vtc_us >= (MIN_SAVING[1] * torch_us if slow_f16 else max(MIN_SAVING[0], MIN_SAVING[1] * torch_us)):
         if inlined:
             names = ", ".join(f"%{name}" for name, _, _ in inlined)
             return pick("vtc", f"every operand is physical or a zero-copy strided view; the generated kernel "
@@ -381,7 +386,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
                                f"torch's needs it in memory ({sum(b for _, b, _ in inlined)} bytes stored and read "
                                f"back): estimated faster")
         measured = f" (torch's GEMM measured at {speed:.2f}x its assumed rate on this machine)" if speed != 1.0 else ""
-        if a.dtype == F16 and not _torch_f16_fast():
+        if slow_f16:
             measured = " (torch's float16 GEMM has no fast path on this CPU)"
         return pick("vtc", "every operand is physical or a zero-copy strided view; the generated kernel is "
                            f"estimated faster than torch's library kernel here{measured}")
@@ -2190,7 +2195,7 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     consumer), into C or, where ``narrowed``, rounded into the float16 output; then each other store (through a
     push mapping, vtc.codegen.gemm_push) copies the finished value where its predicate holds, over the columns
     it can hold on (``_column_run``).  Nothing when the first store is acc into C and there are no others."""
-    from vtc.codegen.cpp import ctype
+    from vtc.codegen.cpp import storage_ctype
 
     g: GemmOperands = k.gemm
     first = k.stores[0]
@@ -2201,8 +2206,14 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     inner = ind + "    "
     if narrowed(k):
         out = first.buffer.name
-        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
-                             lambda: f"{em.ptr[out]}[{em.linear(out, first.index)}] = {em.stored(value, F16)}")
+
+        def store() -> str:
+            at = f"{em.ptr[out]}[{em.linear(out, first.index)}]"
+            if not pushes:
+                return f"{at} = {em.stored(value, F16)}"
+            # the pushed stores copy the value, unrounded, from the tile; each rounds it as the first store
+            return f"ct[ii * LDC + jj] = {em.temps.get(id(value)) or em.unrounded(value)}; {at} = vtc_to_f16(ct[ii * LDC + jj])"
+        lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]", store)
     elif value.op != "acc":
         lines = block_values(em, value, g.vars, ind, "ct[ii * LDC + jj]",
                              lambda: f"ct[ii * LDC + jj] = {em.scalar(value)}")
@@ -2224,20 +2235,26 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
             lines += [f"{ind}  for (int64_t jj = std::max<int64_t>(0, {lo} - n0), jend = std::min<int64_t>(nb, {hi} - n0); jj < jend;) {{",
                       f"{inner}const int64_t jh = (n0 + jj - {lo}) / {d}, je0 = (n0 + jj - {lo}) % {d};",
                       f"{inner}const int64_t len = std::min<int64_t>({d} - je0, jend - jj);",
-                      f"{inner}{ctype(st.buffer.dtype)}* __restrict dst = {em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, base)} + je0;",
+                      f"{inner}{storage_ctype(st.buffer.dtype)}* __restrict dst = {em.ptr[st.buffer.name]} + {em.linear(st.buffer.name, base)} + je0;",
                       f"{inner}const float* __restrict src = ct + ii * LDC + jj;",
                       f"{inner}#pragma omp simd",
-                      f"{inner}for (int64_t e = 0; e < len; ++e) dst[e] = ({ctype(st.buffer.dtype)})src[e];",
+                      f"{inner}for (int64_t e = 0; e < len; ++e) dst[e] = {_pushed_value(st, 'src[e]')};",
                       f"{inner}jj += len;",
                       f"{ind}  }}"]
             continue
-        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = "
-                 f"({ctype(st.buffer.dtype)})ct[ii * LDC + jj];")
+        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, idx)}] = {_pushed_value(st, 'ct[ii * LDC + jj]')};"
         lines += [f"{ind}  for (int64_t {cols}; ++jj) {{",
                   *col,
                   f"{inner}{store}" if when is None else f"{inner}if ({em.index(when)}) {store}",
                   f"{ind}  }}"]
     return lines + [f"{ind}}}"]
+
+
+def _pushed_value(st: Store, x: str) -> str:
+    """C float x (a finished element of the tile) as an element of pushed store st's buffer (float16: rounded)."""
+    from vtc.codegen.cpp import ctype
+
+    return f"vtc_to_f16({x})" if st.buffer.dtype == F16 else f"({ctype(st.buffer.dtype)}){x}"
 
 
 PUSH_RUNS = True  # a pushed store whose columns land in runs of d consecutive elements copies each run as a vector

@@ -26,7 +26,7 @@ accumulates straight into ``y`` instead and ``p`` never exists.
 
 What stays a push copy, with the reason (``Pusher.why_copied``, in the report):
 an op on the chain without a push form (expand, gather), a chain that changes
-the dtype, a mapping with more than one source, an index tensor computed after
+the dtype (a float16 GEMM rounds its float32 sums into each output), a mapping with more than one source, an index tensor computed after
 the GEMM, or a scatter base that is written after it.
 """
 from __future__ import annotations
@@ -186,15 +186,15 @@ def _landing(m: Mapping, source: str) -> tuple[tuple[Expr, ...], Expr] | None:
 
 # -- stores of a GEMM kernel -----------------------------------------------------------------------
 def stores_pushed(n: Node) -> bool:
-    """True when the generated GEMM of node n can store into pushed outputs: float32 kernels (a bf16 one,
-    vtc.codegen.gemm_bf16, stores only its own result)."""
-    return n.outputs[0].dtype == torch.float32
+    """True when the generated GEMM of node n can store into pushed outputs: float32 kernels and float16 ones (their
+    float32 sums rounded into each output; a bf16 one, vtc.codegen.gemm_bf16, stores only its own result)."""
+    return n.outputs[0].dtype in (torch.float32, torch.float16)
 
 
 def gemm_store(low, k: Kernel, y: Buffer, fwd: Mapping, value: str, write: Mapping) -> Store | str:
     """GEMM kernel k's store of its result into pushed output `y`: root -> `value` (fwd) -> y (`write`, the
     pushed op's push mapping of `value`), at the GEMM's own index (its first store's); or why it cannot."""
-    if k.gemm.dtype != torch.float32:
+    if k.gemm.dtype != torch.float32:  # (a float16 GEMM's sums are float32)
         return f"a {k.gemm.dtype} GEMM stores only its own result"
     return pushed_store(low, k.stores[0], y, fwd, value, write)
 
@@ -223,8 +223,9 @@ def pushed_store(low, st: Store, y: Buffer, fwd: Mapping, value: str, write: Map
 def in_place_layout(k: Kernel, st: Store) -> tuple[Expr, int] | None:
     """(offset of a tile's batch, row stride) where GEMM kernel k can accumulate straight into st's buffer:
     st stores every element (no predicate) at an offset that is affine in the row and column indices, with
-    unit column stride, plus any function of the batch index; else None."""
-    if st.when is not None or any(loads(e) for e in st.index):
+    unit column stride, plus any function of the batch index, of the sums' dtype (a float16 GEMM's sums are
+    float32, kept apart and rounded into its outputs); else None."""
+    if st.when is not None or any(loads(e) for e in st.index) or st.buffer.dtype != k.gemm.dtype:
         return None
     bv, mv, nv = k.gemm.vars
     c, terms = _terms(linear_offset(st.index, st.buffer.shape))
