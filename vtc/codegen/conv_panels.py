@@ -118,6 +118,7 @@ def generate(k: Kernel) -> str:
     direct = pack.taps  # (the input's load, taps, their offsets) where B is read in place (conv.conv_kernel)
     taps = direct[1] if direct else 1
     flops = 2 * B * M * N * KK
+    narrow = gemm.narrowed(k)
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc}, TAPS = {taps};",
@@ -142,13 +143,17 @@ def generate(k: Kernel) -> str:
         *OMP_TEAM,
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
         f"    float* __restrict bpanel = vtc_gemm_scratch(1, kc * {SUB});",
+        # a float16 output (gemm.narrowed): the sums of a unit in float32 rows LDC apart, rounded once into the
+        # output by the epilogue
+        *(["    float* __restrict csum = vtc_gemm_scratch(3, mc * LDC);"] if narrow else []),
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1; ++u) {",
         "      const int64_t grp = u / tm, mi = u % tm;",
         f"      const int64_t {bt} = grp / tn;",
         "      const int64_t nchunk = (grp % tn) * nc, nbchunk = std::min<int64_t>(nc, N - nchunk);",
         "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-        f"      float* __restrict cchunk = {em.ptr[out.name]} + {cbase} + nchunk + m0 * LDC;",
+        f"      float* __restrict cchunk = {'csum' if narrow else em.ptr[out.name] + ' + ' + cbase} + nchunk"
+        f"{'' if narrow else ' + m0 * LDC'};",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]

@@ -66,8 +66,9 @@ def has_avx512() -> bool:
 def weight_rows(s, shapes) -> tuple[str, object, int] | None:
     """(buffer, offset of the group's first row as an Expr of the batch index i0, row stride) when the
     weight scalar s of a conv kernel (``W[group * og + i1, r]``) is one load that walks r with unit stride
-    and the output channel i1 with a constant stride; else None.  `shapes`: buffer name -> shape."""
-    if s.op != "load" or s.dtype != torch.float32:
+    and the output channel i1 with a constant stride (a float32 or float16 load); else None.  `shapes`: buffer name
+    -> shape."""
+    if s.op != "load" or s.dtype not in (torch.float32, torch.float16):
         return None
     buf, idx = s.args
     if buf not in shapes:
@@ -280,8 +281,9 @@ def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P"
     temps = em.hoist(values, inner)
     body = []
     for st in k.stores:
-        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
-                 f"({ctype(st.buffer.dtype)})({em.scalar(st.value)});")
+        value = (em.stored(st.value, st.buffer.dtype) if st.buffer.dtype == torch.float16  # rounded once
+                 else f"({ctype(st.buffer.dtype)})({em.scalar(st.value)})")
+        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {value};"
         body.append(f"{inner}{store}" if st.when is None else f"{inner}if ({em.index(st.when)}) {store}")
     lines += [f"{ind}  #pragma omp simd",
               f"{ind}  for (int64_t jj = 0; jj < {count}; ++jj) {{",

@@ -317,9 +317,9 @@ def shared_conv_weight(w: torch.Tensor, offset: int, lda: int, m: int, k: int,
 
 
 def packed_element_size(w: torch.Tensor, layout) -> int:
-    """The bytes of an element of `w`'s packed copy: a generated GEMM's B (a `layout`) float32 panels (a float16
-    weight widened: twice its bytes), a convolution's W^T w's own dtype."""
-    return 4 if layout is not None else w.element_size()
+    """The bytes of an element of `w`'s packed copy: float32 (a generated GEMM's B panels, a `layout`, and a
+    convolution's W^T: a float16 weight widened, twice its bytes)."""
+    return 4
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
@@ -328,9 +328,8 @@ def conv_weight_why_not(w: torch.Tensor | None, spec) -> str | None:
         return "the weight's offset is not a constant"
     if w is None:
         return "the weight is not a constant of the graph"
-    gemm_b = len(spec) > 4  # a generated GEMM's B (its layout widens a float16 weight into float32 panels)
-    if w.dtype not in ((torch.float32, torch.float16) if gemm_b else (torch.float32,)) or not w.is_contiguous():
-        return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
+    if w.dtype not in (torch.float32, torch.float16) or not w.is_contiguous():  # (float16: widened as it is packed)
+        return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 or float16 constant"
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
     offset, lda, m, k = spec[:4]  # a fifth: the layout (a generated GEMM's B)
