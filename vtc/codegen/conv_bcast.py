@@ -333,7 +333,7 @@ def generate(k) -> str:
               "        }",
               "      }",
               "      vtc_cb_transpose(cp, nv * 16, nv, NP16, ct, NP16);"]
-    lines += conv_t._epilogue(em, k, "      ", ldc="NP16")
+    lines += conv_t._epilogue(em, k, "      ", ldc="NP16", cap=P)
     lines += ["    }", "  }"]
     head = PRELUDE + gemm.RUNTIME + g.runtime + runtime()
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"

@@ -205,7 +205,7 @@ def generate(k) -> str:
         "      }",
         "      const int64_t m0 = 0, mb = M, n0 = y * OW;",
     ]
-    lines += conv_t._epilogue(em, k, "      ", ldc="LDC", first="n0", count="OW")
+    lines += conv_t._epilogue(em, k, "      ", ldc="LDC", first="n0", count="OW", cap=ow)
     lines += ["    }", "  }"]
     head = PRELUDE + gemm.RUNTIME + g.runtime + RUNTIME
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"

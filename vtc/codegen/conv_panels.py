@@ -105,7 +105,7 @@ __attribute__((noinline)) static void vtc_ukr_taps_edge(int rows, int64_t cols, 
 def generate(k: Kernel) -> str:
     """The C++ source of convolution kernel k (k.gemm: a GemmOperands whose pack_b is the im2col pack,
     ``vtc.codegen.conv.Im2colPack.lines``)."""
-    from vtc.codegen import gemm, gemm_pack
+    from vtc.codegen import conv_t, gemm, gemm_pack
     from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
 
     g = k.gemm
@@ -159,7 +159,9 @@ def generate(k: Kernel) -> str:
     ]
     ind = "        "
     lines += gemm._pack_a(em, g, ind)  # in scope: batch index, m0, mb, k0, kb, ap
-    epi = gemm._epilogue(em, k, ind + "    ")
+    # a float16 result: vtc.codegen.conv_t's epilogue over the block (its rounding and narrowing by vector conversions)
+    epi = (conv_t._epilogue(em, k, ind + "    ", ldc="LDC", first="n0", count="nb", cap=None if direct else SUB)
+           if narrow else gemm._epilogue(em, k, ind + "    "))
     final = [f"{ind}  if (k0 + kb == K) {{  // these columns are final: their epilogue while they are in cache", *epi,
              f"{ind}  }}"] if epi else []
     if direct:  # the epilogue every EPI_COLS columns (per strip of NR, its per-channel terms cost more)

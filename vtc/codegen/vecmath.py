@@ -305,5 +305,32 @@ static inline uint16_t vtc_to_f16(float f) {
 }
 static inline float vtc_round_f16(float x) { return vtc_from_f16(vtc_to_f16(x)); }
 #endif
+// p[j] = vtc_round_f16(p[j]) and dst[j] = vtc_to_f16(src[j]) for j < n, by vector conversions where the CPU has them
+// (a float16 result's row computed in float32 first: vtc.codegen.conv_t._epilogue, vtc.codegen.depthwise)
+#if defined(__F16C__) && defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+static inline void vtc_round_f16_n(float* __restrict p, int64_t n) {
+#if defined(__F16C__) && defined(__AVX512F__)
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, p + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_mask_storeu_ps(p + j, m, _mm512_cvtph_ps(h));
+  }
+#else
+  for (int64_t j = 0; j < n; ++j) p[j] = vtc_round_f16(p[j]);
+#endif
+}
+static inline void vtc_to_f16_n(uint16_t* __restrict dst, const float* __restrict src, int64_t n) {
+#if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__)
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
+    _mm256_mask_storeu_epi16(dst + j, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + j),
+                                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#else
+  for (int64_t j = 0; j < n; ++j) dst[j] = vtc_to_f16(src[j]);
+#endif
+}
 #endif
 """
