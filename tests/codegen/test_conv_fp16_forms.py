@@ -150,3 +150,72 @@ def test_fp16_conv_stride2_runs():
     assert "vtc_conv_run2(dst" in generate(kernels(c)[0])
     exact = F.conv2d(x.double(), w.double(), stride=2, padding=1, groups=2)
     _check_against_eager_and_float64(got, want, exact, _conv_magnitude(x, w, stride=2, padding=1, groups=2))
+
+
+def _source(c) -> str:
+    from vtc.codegen.cpp import generate
+    return "\n".join(generate(k) for k in kernels(c))
+
+
+def test_fp16_conv_epilogue_rows():
+    """A float16 Conv + BN + ReLU's epilogue rounds the convolution's block in place and narrows each output row by
+    vector conversions (vecmath's vtc_round_f16_n / vtc_to_f16_n) in the broadcast, direct and panel forms; a bias
+    added before the convolution's rounding keeps the per-element rounding (the block is not rounded first)."""
+    for cin, cout, k, stride, side, form in ((116, 116, 1, 1, 14, conv_bcast.FORM), (3, 24, 3, 2, 64, conv_direct.FORM),
+                                             (24, 58, 1, 1, 28, "panels")):
+        model = ConvBnRelu(cin, cout, k, stride, side)
+        x = rand((1, cin, side, side), gen(cin), H)
+        src = _source(_compiled(model, x, form))
+        assert "vtc_round_f16_n(ct" in src and "vtc_to_f16_n(&" in src, form
+    g = gen(5)
+    x, w, b = rand((1, 96, 7, 7), g, H), rand((64, 96, 1, 1), g, H, low=0.05, high=0.5), rand((64,), g, H)
+    fn = lambda x, w, b: torch.relu(F.conv2d(x, w, b))  # noqa: E731
+    c = compile_cpu(fn, (x, w, b))
+    got, want = c(x, w, b), fn(x, w, b)
+    assert gemm_paths(c) == [conv_bcast.FORM] and "vtc_round_f16_n(ct" not in _source(c)
+    exact = torch.relu(F.conv2d(x.double(), w.double(), b.double()))
+    _check_against_eager_and_float64(got, want, exact, _conv_magnitude(x, w) + b.double().abs()[:, None, None])
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_fp16_depthwise_bn_rows_bit_exact(stride):
+    """A float16 depthwise 3x3 + BN + ReLU (ShuffleNetV2's): the plane's sums rounded in place, the result narrowed
+    as rows by vector conversions; bit for bit eager's (its depthwise sum rounded once, then the batch norm's fused
+    multiply-add rounded once)."""
+    g = gen(30 + stride)
+    conv = torch.nn.Conv2d(58, 58, 3, stride, 1, groups=58, bias=False)
+    bn = torch.nn.BatchNorm2d(58)
+    with torch.no_grad():
+        conv.weight.copy_(rand(tuple(conv.weight.shape), g, low=0.05, high=0.5))
+        bn.running_mean.copy_(rand((58,), g))
+        bn.running_var.copy_(rand((58,), g, positive=True))
+        bn.weight.copy_(rand((58,), g))
+        bn.bias.copy_(rand((58,), g))
+    model = torch.nn.Sequential(conv, bn, torch.nn.ReLU()).eval().to(H)
+    x = rand((1, 58, 28, 28), g, H)
+    with torch.no_grad():
+        c = compile_cpu(model, (x,))
+        got, want = c(x), model(x)
+    assert [s.node.op for s in steps(c, "run")] == [] and len(kernels(c)) == 1
+    src = _source(c)
+    assert "vtc_round_f16_n(tmp" in src and "vtc_to_f16_n(&" in src
+    assert torch.equal(got, want)
+
+
+def test_fp16_conversions_equal_torch():
+    """vecmath's float16 conversions (the CPU's vector instructions where gcc targets AVX-512) equal torch's bit for
+    bit: every float16 widened, and float32 values across float16's whole range (subnormals, ties, overflow to inf,
+    +-0, +-inf; NaN as NaN) narrowed, in a kernel that widens, adds zero in float32 and narrows."""
+    halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(H)
+    bits = torch.arange(0, 1 << 32, 997, dtype=torch.int64)
+    floats = torch.cat([(bits - (1 << 31)).to(torch.int32).view(torch.float32),
+                        torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 65504.0, 65519.99, 65520.0, 2.0 ** -25,
+                                      3 * 2.0 ** -26, 2.0 ** -24 * 1.5, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11])])
+    fn = lambda h, f: (h.float() + 0.0, (f + 0.0).to(H))  # noqa: E731
+    c = compile_cpu(fn, (halves, floats))
+    (wide, narrow), (wide0, narrow0) = c(halves, floats), fn(halves, floats)
+    assert [s.node.op for s in steps(c, "run")] == []
+    same = lambda a, b: bool(((a == b) | (a.isnan() & b.isnan())).all()) and torch.equal(a.isnan(), b.isnan())  # noqa: E731
+    assert same(wide, wide0) and torch.equal(wide.view(torch.int32)[~wide.isnan()], wide0.view(torch.int32)[~wide0.isnan()])
+    assert same(narrow, narrow0)
+    assert torch.equal(narrow.view(torch.int16)[~narrow.isnan()], narrow0.view(torch.int16)[~narrow0.isnan()])
