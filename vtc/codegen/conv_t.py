@@ -285,7 +285,7 @@ def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P"
     half = any(st.buffer.dtype == torch.float16 for st in k.stores)
     rounded = _acc_rounded(values) if half else None
     values = rounded or values
-    row = half and cap is not None and cap <= MAX_ROW and len(k.stores) == 1 and _along_pixels(em, k.stores[0])
+    row = half and isinstance(cap, int) and cap <= MAX_ROW and len(k.stores) == 1 and _along_pixels(em, k.stores[0])
     inner = ind + "    "
     lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", f"{ind}  const int64_t i1 = m0 + ii;"]
     if rounded:
