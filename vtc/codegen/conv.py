@@ -25,11 +25,12 @@ in place (vtc.codegen.conv_t; ``GemmChoice.path``).
 ``choose_conv`` picks it or torch's convolution (oneDNN), like
 ``vtc.codegen.gemm.choose`` does for matmuls, and records both estimates:
 under gemm="auto" every convolution but the wide ones (``WIDE``) on maps of at
-least ``WIDE_PIXELS`` output pixels is generated.  A float16 one (not depthwise) runs
-vtc.codegen.gemm's panels on widened operands (its weight by the A pack, the im2col
-by ``RUN_RUNTIME_F16``'s runs or element by element), the result rounded once; under
-"auto" it is generated wherever torch's float16 convolution (``F16_TORCH_SLOWER``) is
-not estimated faster.
+least ``WIDE_PIXELS`` output pixels is generated.  A float16 one (not depthwise) takes the same
+forms as a float32 one but Winograd and the dot form (conv_bcast, conv_direct, conv_panels' loops): each reads its
+float16 operands widened to float32 as it loads them (the im2col runs ``vtc_conv_run`` / ``vtc_conv_run2`` and the
+direct form's tiles templated on the element type; a constant weight packed once into float32, or widened as it
+is packed per call) and rounds each result once; under "auto" it is generated wherever torch's float16
+convolution (``F16_TORCH_SLOWER``) is not estimated faster.
 """
 from __future__ import annotations
 
@@ -176,14 +177,14 @@ def choose_conv(low, n: Node, mode: str) -> GemmChoice:
     wino = geo is not None and not half and not winograd.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # a small map, one group: the output channels as vectors (vtc.codegen.conv_bcast; measured faster than the
     # dot form wherever both apply, docs/gemm.md)
-    bcast = geo is not None and not half and not wino and \
+    bcast = geo is not None and not wino and \
         not conv_bcast.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else (groups) with a long reduction: dot products, the weight read in place (vtc.codegen.conv_t)
     dot = geo is not None and not half and not wino and not bcast and \
         not conv_t.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     # ... else a very short reduction over a large map (a stem): straight from the input, no im2col packed
     # (vtc.codegen.conv_direct)
-    direct = geo is not None and not half and not dot and not bcast and not wino and \
+    direct = geo is not None and not dot and not bcast and not wino and \
         not conv_direct.why_not(geo, not low.plan.is_virtual(geo["w"].name))
     form = winograd.FORM if wino else conv_t.FORM if dot else conv_bcast.FORM if bcast else \
         conv_direct.FORM if direct else "panels"
@@ -248,21 +249,19 @@ def conv_kernel(low, n: Node) -> Kernel:
                   [Store(Buffer(out.name, out.shape, out.dtype), (image, group * og + mi, oh, ow), value)],
                   source_nodes=[n.name])
     pack = Im2colPack(geo, low, image, group * cg + ci, memo)
-    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines, runtime=RUN_RUNTIME)
+    half = out.dtype == F16  # every form below reads float16 operands widened and rounds each result once
+    kern.gemm = GemmOperands(sa, sb, batch, m, p, k, ("i0", "i1", "i2"), pack_b=pack.lines,
+                             runtime=(LOW_PRECISION_PRELUDE if half else "") + RUN_RUNTIME)
     choice = low.gemm_choices.get(n.name)
-    if out.dtype == F16:  # vtc.codegen.gemm's panels: the weight widened by its A pack, the im2col by widened runs
-        kern.gemm.runtime += LOW_PRECISION_PRELUDE + RUN_RUNTIME_F16
-        if choice is not None:
-            choice.path = "panels"
-        return kern
+    weight = _unwidened(sa)  # the weight's own load (float16: widened by each form as it reads it)
     if choice is not None and choice.path == conv_t.FORM:  # dot products over a small map, where the weight allows
-        if conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
+        if conv_t.weight_rows(weight, {v: low.values[v].shape for v in (w.name,) if v in low.values}) is not None:
             kern.gemm.generate = conv_t.generate
             return kern
         choice.path = "panels"
     if choice is not None and choice.path == winograd.FORM:  # F(2x2, 3x3), where the weight and input allow
         shapes = {v.name: v.shape for v in low.values.values()}
-        rows = conv_t.weight_rows(sa, shapes)
+        rows = conv_t.weight_rows(weight, shapes)
         pack.taps = pack.direct(shapes)
         if rows is not None and not free_vars(rows[1]) and pack.taps is not None:
             kern.gemm.generate = winograd.generate
@@ -271,14 +270,14 @@ def conv_kernel(low, n: Node) -> Kernel:
     if choice is not None and choice.path == conv_bcast.FORM:  # output channels as vectors, where the weight allows
         # (also a stride-1 "same" 3x3 whose im2col conv_panels could read in place: on Zen 4, 1 thread, 7x7 maps,
         # 0.71-0.87x of conv_taps' time at 16..512 channels, 0.62-0.67x at 8 -> 300 and 24 -> 96 on 6x6; a tie on 8x8)
-        rows = conv_t.weight_rows(sa, {v: low.values[v].shape for v in (w.name,) if v in low.values})
+        rows = conv_t.weight_rows(weight, {v: low.values[v].shape for v in (w.name,) if v in low.values})
         if rows is not None and not free_vars(rows[1]):
             kern.gemm.generate = conv_bcast.generate
             return kern
         choice.path = "panels"
     if choice is not None and choice.path == conv_direct.FORM:  # from the input, where it is one plain load
         shapes = {v.name: v.shape for v in low.values.values()}
-        if conv_t.weight_rows(sa, shapes) is not None and conv_direct.plain_input(pack, shapes) is not None:
+        if conv_t.weight_rows(weight, shapes) is not None and conv_direct.plain_input(pack, shapes) is not None:
             kern.gemm.generate, kern.gemm.direct_pack = conv_direct.generate, pack
             return kern
         choice.path = "panels"
@@ -291,62 +290,64 @@ def conv_kernel(low, n: Node) -> Kernel:
 
 
 # -- the im2col pack, by runs -------------------------------------------------
+# The runs read float32 or float16 (a float16 convolution: vtc.codegen.vecmath.LOW_PRECISION_PRELUDE in front), each
+# element widened to float32 as it is loaded: one template per copy over the input's element type T
 RUN_RUNTIME = r"""
 #ifndef VTC_CONV_RUNTIME
 #define VTC_CONV_RUNTIME
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VTC_CONV_VECTOR 1
+// the 16 elements of src whose bit is set in m (else 0), as floats
+static inline __m512 vtc_conv_load(__mmask16 m, const float* src) { return _mm512_maskz_loadu_ps(m, src); }
+static inline __m512 vtc_conv_load(__mmask16 m, const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src));
+}
+// src[2 * l] for the 16 lanes l whose bit 2 * l is set in `wide` (else 0), as floats: the even lanes of two loads
+// (float32) or the low halves of one load's 32-bit words (float16)
+static inline __m512 vtc_conv_even(unsigned wide, const float* src) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps((__mmask16)(wide & 0xFFFFu), src), even,
+                                _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + 16));
+}
+static inline __m512 vtc_conv_even(unsigned wide, const uint16_t* src) {
+  return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_maskz_loadu_epi16((__mmask32)wide, src)));
+}
+#endif
+template <typename T>
+static inline float vtc_conv_elem(T x) {
+  if constexpr (sizeof(T) == 4) return x; else return vtc_from_f16(x);
+}
 // dst[j] = (lo <= j < hi) ? src[j] : 0 for j < len: one run of an im2col row; src is read only in [lo, hi)
-static inline void vtc_conv_run(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
-                                int64_t hi) {
-#if defined(__AVX512F__)
+template <typename T>
+static inline void vtc_conv_run(float* __restrict dst, const T* __restrict src, int64_t len, int64_t lo, int64_t hi) {
+#if defined(VTC_CONV_VECTOR)
   for (int64_t j = 0; j < len; j += 16) {
     const int64_t n = std::min<int64_t>(16, len - j);
     const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
     const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
-    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_maskz_loadu_ps(valid, src + j));
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), vtc_conv_load(valid, src + j));
   }
 #else
-  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[j] : 0.0f;
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_conv_elem(src[j]) : 0.0f;
 #endif
 }
-// dst[j] = (lo <= j < hi) ? src[2 * j] : 0 for j < len: a run at stride 2 (even lanes of two loads picked)
-static inline void vtc_conv_run2(float* __restrict dst, const float* __restrict src, int64_t len, int64_t lo,
+// dst[j] = (lo <= j < hi) ? src[2 * j] : 0 for j < len: a run at stride 2
+template <typename T>
+static inline void vtc_conv_run2(float* __restrict dst, const T* __restrict src, int64_t len, int64_t lo,
                                  int64_t hi) {
-#if defined(__AVX512F__) && defined(__BMI2__)
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+#if defined(VTC_CONV_VECTOR) && defined(__BMI2__)
   for (int64_t j = 0; j < len; j += 16) {
     const int64_t n = std::min<int64_t>(16, len - j);
     const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
     const unsigned valid = a < b ? ((1u << b) - 1u) & ~((1u << a) - 1u) : 0u;
     const unsigned wide = _pdep_u32(valid, 0x55555555u);  // input lane 2l for output lane l
-    const __m512 x0 = _mm512_maskz_loadu_ps((__mmask16)(wide & 0xFFFFu), src + 2 * j);
-    const __m512 x1 = _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + 2 * j + 16);
-    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), _mm512_permutex2var_ps(x0, even, x1));
+    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), vtc_conv_even(wide, src + 2 * j));
   }
 #else
-  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? src[2 * j] : 0.0f;
+  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_conv_elem(src[2 * j]) : 0.0f;
 #endif
 }
 static inline int64_t vtc_ceil_div(int64_t a, int64_t b) { return a > 0 ? (a + b - 1) / b : -((-a) / b); }
-#endif
-"""
-# float16 runs (a float16 convolution, after vecmath.LOW_PRECISION_PRELUDE): vtc_conv_run's, widened as they are read
-RUN_RUNTIME_F16 = r"""
-#ifndef VTC_CONV_RUNTIME_F16
-#define VTC_CONV_RUNTIME_F16
-static inline void vtc_conv_run(float* __restrict dst, const uint16_t* __restrict src, int64_t len, int64_t lo,
-                                int64_t hi) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  for (int64_t j = 0; j < len; j += 16) {
-    const int64_t n = std::min<int64_t>(16, len - j);
-    const int64_t a = std::max<int64_t>(lo - j, 0), b = std::min<int64_t>(hi - j, n);
-    const __mmask16 valid = a < b ? (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u)) : (__mmask16)0;
-    const __m512 x = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, src + j));
-    _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << n) - 1u), x);
-  }
-#else
-  for (int64_t j = 0; j < len; ++j) dst[j] = (j >= lo && j < hi) ? vtc_from_f16(src[j]) : 0.0f;
-#endif
-}
 #endif
 """
 MAX_CASES = 16  # piece choices unswitched out of the run loops (a cat of up to 16 inputs)
@@ -468,19 +469,19 @@ class Im2colPack:
         ow, sh, sw, h = geo["ow"], geo["stride"][0], geo["stride"][1], geo["h"]
         i4, i5 = i3 + "  ", i3 + "    "
         shifted = []
-        if run and self.shifted and s.op == "load" and self._row_stride(em, s) == geo["wd"]:  # (float32)
+        if run and self.shifted and self._row_stride(em, _unwidened(s)) == geo["wd"]:
             kh, kw = geo["kh"], geo["kw"]
-            shifted = [f"{ind}#if defined(__AVX512F__)",
+            shifted = [f"{ind}#if defined(VTC_CONV_VECTOR)",
                        f"{ind}if (n0 % 16 == 0) {{  // panels of whole 16-pixel groups (the tiles' columns are)",
                        f"{ind}  const int64_t cv_ih = cv_dh, cv_iw = cv_dw, cv_a = (r / {kw}) % {kh}, cv_b = r % {kw};",
-                       f"{ind}  const float* __restrict src = {run};",
+                       f"{ind}  const auto* __restrict src = {run};",
                        f"{ind}  for (int64_t jr = jb; jr < je; jr += VTC_NR) {{",
                        f"{ind}    float* __restrict dst = bp + jr * kb + pp * VTC_NR;",
                        f"{ind}    const int64_t q = n0 + jr;",
                        f"{ind}    for (int64_t hh = 0; hh < VTC_NR / 16; ++hh) {{",
                        f"{ind}      const int64_t hq = q / 16 + hh;",
                        f"{ind}      const __mmask16 m = cv_masks.rows[hq * {kh} + cv_a] & cv_masks.cols[hq * {kw} + cv_b];",
-                       f"{ind}      _mm512_storeu_ps(dst + 16 * hh, _mm512_maskz_loadu_ps(m, src + q + 16 * hh));",
+                       f"{ind}      _mm512_storeu_ps(dst + 16 * hh, vtc_conv_load(m, src + q + 16 * hh));",
                        f"{ind}    }}",
                        f"{ind}  }}",
                        f"{ind}}} else",
@@ -553,10 +554,9 @@ class Im2colPack:
         """C for the address of s at the run's start when s is a load with unit stride along the input row
         and the convolution's stride along the width is 1 or 2 (vtc_conv_run / vtc_conv_run2), else ""."""
         along = "cv_q" if self.flat else "cv_iw"
-        if self.geo["out"].dtype == F16:  # a float16 input: vtc_conv_run's float16 form (RUN_RUNTIME_F16), stride 1
-            s = _unwidened(s)
+        s = _unwidened(s)  # a float16 input: the runs widen it as they read it
         stride = 1 if self.flat else self.geo["stride"][1]
-        if s.op != "load" or stride not in ((1, 2) if s.dtype == torch.float32 else (1,) if s.dtype == F16 else ()):
+        if s.op != "load" or s.dtype not in (torch.float32, F16) or stride not in (1, 2):
             return ""
         buf, idx = s.args
         lin = linear_offset(idx, em.shapes[buf])

@@ -76,13 +76,13 @@ PACKED_FLAG = 1 << 30  # set in a call's nthreads: the pointer after the buffers
 
 def packed_layout(w, offset: int, lda: int, m: int, k: int):
     """W^T of the weight rows ``W[o, q] = w.flatten()[offset + o * lda + q]`` (o < m, q < k), as the kernel reads
-    it when the caller packs it: ``[ceil(m / 16), k, 16]`` floats, vector j's 16 channels (zero past m) of row q
-    at ``(j * k + q) * 16``."""
+    it when the caller packs it: ``[ceil(m / 16), k, 16]`` float32 (a float16 weight widened), vector j's 16
+    channels (zero past m) of row q at ``(j * k + q) * 16``."""
     import torch
 
     rows = w.as_strided((m, k), (lda, 1), w.storage_offset() + offset)
     nv = -(-m // 16)
-    out = torch.zeros(nv * 16, k, dtype=w.dtype)
+    out = torch.zeros(nv * 16, k, dtype=torch.float32)
     out[:m] = rows
     return out.view(nv, 16, k).transpose(1, 2).contiguous()
 
@@ -128,22 +128,23 @@ RUNTIME = r"""
 #ifndef VTC_CONV_BCAST_RUNTIME
 #define VTC_CONV_BCAST_RUNTIME
 // wt[q * ldt + i] = w[i * ldw + q] for q < k, i < rows (<= 16); 0 for rows <= i < 16: 16 output channels of the
-// weight as a piece of W^T
-static inline void vtc_cb_pack_w(const float* __restrict w, int64_t ldw, int64_t rows, int64_t k,
+// weight as a piece of W^T (a float16 weight widened)
+template <typename T>
+static inline void vtc_cb_pack_w(const T* __restrict w, int64_t ldw, int64_t rows, int64_t k,
                                  float* __restrict wt, int64_t ldt) {
-#if defined(__AVX512F__)
+#if defined(VTC_CONV_VECTOR)
   for (int64_t q0 = 0; q0 < k; q0 += 16) {
     const int64_t cols = k - q0 < 16 ? k - q0 : 16;
     const __mmask16 keep = (__mmask16)(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u);
     __m512 r[16];
     #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) r[i] = i < rows ? _mm512_maskz_loadu_ps(keep, w + i * ldw + q0) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < rows ? vtc_conv_load(keep, w + i * ldw + q0) : _mm512_setzero_ps();
     vtc_transpose16_regs(r);
     for (int i = 0; i < cols; ++i) _mm512_storeu_ps(wt + (q0 + i) * ldt, r[i]);
   }
 #else
   for (int64_t q = 0; q < k; ++q)
-    for (int64_t i = 0; i < 16; ++i) wt[q * ldt + i] = i < rows ? w[i * ldw + q] : 0.0f;
+    for (int64_t i = 0; i < 16; ++i) wt[q * ldt + i] = i < rows ? vtc_conv_elem(w[i * ldw + q]) : 0.0f;
 #endif
 }
 #if defined(__AVX512F__)
@@ -250,14 +251,15 @@ def generate(k) -> str:
     i2 = output pixel)); the weight is ``k.gemm.a``, a plain row-major load at a constant offset
     (vtc.codegen.conv checks it)."""
     from vtc.codegen import gemm
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, buffer_pointers
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_order, buffer_pointers, storage_ctype
     from vtc.index.expr import free_vars
     from vtc.runtime.packed import WeightSpec
 
     g = k.gemm
     em = _Emitter(k)
     lines = buffer_pointers(k, em)
-    rows = conv_t.weight_rows(g.a, em.shapes)
+    weight = gemm._unwidened(g.a)  # the weight's load (float16: widened as W^T is packed)
+    rows = conv_t.weight_rows(weight, em.shapes)
     if rows is None or free_vars(rows[1]):  # pragma: no cover - conv.conv_kernel checks the weight first
         raise AssertionError(f"{k.name}: the broadcast form needs a plain row-major weight at a constant offset")
     wbuf, wbase, lda = rows
@@ -298,7 +300,7 @@ def generate(k) -> str:
         "  if ((NV + vt - 1) / vt == parts && busiest(vt) <= busiest(vb)) vb = vt;",
         "  parts = (NV + vb - 1) / vb;",
         "  const int64_t units = BATCH * parts;",
-        f"  const float* __restrict w = {em.ptr[wbuf]} + {em.index(wbase)};",
+        f"  const {storage_ctype(weight.dtype)}* __restrict w = {em.ptr[wbuf]} + {em.index(wbase)};",
         *OMP_TEAM,
         "    float* __restrict wt = vtc_gemm_scratch(3, KCB * VTC_CB_VECS * 16);  // the W^T piece of a tile column",
         "    float* __restrict bp = vtc_gemm_scratch(4, KCB * (PANELS + 16) + vb * 16 * NP16);",
@@ -332,7 +334,7 @@ def generate(k) -> str:
               "        }",
               "      }",
               "      vtc_cb_transpose(cp, nv * 16, nv, NP16, ct, NP16);"]
-    lines += conv_t._epilogue(em, k, "      ", ldc="NP16")
+    lines += conv_t._epilogue(em, k, "      ", ldc="NP16", cap=P)
     lines += ["    }", "  }"]
     head = PRELUDE + gemm.RUNTIME + g.runtime + runtime()
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"

@@ -73,9 +73,11 @@ def why_not(geo: dict, weight_ok: bool) -> str:
 
 
 def plain_input(pack, shapes: dict):
-    """The input's load of Im2colPack `pack` where the direct form can read it (one piece, a float32 load whose
-    offset has unit stride along the input row, the row and no other term in cv_iw), else None."""
+    """The input's load of Im2colPack `pack` where the direct form can read it (one piece, a float32 or float16 load
+    (widened as the tiles read it) whose offset has unit stride along the input row, the row and no other term in
+    cv_iw), else None."""
     from vtc.codegen.conv import piece_cases
+    from vtc.codegen.gemm import _unwidened
     from vtc.index.expr import _terms, free_vars
     from vtc.index.mapping import linear_offset
 
@@ -84,8 +86,8 @@ def plain_input(pack, shapes: dict):
     cases = piece_cases(pack.value, pack.inner)
     if cases is None or len(cases) != 1 or cases[0][0]:
         return None
-    s = cases[0][1]
-    if s.op != "load" or s.dtype != torch.float32 or s.args[0] not in shapes:
+    s = _unwidened(cases[0][1])
+    if s.op != "load" or s.dtype not in (torch.float32, torch.float16) or s.args[0] not in shapes:
         return None
     _, terms = _terms(linear_offset(s.args[1], shapes[s.args[0]]))
     unit = False
@@ -103,32 +105,25 @@ def plain_input(pack, shapes: dict):
 RUNTIME = r"""
 #ifndef VTC_CONV_DIRECT_RUNTIME
 #define VTC_CONV_DIRECT_RUNTIME
-#if defined(__AVX512F__) && defined(__BMI2__)
+#if defined(VTC_CONV_VECTOR) && defined(__BMI2__)
 // ct[o * ldc + l] = sum_r wt[r * MB + o] * x_r[l], o < MB, l < 16: x_r lane l is the input at column
 // (ow0 + l) * SW + cw[r] of the row at rp[r] (nullptr: a tap row in the padding, skipped), zero outside
-// output columns [olo[r], ohi[r]) and past n
-template <int MB, int SW>
-static inline void vtc_cd_tile(const float* const* rp, const int64_t* cw, const int64_t* olo, const int64_t* ohi,
+// output columns [olo[r], ohi[r]) and past n; a float16 input widened as it is loaded (vtc_conv_load / _even)
+template <int MB, int SW, typename T>
+static inline void vtc_cd_tile(const T* const* rp, const int64_t* cw, const int64_t* olo, const int64_t* ohi,
                                int64_t K, int64_t ow0, int64_t n, const float* __restrict wt,
                                float* __restrict ct, int64_t ldc) {
   __m512 acc[MB];
   #pragma GCC unroll 32
   for (int o = 0; o < MB; ++o) acc[o] = _mm512_setzero_ps();
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   for (int64_t r = 0; r < K; ++r) {
     if (rp[r] == nullptr) continue;
     const int64_t a = std::max<int64_t>(olo[r] - ow0, 0), b = std::min<int64_t>(ohi[r] - ow0, n);
     if (a >= b) continue;
     const unsigned valid = ((1u << b) - 1u) & ~((1u << a) - 1u);
-    const float* src = rp[r] + ow0 * SW + cw[r];
-    __m512 x;
-    if (SW == 1) {
-      x = _mm512_maskz_loadu_ps((__mmask16)valid, src);
-    } else {
-      const unsigned wide = _pdep_u32(valid, 0x55555555u);  // input lane 2l for output lane l
-      x = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps((__mmask16)(wide & 0xFFFFu), src), even,
-                                 _mm512_maskz_loadu_ps((__mmask16)(wide >> 16), src + 16));
-    }
+    const T* src = rp[r] + ow0 * SW + cw[r];
+    const __m512 x = SW == 1 ? vtc_conv_load((__mmask16)valid, src)
+                             : vtc_conv_even(_pdep_u32(valid, 0x55555555u), src);  // input lane 2l for output lane l
     const float* __restrict w = wt + r * MB;
     #pragma GCC unroll 32
     for (int o = 0; o < MB; ++o) acc[o] = _mm512_fmadd_ps(x, _mm512_set1_ps(w[o]), acc[o]);
@@ -147,13 +142,13 @@ def generate(k) -> str:
     image, i1 = output channel, i2 = output pixel)); the weight is ``k.gemm.a``, a plain row-major load and the
     input one plain load (vtc.codegen.conv.conv_kernel checks both)."""
     from vtc.codegen import gemm
-    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
+    from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers, storage_ctype
 
     g = k.gemm
     pack, geo = g.direct_pack, g.direct_pack.geo
     em = _Emitter(k)
     lines = buffer_pointers(k, em)
-    rows = conv_t.weight_rows(g.a, em.shapes)
+    rows = conv_t.weight_rows(gemm._unwidened(g.a), em.shapes)
     s = plain_input(pack, em.shapes)
     if rows is None or s is None:  # pragma: no cover - conv.conv_kernel checks both first
         raise AssertionError(f"{k.name}: the direct form needs a plain row-major weight and a plain input")
@@ -172,7 +167,7 @@ def generate(k) -> str:
         f"  const int64_t M = {M}, K = {KK}, BATCH = {B}, OH = {oh}, OW = {ow}, LDC = {ldc}, NBLK = {nblk};",
         f"  const int nt = {flops}LL >= {gemm.PARALLEL_MIN_FLOPS}LL && nthreads > 1 ? nthreads : 1;",
         "  const int64_t units = BATCH * OH;",
-        f"  const float* __restrict wsrc = {em.ptr[wbuf]} + {em.index(wbase)};",
+        f"  const {storage_ctype(gemm._unwidened(g.a).dtype)}* __restrict wsrc = {em.ptr[wbuf]} + {em.index(wbase)};",
         *OMP_TEAM,
         f"    float* __restrict wt = vtc_gemm_scratch(3, NBLK * K * {mbt});  // W^T per block of {mbt} channels",
         f"    float* __restrict ct = vtc_gemm_scratch(4, NBLK * {mbt} * LDC);  // one output row, all channels",
@@ -180,9 +175,9 @@ def generate(k) -> str:
         "      for (int64_t r = 0; r < K; ++r)",
         f"        for (int64_t o = 0; o < {mbt}; ++o) {{",
         f"          const int64_t c = blk * {mbt} + o;",
-        f"          wt[(blk * K + r) * {mbt} + o] = c < M ? wsrc[c * {lda} + r] : 0.0f;",
+        f"          wt[(blk * K + r) * {mbt} + o] = c < M ? vtc_conv_elem(wsrc[c * {lda} + r]) : 0.0f;",
         "        }",
-        "    const float* rp[K];",
+        f"    const {storage_ctype(s.dtype)}* rp[K];",
         "    int64_t cw[K], olo[K], ohi[K];",
         "    for (int64_t r = 0; r < K; ++r) {",
         f"      cw[r] = (r % {kw}) * {dw} - {pw};",
@@ -210,7 +205,7 @@ def generate(k) -> str:
         "      }",
         "      const int64_t m0 = 0, mb = M, n0 = y * OW;",
     ]
-    lines += conv_t._epilogue(em, k, "      ", ldc="LDC", first="n0", count="OW")
+    lines += conv_t._epilogue(em, k, "      ", ldc="LDC", first="n0", count="OW", cap=ow)
     lines += ["    }", "  }"]
     head = PRELUDE + gemm.RUNTIME + g.runtime + RUNTIME
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"

@@ -105,7 +105,7 @@ __attribute__((noinline)) static void vtc_ukr_taps_edge(int rows, int64_t cols, 
 def generate(k: Kernel) -> str:
     """The C++ source of convolution kernel k (k.gemm: a GemmOperands whose pack_b is the im2col pack,
     ``vtc.codegen.conv.Im2colPack.lines``)."""
-    from vtc.codegen import gemm, gemm_pack
+    from vtc.codegen import conv_t, gemm, gemm_pack
     from vtc.codegen.cpp import OMP_TEAM, PRELUDE, _Emitter, buffer_pointers
 
     g = k.gemm
@@ -118,6 +118,7 @@ def generate(k: Kernel) -> str:
     direct = pack.taps  # (the input's load, taps, their offsets) where B is read in place (conv.conv_kernel)
     taps = direct[1] if direct else 1
     flops = 2 * B * M * N * KK
+    narrow = gemm.narrowed(k)
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
         f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc}, TAPS = {taps};",
@@ -142,19 +143,25 @@ def generate(k: Kernel) -> str:
         *OMP_TEAM,
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
         f"    float* __restrict bpanel = vtc_gemm_scratch(1, kc * {SUB});",
+        # a float16 output (gemm.narrowed): the sums of a unit in float32 rows LDC apart, rounded once into the
+        # output by the epilogue
+        *(["    float* __restrict csum = vtc_gemm_scratch(3, mc * LDC);"] if narrow else []),
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1; ++u) {",
         "      const int64_t grp = u / tm, mi = u % tm;",
         f"      const int64_t {bt} = grp / tn;",
         "      const int64_t nchunk = (grp % tn) * nc, nbchunk = std::min<int64_t>(nc, N - nchunk);",
         "      const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-        f"      float* __restrict cchunk = {em.ptr[out.name]} + {cbase} + nchunk + m0 * LDC;",
+        f"      float* __restrict cchunk = {'csum' if narrow else em.ptr[out.name] + ' + ' + cbase} + nchunk"
+        f"{'' if narrow else ' + m0 * LDC'};",
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
     ind = "        "
     lines += gemm._pack_a(em, g, ind)  # in scope: batch index, m0, mb, k0, kb, ap
-    epi = gemm._epilogue(em, k, ind + "    ")
+    # a float16 result: vtc.codegen.conv_t's epilogue over the block (its rounding and narrowing by vector conversions)
+    epi = (conv_t._epilogue(em, k, ind + "    ", ldc="LDC", first="n0", count="nb", cap=None if direct else SUB)
+           if narrow else gemm._epilogue(em, k, ind + "    "))
     final = [f"{ind}  if (k0 + kb == K) {{  // these columns are final: their epilogue while they are in cache", *epi,
              f"{ind}  }}"] if epi else []
     if direct:  # the epilogue every EPI_COLS columns (per strip of NR, its per-channel terms cost more)

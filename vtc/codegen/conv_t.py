@@ -66,8 +66,9 @@ def has_avx512() -> bool:
 def weight_rows(s, shapes) -> tuple[str, object, int] | None:
     """(buffer, offset of the group's first row as an Expr of the batch index i0, row stride) when the
     weight scalar s of a conv kernel (``W[group * og + i1, r]``) is one load that walks r with unit stride
-    and the output channel i1 with a constant stride; else None.  `shapes`: buffer name -> shape."""
-    if s.op != "load" or s.dtype != torch.float32:
+    and the output channel i1 with a constant stride (a float32 or float16 load); else None.  `shapes`: buffer name
+    -> shape."""
+    if s.op != "load" or s.dtype not in (torch.float32, torch.float16):
         return None
     buf, idx = s.args
     if buf not in shapes:
@@ -265,29 +266,88 @@ def generate(k) -> str:
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
-def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P") -> list[str]:
+def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P", cap: int | None = None) -> list[str]:
     """Every store of kernel k over the finished block ct[mb x count] (rows `ldc` floats apart): its value of acc
     at (i0, m0 + ii, first + jj), where its predicate holds; per output channel the terms that do not change
-    along the pixels once.  (`first`, C for the block's first pixel: "" for pixel 0.)"""
+    along the pixels once.  (`first`, C for the block's first pixel: "" for pixel 0.)
+
+    A float16 result: where every value reads acc rounded to float16 (the convolution's own result, as eager rounds
+    it before a batch norm or activation), each row of ct is rounded in place first (vecmath's ``vtc_round_f16_n``,
+    vector conversions) and the values read it as it is; and one store whose elements are consecutive along the
+    pixels, without a predicate, computes its row in float32 (up to `cap` elements, a bound on `count`) and narrows
+    it as a row (``vtc_to_f16_n``): two float16 conversions per element fewer in the loop, where vecmath's vector
+    ones are calls."""
     from vtc.codegen.cpp import ctype
     from vtc.codegen.gemm import ACC
 
     em.forget()
     values = [st.value for st in k.stores]
+    half = any(st.buffer.dtype == torch.float16 for st in k.stores)
+    rounded = _acc_rounded(values) if half else None
+    values = rounded or values
+    row = half and isinstance(cap, int) and cap <= MAX_ROW and len(k.stores) == 1 and _along_pixels(em, k.stores[0])
     inner = ind + "    "
     lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", f"{ind}  const int64_t i1 = m0 + ii;"]
+    if rounded:
+        lines += [f"{ind}  vtc_round_f16_n(ct + ii * {ldc}, {count});"]
     lines += em.hoist_invariant(values, {"i2"}, ind + "  ")
     temps = em.hoist(values, inner)
     body = []
-    for st in k.stores:
-        store = (f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
-                 f"({ctype(st.buffer.dtype)})({em.scalar(st.value)});")
+    for st, v in zip(k.stores, values):
+        if row:
+            body.append(f"{inner}vtc_row[jj] = {em.temps.get(id(v)) or em.unrounded(v)};")  # (as em.stored)
+            continue
+        value = (em.stored(v, st.buffer.dtype) if st.buffer.dtype == torch.float16  # rounded once
+                 else f"({ctype(st.buffer.dtype)})({em.scalar(v)})")
+        store = f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = {value};"
         body.append(f"{inner}{store}" if st.when is None else f"{inner}if ({em.index(st.when)}) {store}")
+    if row:
+        st = k.stores[0]
+        lines += [f"{ind}  alignas(64) float vtc_row[{cap}];"]
     lines += [f"{ind}  #pragma omp simd",
               f"{ind}  for (int64_t jj = 0; jj < {count}; ++jj) {{",
               f"{inner}const int64_t i2 = {first + ' + ' if first else ''}jj;",
               f"{inner}const float acc_{ACC} = ct[ii * {ldc} + jj];",
               *temps, *body,
-              f"{ind}  }}",
-              f"{ind}}}"]
-    return lines
+              f"{ind}  }}"]
+    if row:
+        lines += [f"{ind}  {{ const int64_t i2 = {first or '0'}; "
+                  f"vtc_to_f16_n(&{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}], vtc_row, {count}); }}"]
+    return lines + [f"{ind}}}"]
+
+
+MAX_ROW = 4096  # elements of a float16 epilogue's float32 row at most (on the stack)
+
+
+def _acc_rounded(values: list) -> list | None:
+    """`values` with each rounding of the accumulator to float16 (``cast(acc, float16)``) read as a float16 acc (the
+    kernel rounds the block in place first), or None where a value also reads the float32 acc itself."""
+    from vtc.codegen import kernel_ir as K
+    from vtc.codegen.kernel_ir import scalars_under
+
+    memo: dict = {}
+
+    def sub(s):
+        hit = memo.get(id(s))
+        if hit is not None:
+            return hit
+        if s.op == "cast" and s.dtype == torch.float16 and s.args[0].op == "acc":
+            out = K.Scalar.make("acc", s.args[0].args, torch.float16)
+        else:
+            args = tuple(sub(a) if isinstance(a, K.Scalar) else a for a in s.args)
+            out = s if all(a is b for a, b in zip(args, s.args)) else K.Scalar.make(s.op, args, s.dtype)
+        memo[id(s)] = out
+        return out
+
+    out = [sub(v) for v in values]
+    accs = [x for x in scalars_under(out) if x.op == "acc"]
+    return out if accs and all(x.dtype == torch.float16 for x in accs) else None
+
+
+def _along_pixels(em, st) -> bool:
+    """True where float16 store `st` has no predicate and its elements are consecutive along the pixel index i2."""
+    if st.buffer.dtype != torch.float16 or st.when is not None:
+        return False
+    _, terms = _terms(linear_offset(st.index, st.buffer.shape))
+    along = [(atom, c) for atom, c in terms.items() if "i2" in free_vars(atom)]
+    return len(along) == 1 and along[0][0].op == "var" and along[0][1] == 1

@@ -259,20 +259,48 @@ def _epilogue(k: Kernel, em, total: Scalar, lo: str, hi: str, ind: str) -> list[
     ow = k.domain[3]
     em.forget()
     em.temps[id(total)] = "dw_sum"
+    half = _half_rows(k, em, total, "i3")
     inner = ind + "    "
     plane = em.hoist_invariant([st.value for st in k.stores], {"i2", "i3"}, ind)  # a batch norm's scale
     temps = em.hoist([st.value for st in k.stores], inner)
-    stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
+    at = f"tmp[(i2 - {lo}) * {ow} + i3]"
+    stores = [f"{inner}{at} = {em.temps.get(id(st.value)) or em.unrounded(st.value)};" if half == "row" else
+              f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}] = "
               f"{em.stored(st.value, st.buffer.dtype)};" for st in k.stores]
+    st = k.stores[0]
     em.forget()
-    return [*plane,
+    return [*([f"{ind}vtc_round_f16_n(tmp, ({hi} - {lo}) * {ow});"] if half else []), *plane,
             f"{ind}for (int64_t i2 = {lo}; i2 < {hi}; ++i2) {{",
             f"{ind}  #pragma omp simd",
             f"{ind}  for (int64_t i3 = 0; i3 < {ow}; ++i3) {{",
-            f"{inner}const float dw_sum = tmp[(i2 - {lo}) * {ow} + i3];",
+            f"{inner}const float dw_sum = {at};",
             *temps, *stores,
             f"{ind}  }}",
+            *([f"{ind}  {{ const int64_t i3 = 0; vtc_to_f16_n(&{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, st.index)}], "
+               f"tmp + (i2 - {lo}) * {ow}, {ow}); }}"] if half == "row" else []),
             f"{ind}}}"]
+
+
+def _half_rows(k: Kernel, em, total: Scalar, along: str) -> str:
+    """For a float16 result whose values read the sum `total` only rounded to float16 (the convolution's own result,
+    as eager rounds it before a batch norm): those roundings read as ``dw_sum`` (the caller rounds tmp in place first,
+    vecmath's ``vtc_round_f16_n``: vector conversions, where the loop's are calls) and "row" where one store, without
+    a predicate, writes consecutive elements along `along` (its values go back into tmp, narrowed as rows:
+    ``vtc_to_f16_n``), else "plane"; "" otherwise (or for a float32 result)."""
+    values = [st.value for st in k.stores]
+    if k.stores[0].buffer.dtype != torch.float16:
+        return ""
+    reads = [s for s in scalars_under(values, stop=lambda s: s is total) if any(a is total for a in s.args)]
+    if not reads or any(s.op != "cast" or s.dtype != torch.float16 for s in reads) or any(v is total for v in values):
+        return ""
+    for s in reads:
+        em.temps[id(s)] = "dw_sum"
+    st = k.stores[0]
+    if len(k.stores) > 1 or st.when is not None:
+        return "plane"
+    _, terms = _terms(linear_offset(st.index, st.buffer.shape))
+    moving = [(atom, c) for atom, c in terms.items() if along in free_vars(atom)]
+    return "row" if len(moving) == 1 and moving[0][0].op == "var" and moving[0][1] == 1 else "plane"
 
 
 def _flat_epilogue(k: Kernel, em, total: Scalar, n: int, ind: str) -> list[str] | None:
@@ -290,19 +318,23 @@ def _flat_epilogue(k: Kernel, em, total: Scalar, n: int, ind: str) -> list[str] 
                     return None
     em.forget()
     em.temps[id(total)] = "dw_sum"
+    half = _half_rows(k, em, total, "i3") and ("row" if len(k.stores) == 1 else "plane")  # (the plane is contiguous)
     inner = ind + "  "
     plane = em.hoist_invariant(values, {"i2", "i3"}, ind)  # a batch norm's scale
     temps = em.hoist(values, inner)
     i0, i1 = out_vars(k.domain)[:2]
-    stores = [f"{inner}{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, (i0, i1, const(0), const(0)))} + q] = "
-              f"{em.stored(st.value, st.buffer.dtype)};" for st in k.stores]
+    first = {st.buffer.name: f"{em.ptr[st.buffer.name]}[{em.linear(st.buffer.name, (i0, i1, const(0), const(0)))}"
+             for st in k.stores}
+    stores = [f"{inner}tmp[q] = {em.temps.get(id(st.value)) or em.unrounded(st.value)};" if half == "row" else
+              f"{inner}{first[st.buffer.name]} + q] = {em.stored(st.value, st.buffer.dtype)};" for st in k.stores]
     em.forget()
-    return [*plane,
+    return [*([f"{ind}vtc_round_f16_n(tmp, {n});"] if half else []), *plane,
             f"{ind}#pragma omp simd",
             f"{ind}for (int64_t q = 0; q < {n}; ++q) {{",
             f"{inner}const float dw_sum = tmp[q];",
             *temps, *stores,
-            f"{ind}}}"]
+            f"{ind}}}",
+            *([f"{ind}vtc_to_f16_n(&{first[k.stores[0].buffer.name]}], tmp, {n});"] if half == "row" else [])]
 
 
 def _cases(em, cases, leaves, emit, ind: str, dtype: torch.dtype = torch.float32) -> list[str]:

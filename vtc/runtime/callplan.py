@@ -525,7 +525,7 @@ class CallPlan:
             return None
         # up to SKINNY_M rows the copy replaces the dot path on W (vtc.codegen.gemm._skinny_spec); else a pack per call
         kind = "skinny" if gemm.pack_b is None and gemm.m <= SKINNY_M else "panels"
-        return packed.Wish(name, spec.rows * spec.cols * packed.packed_element_size(w, spec.layout),
+        return packed.Wish(name, spec.rows * spec.cols * packed.PACKED_ELEMENT_BYTES,
                            packed.saving_us(kind, gemm.m, spec.rows, spec.cols),
                            lambda: packed.shared_conv_weight(w, spec))
 

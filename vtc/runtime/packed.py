@@ -75,6 +75,7 @@ MIN_ROWS = 32  # fewer rows: torch's mm (the packed path was measured at 128 and
 ENABLED = (os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and BUDGET_BYTES > 0 and torch.backends.mkl.is_available()
            and hasattr(torch.ops, "mkl") and hasattr(torch.ops.mkl, "_mkl_linear"))
 OPS = ("aten.mm.default", "aten.addmm.default")
+PACKED_ELEMENT_BYTES = 4  # every packed copy is float32: a float16 weight is widened as it is packed (twice its bytes)
 # generated convolutions' weights packed once per version (PackedConvWeight; VTC_PACKED_WEIGHTS=0 turns both off)
 CONV_ENABLED = os.environ.get("VTC_PACKED_WEIGHTS", "1") != "0" and BUDGET_BYTES > 0
 
@@ -327,13 +328,9 @@ def shared_conv_weight(w: torch.Tensor, spec: WeightSpec) -> PackedConvWeight:
     offset, lda, m, k, layout = spec.offset, spec.row_stride, spec.rows, spec.cols, spec.layout
     lay = (layout.func, tuple(sorted(layout.keywords.items()))) if isinstance(layout, functools.partial) else layout
     return _one_per_key(_SHARED_CONV, (*_weight_key(w), w.dtype, offset, lda, m, k, lay),
-                        lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * packed_element_size(w, layout))
+                        lambda: PackedConvWeight(w, offset, lda, m, k, layout), m * k * PACKED_ELEMENT_BYTES)
 
 
-def packed_element_size(w: torch.Tensor, layout) -> int:
-    """The bytes of an element of `w`'s packed copy: a generated GEMM's B (a `layout`) float32 panels (a float16
-    weight widened: twice its bytes), a convolution's W^T w's own dtype."""
-    return 4 if layout is not None else w.element_size()
 
 
 def conv_weight_why_not(w: torch.Tensor | None, spec: WeightSpec | None) -> str | None:
@@ -342,9 +339,8 @@ def conv_weight_why_not(w: torch.Tensor | None, spec: WeightSpec | None) -> str 
         return "the weight's offset is not a constant"
     if w is None:
         return "the weight is not a constant of the graph"
-    gemm_b = spec.layout is not None  # a generated GEMM's B (its layout widens a float16 weight into float32 panels)
-    if w.dtype not in ((torch.float32, torch.float16) if gemm_b else (torch.float32,)) or not w.is_contiguous():
-        return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 constant"
+    if w.dtype not in (torch.float32, torch.float16) or not w.is_contiguous():  # (float16: widened as it is packed)
+        return f"the weight is {w.dtype}, strides {list(w.stride())}: a contiguous float32 or float16 constant"
     if w.is_inference():
         return "the weight is an inference tensor: it has no version counter to see an in-place change by"
     offset, lda, m, k = spec.offset, spec.row_stride, spec.rows, spec.cols
