@@ -1,0 +1,42 @@
+"""Behaviour of vtc.index.expr from ``not_`` on (negation, select, substitution, traversal, evaluation,
+printing, ``affine``) that no other test pinned: found by the second mutation audit (docs/testing.md).
+Each test fails with one small change to expr.py that every other test in tests/index lets pass."""
+from __future__ import annotations
+
+import torch
+
+from vtc.index.expr import FALSE, TRUE, evaluate, load, loads, lt, not_, replace_loads, select, var
+
+
+def test_the_negation_of_a_constant_is_a_constant():
+    """not_ folds TRUE and FALSE (a masked piece whose predicate is decided must not stay a "not" node)."""
+    assert not_(TRUE) is FALSE
+    assert not_(FALSE) is TRUE
+    x = var("x", 5)
+    assert not_(lt(x, 9)) is FALSE
+
+
+def test_a_select_on_a_constant_is_its_branch():
+    x, y = var("x", 5), var("y", 3)
+    assert select(TRUE, x, y) is x
+    assert select(FALSE, x, y) is y
+    assert select(lt(x, 7), x, y) is x
+
+
+def test_replace_loads_replaces_the_loads_it_is_given_and_keeps_the_others():
+    """replace_loads(e, fn): each load(t, idx) becomes fn(t, idx) (idx already rewritten) where fn gives one;
+    a load inside another load's index is replaced too (the lowering folds constant index tensors this way)."""
+    x = var("x", 6)
+    inner = load("t", [x], 0, 3)
+    e = load("u", [inner + 1], 0, 9) * 2 + load("t", [5 - x], 0, 3) + x
+    t = torch.tensor([3, 0, 2, 1, 1, 3])
+    u = torch.arange(10) * 7 % 10
+    fn = lambda name, idx: (idx[0] + 1) % 4 if name == "t" else None  # noqa: E731  t[i] replaced by (i+1) % 4
+    got = replace_loads(e, fn)
+    assert loads(got) == {"u"}
+    xs = torch.arange(6)
+    t_replaced = (xs + 1) % 4
+    want = u[t_replaced[xs] + 1] * 2 + t_replaced[5 - xs] + xs
+    assert torch.equal(evaluate(got, {"x": xs}, {"u": u}), want)
+    assert torch.equal(evaluate(e, {"x": xs}, {"t": t, "u": u}), u[t[xs] + 1] * 2 + t[5 - xs] + xs)
+    assert replace_loads(e, lambda name, idx: None) is e
