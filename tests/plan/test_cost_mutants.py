@@ -3,9 +3,18 @@ tests/plan/test_cost.py did not pin: found by mutation testing (docs/testing.md)
 small change to cost.py that test_cost.py lets pass.  Prices are computed on the fixed FALLBACK machine."""
 from __future__ import annotations
 
+import pytest
+import torch
+
 from vtc.index.expr import floordiv, lt
 from vtc.index.mapping import Mapping, Piece, identity, out_vars
-from vtc.plan.cost import CONTIGUOUS, access, op_counts
+from vtc.plan.cost import CHUNKED, CONTIGUOUS, access, op_counts
+from vtc.virtual import movement
+from vtc.virtual.movement import Src
+
+
+def pull(op, *args, out, **kw):
+    return movement.pull(op, args, kw, [out])[0]
 
 
 def test_the_inner_loop_runs_over_the_last_dim_of_more_than_one_element():
@@ -32,3 +41,32 @@ def test_a_dense_read_with_size_one_dims_is_contiguous():
     assert access(identity("x", (3, 1, 4)), 4).kind == CONTIGUOUS
     assert access(identity("x", (1, 5)), 4).kind == CONTIGUOUS
     assert access(identity("x", (4, 2)), 4).kind == CONTIGUOUS
+
+
+def test_runs_of_exactly_a_cache_line_are_chunked():
+    """"chunked" is contiguous runs of at least a cache line: a cat of rows of 16 floats reads runs of 64 B."""
+    a = access(pull(torch.ops.aten.cat.default, [Src("a", (8, 16)), Src("b", (8, 16))], 1, out=(8, 32)), 4)
+    assert (a.kind, a.chunk_bytes) == (CHUNKED, 64)
+
+
+def test_sourced_pieces_count_the_pieces_that_read_a_source():
+    cat = access(pull(torch.ops.aten.cat.default, [Src("a", (8, 32)), Src("b", (8, 32))], 1, out=(8, 64)), 4)
+    pad = access(pull(torch.ops.aten.constant_pad_nd.default, Src("x", (8, 30)), [1, 1], 0.0, out=(8, 32)), 4)
+    assert (cat.sourced_pieces, pad.sourced_pieces) == (2, 1)
+
+
+@pytest.mark.parametrize("shape,dims,stride", [((8, 16, 1), [1, 0, 2], 16), ((2, 16), [1, 0], 16),
+                                               ((16, 2), [1, 0], 2), ((3, 1, 4), [1, 0, 2], 1)])
+def test_a_strided_walk_skips_size_one_dims(shape, dims, stride):
+    """The inner stride of a permuted read is that of its last dim of more than one element."""
+    out = tuple(shape[d] for d in dims)
+    a = access(pull(torch.ops.aten.permute.default, Src("x", shape), dims, out=out), 4)
+    assert a.stride == stride
+    if stride > 1:  # a line per element from 16 floats on, a share of one below
+        assert a.lines_per_element == pytest.approx(min(1.0, stride * 4 / 64))
+
+
+def test_a_single_element_is_read_at_stride_one():
+    for shape in [(1, 1), ()]:
+        a = access(identity("x", shape), 4)
+        assert (a.kind, a.chunk_bytes, a.stride, a.lines_per_element) == (CONTIGUOUS, 4.0, 1, 4 / 64)
