@@ -3,6 +3,7 @@ printing, ``affine``) that no other test pinned: found by the second mutation au
 Each test fails with one small change to expr.py that every other test in tests/index lets pass."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vtc.index.expr import FALSE, TRUE, evaluate, load, loads, lt, not_, replace_loads, select, var
@@ -40,3 +41,8 @@ def test_replace_loads_replaces_the_loads_it_is_given_and_keeps_the_others():
     assert torch.equal(evaluate(got, {"x": xs}, {"u": u}), want)
     assert torch.equal(evaluate(e, {"x": xs}, {"t": t, "u": u}), u[t[xs] + 1] * 2 + t[5 - xs] + xs)
     assert replace_loads(e, lambda name, idx: None) is e
+
+
+def test_evaluate_names_a_missing_variable():
+    with pytest.raises(KeyError, match="no value for index variable 'y'"):
+        evaluate(var("x", 3) + var("y", 2), {"x": torch.arange(3)})

@@ -70,3 +70,10 @@ def test_a_single_element_is_read_at_stride_one():
     for shape in [(1, 1), ()]:
         a = access(identity("x", shape), 4)
         assert (a.kind, a.chunk_bytes, a.stride, a.lines_per_element) == (CONTIGUOUS, 4.0, 1, 4 / 64)
+
+
+def test_a_repeated_middle_dim_does_not_break_a_contiguous_run():
+    """Rows of 8 floats, each read 3 times: the repeats come from cache, so the contiguous run goes on into the
+    next row (4 rows of 32 B: 128 B) and a line serves 16 elements."""
+    a = access(pull(torch.ops.aten.expand.default, Src("x", (4, 1, 8)), [4, 3, 8], out=(4, 3, 8)), 4)
+    assert (a.stride, a.chunk_bytes, a.lines_per_element) == (1, 128.0, 4 / 64)
