@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vtc.index.expr import FALSE, TRUE, evaluate, load, loads, lt, not_, replace_loads, select, var
+from vtc.index.expr import (FALSE, TRUE, evaluate, free_vars, load, loads, lt, max_, min_, not_, replace_loads,
+                            select, var, walk)
 
 
 def test_the_negation_of_a_constant_is_a_constant():
@@ -46,3 +47,19 @@ def test_replace_loads_replaces_the_loads_it_is_given_and_keeps_the_others():
 def test_evaluate_names_a_missing_variable():
     with pytest.raises(KeyError, match="no value for index variable 'y'"):
         evaluate(var("x", 3) + var("y", 2), {"x": torch.arange(3)})
+
+
+def test_walk_yields_every_sub_expression_once_e_first():
+    """A shared sub-expression (x % 3 twice) is yielded once and does not end the walk early; the walk goes
+    into every operator's arguments and into a load's index."""
+    x, z, w = var("x", 7), var("z", 4), var("w", 3)
+    shared = x % 3
+    e = select(lt(w, 2), shared, shared + z) + load("t", [x // 2 * z], 0, 5) * max_(x, z)
+    nodes = list(walk(e))
+    assert nodes[0] is e
+    assert len({id(n) for n in nodes}) == len(nodes)
+    assert free_vars(e) == {"x", "z", "w"}
+    assert {n.op for n in nodes} >= {"sum", "select", "lt", "mod", "load", "floordiv", "mul", "max", "var"}
+    assert free_vars(load("t", [x], 0, 5)) == {"x"}
+    assert loads(load("u", [load("t", [x], 0, 5)], 0, 9)) == {"t", "u"}
+    assert free_vars(min_(x % 5, z // 3)) == {"x", "z"}
