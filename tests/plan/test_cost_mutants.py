@@ -77,3 +77,13 @@ def test_a_repeated_middle_dim_does_not_break_a_contiguous_run():
     next row (4 rows of 32 B: 128 B) and a line serves 16 elements."""
     a = access(pull(torch.ops.aten.expand.default, Src("x", (4, 1, 8)), [4, 3, 8], out=(4, 3, 8)), 4)
     assert (a.stride, a.chunk_bytes, a.lines_per_element) == (1, 128.0, 4 / 64)
+
+
+def test_a_contiguous_run_ends_at_the_first_gap():
+    """Rows of 8 floats (32 B) 32 apart: a run is one row, each on a line of its own (1/8 line per element);
+    and a dim whose stride continues the run again after a gap does not extend it (as_strided)."""
+    rows = access(pull(torch.ops.aten.slice.Tensor, Src("x", (8, 32)), 1, 0, 8, out=(8, 8)), 4)
+    assert (rows.chunk_bytes, rows.lines_per_element) == (32.0, 1 / 8)
+    gap = access(pull(torch.ops.aten.as_strided.default, Src("x", (300,)), [2, 3, 4], [4, 100, 1], out=(2, 3, 4)), 4)
+    assert gap.strided is not None and gap.strided.strides == (4, 100, 1)
+    assert (gap.chunk_bytes, gap.lines_per_element) == (16.0, 1 / 4)
