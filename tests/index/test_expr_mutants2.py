@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vtc.index.expr import (FALSE, TRUE, evaluate, free_vars, load, loads, lt, max_, min_, not_, replace_loads,
+from vtc.index.expr import (FALSE, TRUE, eq, evaluate, free_vars, load, loads, lt, max_, min_, not_, replace_loads,
                             select, var, walk)
 
 
@@ -63,3 +63,28 @@ def test_walk_yields_every_sub_expression_once_e_first():
     assert free_vars(load("t", [x], 0, 5)) == {"x"}
     assert loads(load("u", [load("t", [x], 0, 5)], 0, 9)) == {"t", "u"}
     assert free_vars(min_(x % 5, z // 3)) == {"x", "z"}
+
+
+def test_evaluate_names_a_missing_index_tensor_and_a_wrong_number_of_indices():
+    x = var("x", 3)
+    with pytest.raises(KeyError, match="no index tensor 't'"):
+        evaluate(load("t", [x], 0, 2), {"x": torch.arange(3)}, {"u": torch.arange(3)})
+    with pytest.raises(ValueError, match="load from 't' with 1 indices, tensor has shape"):
+        evaluate(load("t", [x], 0, 2), {"x": torch.arange(3)}, {"t": torch.arange(6).reshape(2, 3)})
+
+
+def test_a_load_clamps_its_index_into_the_tensor():
+    """A masked-off piece may index anywhere: evaluation clamps into [0, size - 1] (size 1 included)."""
+    x = var("x", 8)
+    xs = torch.arange(8)
+    t = torch.tensor([5, 7, 9])
+    assert evaluate(load("t", [x - 2], 5, 9), {"x": xs}, {"t": t}).tolist() == [5, 5, 5, 7, 9, 9, 9, 9]
+    one = torch.tensor([[4]])
+    assert evaluate(load("o", [x, x + 1], 0, 9), {"x": xs}, {"o": one}).tolist() == [4] * 8
+
+
+def test_evaluate_of_an_equality():
+    x = var("x", 9)
+    e = eq(x % 3, 1)
+    assert e.op == "eq"
+    assert evaluate(e, {"x": torch.arange(9)}).tolist() == [int(v % 3 == 1) for v in range(9)]
