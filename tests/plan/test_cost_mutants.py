@@ -3,12 +3,15 @@ tests/plan/test_cost.py did not pin: found by mutation testing (docs/testing.md)
 small change to cost.py that test_cost.py lets pass.  Prices are computed on the fixed FALLBACK machine."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from vtc.index.expr import floordiv, lt
 from vtc.index.mapping import Mapping, Piece, identity, out_vars
-from vtc.plan.cost import CHUNKED, CONTIGUOUS, access, op_counts
+from vtc.plan.cost import (BROADCAST, CHUNKED, CONTIGUOUS, FALLBACK, INDIRECT, SCATTERED, VIEW, Access, CostModel,
+                           access, op_counts)
 from vtc.virtual import movement
 from vtc.virtual.movement import Src
 
@@ -87,3 +90,37 @@ def test_a_contiguous_run_ends_at_the_first_gap():
     gap = access(pull(torch.ops.aten.as_strided.default, Src("x", (300,)), [2, 3, 4], [4, 100, 1], out=(2, 3, 4)), 4)
     assert gap.strided is not None and gap.strided.strides == (4, 100, 1)
     assert (gap.chunk_bytes, gap.lines_per_element) == (16.0, 1 / 4)
+
+
+def _acc(kind, lines, source_bytes, stride=16, window_lines=float("inf"), window_bytes=float("inf")):
+    return Access(kind, 64.0, stride, lines, 0, source_bytes, None, window_lines, window_bytes)
+
+
+BIG = 8 << 20  # a source larger than FALLBACK's 1 MiB cache
+
+
+@pytest.mark.parametrize("acc,cache_bytes,want", [
+    # contiguous: the bytes read, whatever else the access says
+    (_acc(CONTIGUOUS, 1.0, BIG, stride=1), 1 << 20, 4000),
+    # broadcast: the source once, at most the bytes read and at least one element
+    (_acc(BROADCAST, 0.5, 400, stride=0), 1 << 20, 400),
+    (_acc(BROADCAST, 0.5, 40000, stride=0), 1 << 20, 4000),
+    (_acc(BROADCAST, 0.5, 0, stride=0), 1 << 20, 4),
+    # a view: a share of a line per element
+    (_acc(VIEW, 0.5, BIG), 1 << 20, 32000),
+    # ... unless the lines of a block of rows fit the cache (up to its size), each is then read once
+    (_acc(VIEW, 1.0, BIG, window_lines=0.25, window_bytes=1 << 20), 1 << 20, 16000),
+    (_acc(VIEW, 1.0, BIG, window_lines=0.25, window_bytes=(1 << 20) + 1), 1 << 20, 64000),
+    # ... or the whole source fits (up to its size): the source once, at least the bytes read
+    (_acc(VIEW, 1.0, 8000), 8000, 8000),
+    (_acc(VIEW, 1.0, 8001), 8000, 64000),
+    (_acc(VIEW, 1.0, 2000), 8000, 4000),
+    # chunked: 5% more for the lines partly used at the run ends; scattered and indirect: 25% more
+    (_acc(CHUNKED, 0.1, BIG), 1 << 20, 6400 * 1.05),
+    (_acc(CHUNKED, 0.05, BIG), 1 << 20, 4000 * 1.05),
+    (_acc(SCATTERED, 0.1, BIG), 1 << 20, 6400 * 1.25),
+    (_acc(INDIRECT, 0.05, BIG), 1 << 20, 4000 * 1.25),
+])
+def test_traffic_of_1000_floats_through_each_kind_of_access(acc, cache_bytes, want):
+    model = CostModel(replace(FALLBACK, cache_bytes=cache_bytes))
+    assert model.traffic(1000, 4, acc) == pytest.approx(want)
