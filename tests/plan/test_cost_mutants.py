@@ -124,3 +124,27 @@ BIG = 8 << 20  # a source larger than FALLBACK's 1 MiB cache
 def test_traffic_of_1000_floats_through_each_kind_of_access(acc, cache_bytes, want):
     model = CostModel(replace(FALLBACK, cache_bytes=cache_bytes))
     assert model.traffic(1000, 4, acc) == pytest.approx(want)
+
+
+def _ops(stride, index_ops=3, sourced_pieces=1, source_bytes=BIG):
+    return Access(VIEW, 64.0, stride, 1.0, index_ops, source_bytes, None, sourced_pieces=sourced_pieces)
+
+
+@pytest.mark.parametrize("acc,itemsize,threads,want_ns", [
+    # inner stride 0 or 1: vectorised, the index ops shared by the lanes of a 32-byte vector
+    (_ops(1), 4, 1, 3 * 0.4 * 4 / 32),
+    (_ops(0), 4, 1, 3 * 0.4 * 4 / 32),
+    (_ops(1), 8, 1, 3 * 0.4 * 8 / 32),
+    (_ops(1), 64, 1, 3 * 0.4),  # an element wider than a vector: a vector per element
+    # other strides: every element pays its index ops and a scalar load ...
+    (_ops(16), 4, 1, 3 * 0.4 + 0.25),
+    (_ops(16, sourced_pieces=2, source_bytes=32 << 10), 4, 1, 3 * 0.4 + 0.25),  # ... a choice within L1
+    (_ops(16, sourced_pieces=2, source_bytes=(32 << 10) + 1), 4, 1, 3 * 0.4 + 0.25 + 6.0),  # ... gathered
+    (_ops(16, sourced_pieces=3, source_bytes=BIG), 4, 1, 3 * 0.4 + 0.25 + 6.0),
+    # split over the threads (none given counts as one)
+    (_ops(16), 4, 2, (3 * 0.4 + 0.25) / 2),
+    (_ops(16), 4, 0, 3 * 0.4 + 0.25),
+])
+def test_compute_of_1000_elements(acc, itemsize, threads, want_ns):
+    model = CostModel(replace(FALLBACK, threads=threads))
+    assert model.compute(1000, acc, itemsize) == pytest.approx(1000 * want_ns * 1e-9)
