@@ -43,7 +43,7 @@ def test_cat_pushes_every_input_after_a_legacy_empty_one():
     assert {name: str(m.pieces[0]) for name, m in pushes.items()} == {"a": "out0[i0, i1]", "b": "out0[(i0 + 2), i1]"}
 
 
-# second audit (docs/testing.md): repeating and the scatter pulls
+# second audit (docs/testing.md): repeating, rolling and the scatter pulls
 SCATTER_CASES = [  # each leaves some positions unwritten
     case("index_copy-one-update", A.index_copy.default, T(5, 3), 0, torch.tensor([3]), T(1, 3)),
     case("index_copy-two-updates", A.index_copy.default, T(2, 5), 1, torch.tensor([4, 0]), T(2, 2)),
@@ -57,6 +57,9 @@ SCATTER_CASES = [  # each leaves some positions unwritten
 @pytest.mark.parametrize("target,args,kwargs", [
     case("repeat-empty", A.repeat.default, T(0, 3), [2, 2]),
     case("tile-empty", A.tile.default, T(2, 0), [3]),
+    case("roll-one-element", A.roll.default, T(1, 1), [3]),
+    case("roll-empty", A.roll.default, T(0, 3), [2]),
+    case("roll-size-one-dim", A.roll.default, T(3, 1), [1, 2], [0, 1]),
     *SCATTER_CASES,
 ])
 def test_pull_more(target, args, kwargs):
