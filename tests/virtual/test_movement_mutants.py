@@ -59,6 +59,7 @@ SCATTER_CASES = [  # each leaves some positions unwritten
     case("tile-empty", A.tile.default, T(2, 0), [3]),
     case("roll-one-element", A.roll.default, T(1, 1), [3]),
     case("roll-empty", A.roll.default, T(0, 3), [2]),
+    case("roll-empty-dim", A.roll.default, T(0, 3), [1], [0]),
     case("roll-size-one-dim", A.roll.default, T(3, 1), [1, 2], [0, 1]),
     *SCATTER_CASES,
 ])
