@@ -9,7 +9,7 @@ from vtc.index.expr import evaluate, walk
 from vtc.virtual.movement import Src, _parse_derived, derive_index_tensors, pull, push
 
 from .cases import A, T, case
-from .harness import check_pull, pull_of
+from .harness import check_pull, pull_of, realize
 
 CASES = [
     case("slice-start-none", A.slice.Tensor, T(5, 3), 0, None, 4),
@@ -43,7 +43,7 @@ def test_cat_pushes_every_input_after_a_legacy_empty_one():
     assert {name: str(m.pieces[0]) for name, m in pushes.items()} == {"a": "out0[i0, i1]", "b": "out0[(i0 + 2), i1]"}
 
 
-# second audit (docs/testing.md): repeating, rolling and the scatter pulls
+# second audit (docs/testing.md): repeating, rolling, diagonal, gather and the scatter pulls
 SCATTER_CASES = [  # each leaves some positions unwritten
     case("index_copy-one-update", A.index_copy.default, T(5, 3), 0, torch.tensor([3]), T(1, 3)),
     case("index_copy-two-updates", A.index_copy.default, T(2, 5), 1, torch.tensor([4, 0]), T(2, 2)),
@@ -61,6 +61,8 @@ SCATTER_CASES = [  # each leaves some positions unwritten
     case("roll-empty", A.roll.default, T(0, 3), [2]),
     case("roll-empty-dim", A.roll.default, T(0, 3), [1], [0]),
     case("roll-size-one-dim", A.roll.default, T(3, 1), [1, 2], [0, 1]),
+    case("diagonal-4d", A.diagonal.default, T(2, 3, 4, 5), 0, 1, 3),
+    case("gather-0d", A.gather.default, torch.tensor(5.0), 0, torch.tensor([0, 0])),
     *SCATTER_CASES,
 ])
 def test_pull_more(target, args, kwargs):
@@ -90,3 +92,9 @@ def test_a_scatter_reads_its_inverse_index_through_exact_ranges(target, args, kw
                 assert (int(v.min()), int(v.max())) == (x.lo, x.hi), f"{m}: {x} claims [{x.lo}, {x.hi}]"
                 seen += 1
     assert seen, str(m)
+
+
+def test_gather_from_a_0d_tensor_accepts_only_index_0():
+    (m,), _, env = pull_of(A.gather.default, (torch.tensor(5.0), 0, torch.tensor([0, 0])))
+    with pytest.raises(IndexError, match=r"gather: index 1 is out of range \[0, 0\]"):
+        realize(m, {**env, "t1": torch.tensor([0, 1])})
