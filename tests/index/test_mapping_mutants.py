@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vtc.index.expr import const, evaluate, var
+from vtc.index.expr import TRUE, const, evaluate, lt, var
 from vtc.index.mapping import (IndexCheck, Mapping, Piece, Strided, compose, gather, identity, linear_offset,
                                out_vars)
 from vtc.virtual.movement import Src, pull
@@ -76,3 +76,16 @@ def test_compose_through_an_inner_padding():
     m = compose(perm, {"p": pad})
     assert m.sources == {"x": (2, 3)} and m.pieces[-1].source is None
     assert torch.equal(gather(m, {"x": x}), torch.nn.functional.pad(x, [1, 1], value=0.5).t())
+
+
+# second audit (docs/testing.md): gather, the oracle of every mapping test
+def test_gather_of_a_mapping_that_only_fills_takes_the_last_fill_s_type():
+    """No source to take the dtype from: the fill of the last piece (the one that applies everywhere else)
+    decides, as torch.tensor(fill) would."""
+    i0 = var("i0", 4)
+    m = Mapping((4, 2), (Piece(None, (), lt(i0, 1), 1), Piece(None, (), TRUE, 2.5)), {})
+    got = gather(m, {})
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.tensor([[1.0, 1.0]] + [[2.5, 2.5]] * 3))
+    ints = gather(Mapping((3,), (Piece(None, (), TRUE, 7),), {}), {})
+    assert ints.dtype == torch.int64 and ints.tolist() == [7, 7, 7]
