@@ -13,9 +13,10 @@ import torch
 
 from vtc.codegen import gemm as G
 from vtc.codegen.gemm import generate as generate_gemm
+from vtc.runtime import cbuild
 
-from .test_gemm import GEMM_TOL, _call_directly, _check, _gemm_kernels
-from .util import gen, rand, report
+from .test_gemm import GEMM_TOL, _check, _gemm_kernels
+from .util import call_gemm_kernel, gen, rand, report
 
 
 def _paths(c) -> list[str]:
@@ -41,8 +42,9 @@ def test_every_thread_count_covers_the_output_once(m, k, n, path, stream, monkey
     assert _paths(c) == [path]
     src = generate_gemm(kern)
     assert ("if (wt_stream) nq = 48;" in src) == (path == "weight_rows")  # taken where C is streamed (run time)
+    lib = cbuild.build(generate_gemm(kern), name="gemm_direct")
     for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(_call_directly(kern, c, inputs, nthreads), fn(*inputs), **GEMM_TOL)
+        torch.testing.assert_close(call_gemm_kernel(lib, kern, c, inputs, nthreads), fn(*inputs), **GEMM_TOL)
 
 
 def test_the_kernel_cuts_blocks_by_steps():

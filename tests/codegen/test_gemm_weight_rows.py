@@ -19,9 +19,10 @@ import torch.nn.functional as F
 
 from vtc.codegen import gemm as G
 from vtc.codegen.gemm import generate as generate_gemm
+from vtc.runtime import cbuild
 
-from .test_gemm import GEMM_TOL, _assert_generated_without_movement, _call_directly, _check, _gemm_kernels
-from .util import gen, rand, report, run_gemm_built_for
+from .test_gemm import GEMM_TOL, _assert_generated_without_movement, _check, _gemm_kernels
+from .util import call_gemm_kernel, gen, rand, report, run_gemm_built_for
 
 
 def _paths(c) -> list[str]:
@@ -110,8 +111,9 @@ def test_every_thread_count_covers_the_output_once(m, n):
     c = _check(fn, inputs, gemm="vtc")
     (k,) = _gemm_kernels(c)
     assert _paths(c) == ["weight_rows"]
+    lib = cbuild.build(generate_gemm(k), name="gemm_direct")
     for nthreads in (1, 2, 3, 4):
-        torch.testing.assert_close(_call_directly(k, c, inputs, nthreads), fn(*inputs), **GEMM_TOL)
+        torch.testing.assert_close(call_gemm_kernel(lib, k, c, inputs, nthreads), fn(*inputs), **GEMM_TOL)
 
 
 def test_auto_generates_llama_projections():
