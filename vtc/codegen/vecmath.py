@@ -322,7 +322,7 @@ static inline void vtc_round_f16_n(float* __restrict p, int64_t n) {
 #endif
 }
 static inline void vtc_to_f16_n(uint16_t* __restrict dst, const float* __restrict src, int64_t n) {
-#if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
   for (int64_t j = 0; j < n; j += 16) {
     const __mmask16 m = (__mmask16)(n - j >= 16 ? 0xFFFFu : (1u << (n - j)) - 1u);
     _mm256_mask_storeu_epi16(dst + j, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + j),
