@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import warnings
 
 import pytest
 
@@ -16,3 +17,11 @@ def budget(monkeypatch):
     def set_budget(extra: int) -> None:
         monkeypatch.setattr(packed, "BUDGET_BYTES", packed.HELD.bytes + extra)
     return set_budget
+
+
+@pytest.fixture
+def quiet():
+    """The test's warnings ignored (fallback and budget warnings it provokes on purpose)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

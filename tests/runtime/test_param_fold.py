@@ -13,7 +13,6 @@ before the fold of computed values (session 23): the folded nodes were in the co
 from __future__ import annotations
 
 import gc
-import warnings
 
 import pytest
 import torch
@@ -26,15 +25,9 @@ from vtc.runtime import packed
 
 from tests.codegen.util import gen, rand
 
-pytestmark = pytest.mark.skipif(not packed.CONV_ENABLED, reason="VTC_PACKED_WEIGHTS=0: no constant copies")
+pytestmark = [pytest.mark.skipif(not packed.CONV_ENABLED, reason="VTC_PACKED_WEIGHTS=0: no constant copies"),
+              pytest.mark.usefixtures("quiet")]
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def _ops(compiled) -> list[str]:

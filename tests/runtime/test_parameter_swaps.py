@@ -9,7 +9,6 @@ per call; when one moved, the model is captured again.
 from __future__ import annotations
 
 import os
-import warnings
 
 import pytest
 import torch
@@ -17,14 +16,8 @@ import torch
 import vtc
 from vtc.runtime import segment
 
+pytestmark = pytest.mark.usefixtures("quiet")
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def _counts(compiled) -> dict:
