@@ -23,6 +23,7 @@ from bench.workloads import llama3
 from vtc.codegen.conv_t import has_avx512
 from vtc.codegen.cpp import generate
 
+from .test_gemm_push import split_into_stacked_kv
 from .util import compile_cpu, gen, kernels, rand, report, steps, torch_threads
 
 H = torch.float16
@@ -154,17 +155,10 @@ def test_fp16_gemms_store_into_a_returned_cat(dim, m):
 def test_fp16_split_into_a_stacked_kv_buffer():
     """x @ W split into q, k and v, k and v heads-first stacked into one buffer: the GEMM stores both parts
     there (through predicates on its columns) and its own result, read by the relu of q."""
-    def fn(x, w):
-        b, t, _ = x.shape
-        q, k, v = (x @ w).split([51, 17, 17], dim=-1)
-        k = k.view(b, t, 1, 17).transpose(1, 2)
-        v = v.view(b, t, 1, 17).transpose(1, 2)
-        return torch.relu(q), torch.stack((k, v))
-
     g = gen(333)
     x, w = rand((3, 5, 133), g, H), rand((133, 85), g, H)
-    c = compile_cpu(fn, (x, w), gemm="vtc")
-    got, want = c(x, w), fn(x, w)
+    c = compile_cpu(split_into_stacked_kv, (x, w), gemm="vtc")
+    got, want = c(x, w), split_into_stacked_kv(x, w)
     assert [x["stores_into"] for x in report(c)["gemm"]] == [["cat"]], report(c)["gemm"]
     assert report(c)["materialized_movement_bytes"] == 0 and [x.node.op for x in steps(c, "run")] == []
     y = (x.double() @ w.double()).split([51, 17, 17], dim=-1)

@@ -95,19 +95,21 @@ def test_fused_qkv_out_of_range_position_raises():
             torch.testing.assert_close(got, want, **TOL)
 
 
+def split_into_stacked_kv(x, w):
+    """x @ w split into q, k and v; relu(q), and k and v heads-first stacked into one [2, B, 1, T, 17] buffer."""
+    b, t, _ = x.shape
+    q, k, v = (x @ w).split([51, 17, 17], dim=-1)
+    k = k.view(b, t, 1, 17).transpose(1, 2)
+    v = v.view(b, t, 1, 17).transpose(1, 2)
+    return torch.relu(q), torch.stack((k, v))
+
+
 @pytest.mark.parametrize("batch", [3])
 def test_split_into_one_stacked_kv_buffer(batch):
     """K and V, two parts of one GEMM result, stacked into one [2, B, H, T, D] buffer: both stored by the
     GEMM, nothing moved at all."""
-    def fn(x, w):
-        b, t, _ = x.shape
-        q, k, v = (x @ w).split([51, 17, 17], dim=-1)
-        k = k.view(b, t, 1, 17).transpose(1, 2)
-        v = v.view(b, t, 1, 17).transpose(1, 2)
-        return torch.relu(q), torch.stack((k, v))
-
     g = gen(batch)
-    compiled = check(fn, (rand((batch, 3, 33), g), rand((33, 85), g)), gemm="vtc", **TOL)
+    compiled = check(split_into_stacked_kv, (rand((batch, 3, 33), g), rand((33, 85), g)), gemm="vtc", **TOL)
     assert fates(compiled) == {"cat": "pushed"} and report(compiled)["materialized_movement_bytes"] == 0
     assert kinds(compiled) == ["gemm", "pointwise"] and stores_into(compiled) == [["cat"]]
 
