@@ -37,6 +37,7 @@ from vtc.compiler import Specialization, warn_fallbacks
 from vtc.frontend.symbolic import NotInstantiable, SymbolicGraph, dynamic_dims, export_symbolic
 from vtc.frontend.torch_export import CaptureError
 from vtc.index.mapping import rotate_linear_offsets
+from vtc.ir.fold import fold_constants
 from vtc.ir.graph import Graph
 from vtc.plan.report import Report, build_report, fallback_ops
 from vtc.plan.virtualize import Plan, _arg_key, _NoKey, plan_keeping, plan_none
@@ -159,6 +160,17 @@ class DynamicSizes:
         self.misses: deque[str] = deque(maxlen=MAX_MISSES)  # the latest kernels that found no template: why
         self.probed = ProbeMemo()  # Lowering._probe's answers by node signature (vtc.codegen.lower.PROBED)
         self._probed_under: tuple | None = None  # the code generators' switches and C types it holds answers under
+        self.varying = _size_varying(sgraph.gm)  # the nodes whose output shapes vary with the sizes: not folded
+
+    def _instantiate(self, sizes: dict) -> Graph:
+        """The graph at these sizes with the values of a fixed shape computed from constants folded (``vtc.ir.fold``):
+        the same nodes fold at every size (their shapes and whether they fit ``MAX_BYTES`` do not change), so the
+        first size's plan decisions, replayed by node name, and the kernels fitted from probes hold at the others.
+        A folded copy is shared by the sizes (``fold._SHARED``).  Values whose shapes vary (a RoPE table [S, D],
+        T5's position bias [1, H, S, S]) stay computed: a copy per size, and whether one fits would change."""
+        graph = self.sg.instantiate(sizes)
+        graph.meta["size_varying"] = self.varying
+        return fold_constants(graph)
 
     def _plan(self, graph: Graph) -> Plan:
         """The first size's plan from the planner; later sizes keep the same movement ops physical."""
@@ -187,7 +199,7 @@ class DynamicSizes:
         from vtc.codegen.lower import lower
 
         try:
-            graph = self.sg.instantiate(dict(zip(self.sg.symbols, sizes)))
+            graph = self._instantiate(dict(zip(self.sg.symbols, sizes)))
             _, steps = lower(graph, self._replay(graph), gemm=self.options["gemm"])
             return {s.kernel.name: generate(s.kernel) for kind, s in steps if kind == "kernel"}
         except Exception:  # a probe that cannot be made only means no template: the kernel keeps its constants
@@ -197,7 +209,7 @@ class DynamicSizes:
         """The planned, built specialization for these flat user inputs (NotInstantiable if they do not fit)."""
         env = self.sg.bind(leaves)
         sizes = tuple(env[s] for s in self.sg.symbols)
-        graph = self.sg.instantiate(env)
+        graph = self._instantiate(env)
         flat_rows = MERGE_INNER_DIMS.set(False)  # one kernel text for every size (see vtc.codegen.cpp)
         plain_stores = STREAM_STORES.set(False)  # likewise (see vtc.codegen.stream)
         switches = codegen_switches()  # under the two settings above, as GenericKernels.build reads them
@@ -229,6 +241,13 @@ class DynamicSizes:
         self.templates_rendered += builder.rendered
         self.misses.extend(builder.misses)
         return spec
+
+
+def _size_varying(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The names of the nodes of symbolic graph `gm` with an output whose shape depends on a symbol."""
+    return frozenset(n.name for n in gm.graph.nodes
+                     if any(isinstance(t, torch.Tensor) and not all(isinstance(d, int) for d in t.shape)
+                            for t in pytree.tree_leaves(n.meta.get("val"))))
 
 
 def dynamic_specialization(compiled, args: tuple, kwargs: dict):

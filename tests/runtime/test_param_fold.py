@@ -206,12 +206,46 @@ def test_t5_relative_position_bias(mask):
         assert packing["folded_nodes"] >= 15, packing
         if mask:  # the bias [24, 24, 4] (the reader takes its permutation as a view)
             assert [c.value.shape for c in graph.meta["const_copies"].values()] == [(24, 24, 4)]
-        else:  # no mask to add: the bias where its rows are kept, [2, 4, 24, 24], made alike in both layers
+        else:  # no mask to add: the bias where its rows are kept, [2, 4, 24, 24], made alike in both layers, the
+            # same for both batch rows: held as [1, 4, 24, 24] (it was [2, 4, 24, 24] before session 24), each
+            # layer reading it through an expand that stays virtual
             (copy,) = graph.meta["const_copies"].values()
-            assert copy.value.shape == (2, 4, 24, 24)
-            assert [v.data.data_ptr() for v in graph.consts if v.shape == (2, 4, 24, 24)] == [copy.value.data_ptr()] * 2
+            assert copy.value.shape == (1, 4, 24, 24) and packing["folded_bytes"] == 4 * 24 * 24 * 4
+            assert [v.data.data_ptr() for v in graph.consts if v.shape == (1, 4, 24, 24)] == [copy.value.data_ptr()] * 2
+            expands = [n for n in graph.nodes if n.op == "aten.expand.default" and n.inputs[0].kind == "const"]
+            assert [n.outputs[0].shape for n in expands] == [(2, 4, 24, 24)] * 2
+            assert not any(n.name in compiled._first.plan.kept for n in expands), compiled._first.plan.kept
         bias.mul_(-2.0)
         torch.testing.assert_close(compiled(*inputs).last_hidden_state, check(*inputs), **TOL)
+
+
+class MaskedBias(torch.nn.Module):
+    """scores + where(mask.expand(B, S, S), p, 0): the bias a pointwise op makes as a broadcast over the batch."""
+
+    def __init__(self, s: int) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(rand((1, s, s), gen(23)))
+        self.register_buffer("mask", torch.rand(1, s, 1, generator=gen(24)) > 0.3)
+
+    def forward(self, x):
+        return x + torch.where(self.mask.expand(x.shape[0], -1, x.shape[2]), self.p.exp(), 0.0)
+
+
+def test_a_broadcast_is_folded_without_its_broadcast_dims():
+    """The where's [3, 16, 16] is the same for every batch row: the copy is [1, 16, 16], read through an expand
+    (before session 24: a [3, 16, 16] copy)."""
+    model, x = MaskedBias(16), rand((3, 16, 16), gen(25))
+    with torch.no_grad():
+        compiled = vtc.compile(model, (x,))
+        _check(compiled, model, x)
+        _folded(compiled, 1, 4)  # the mask's expand, exp, the 0.0 (a scalar_tensor), the where
+        (copy,) = compiled._first.graph.meta["const_copies"].values()
+        assert copy.value.shape == (1, 16, 16)
+        assert _ops(compiled) == ["expand", "add"]
+        model.p.mul_(-0.5)
+        _check(compiled, model, x)
+        model.mask.logical_not_()
+        _check(compiled, model, x)
 
 
 class Shift(torch.nn.Module):

@@ -22,15 +22,20 @@ makes from the model's tensors (weight normalisation, ``W * s``, a LoRA merge, T
 
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
 call), a graph output (returned to the caller, who may write to it), a value above ``MAX_BYTES`` (but a GEMM's
-or convolution's weight computed from the model's tensors: held against the packed-weight budget), and graphs
-of the size-generic path (``vtc.dynamic``), whose plans are replayed by node name across sizes.
+or convolution's weight computed from the model's tensors: held against the packed-weight budget), and in graphs
+of the size-generic path (``vtc.dynamic``, whose plans are replayed by node name across sizes) a value whose shape
+varies with the sizes: the nodes in ``graph.meta["size_varying"]`` and what they compute.
 """
 from __future__ import annotations
+
+import threading
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
 
 from vtc.ir.graph import Graph, Node, Value
+from vtc.ir.ops import classify, compute_category
 
 MAX_BYTES = 16 << 20  # a folded value above this stays computed: a constant of that size costs memory for good
 NONDETERMINISTIC = ("rand", "empty", "bernoulli", "normal", "uniform", "dropout", "multinomial", "poisson",
@@ -45,12 +50,13 @@ def fold_constants(graph: Graph) -> Graph:
     constants made in ``graph.meta["folded_from_nothing"]``.  Then the values computed from the model's tensors
     (``fold_weight_chains``)."""
     outputs = {v.name for v in graph.outputs}
+    varying = graph.meta.get("size_varying", ())
     env: dict[str, torch.Tensor] = {}
     divides: dict[str, bool] = {}  # foldable value -> its index arithmetic would divide somewhere
     foldable: list[Node] = []
     for n in graph.nodes:
         ins = n.inputs
-        if (not all(v.name in env for v in ins) or any(v.name in outputs for v in n.outputs)
+        if (n.name in varying or not all(v.name in env for v in ins) or any(v.name in outputs for v in n.outputs)
                 or any(w in n.op for w in NONDETERMINISTIC) or sum(v.nbytes for v in n.outputs) > MAX_BYTES):
             continue
         try:
@@ -127,7 +133,10 @@ def fold_weight_chains(graph: Graph) -> Graph:
     (``vtc.runtime.weights.ConstCopy``, in ``graph.meta["const_copies"]``; the count of nodes removed in
     ``graph.meta["const_copy_nodes"]``) and computed again at a call where one of them changed in place since
     (``load_state_dict``, ``p.mul_`` under ``no_grad``).  The constants it reads stay constants of the graph (the
-    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).  Not folded: graph outputs, random ops,
+    parameter watch, ``vtc.runtime.weights.watch``, sees them replaced).  A value a pointwise op makes as a broadcast
+    (T5's bias without a mask: [B, H, S, S], the same for every batch row) is held without its broadcast dims
+    ([1, H, S, S]) and read through an expand of it.  Graphs that fold the same recipe from the same tensors (a
+    model's specializations for several input sizes) share one copy.  Not folded: graph outputs, random ops,
     fallback ops, a value that is not a GEMM's or convolution's operand above ``MAX_BYTES`` (the values it is
     computed from are considered instead).
 
@@ -143,9 +152,10 @@ def fold_weight_chains(graph: Graph) -> Graph:
         return graph
     consts = {v.name: v.data for v in graph.consts if isinstance(v.data, torch.Tensor)}
     outputs = {v.name for v in graph.outputs}
+    varying = graph.meta.get("size_varying", ())
     made: dict[str, Node] = {}  # value computed by torch from constants alone -> its node
     for n in graph.nodes:
-        if (n.kind != "fallback" and all(v.name in consts or v.name in made for v in n.inputs)
+        if (n.kind != "fallback" and n.name not in varying and all(v.name in consts or v.name in made for v in n.inputs)
                 and not any(w in n.op for w in NONDETERMINISTIC)):
             made.update((v.name, n) for v in n.outputs)
     by_compute = _made_by_compute(graph, made, set(consts) - set(graph.meta.get("folded_from_nothing", ())))
@@ -205,11 +215,19 @@ def fold_weight_chains(graph: Graph) -> Graph:
             removed.discard(id(n))
             read_by_kept.update(v.name for v in n.inputs)
     consts_out = list(graph.consts)
+    expands: dict[int, Node] = {}  # the node that made a value folded without its broadcast dims -> its expand
     for name in [*copies, *same]:
-        v = targets[name]
-        v.kind, v.producer, v.data = "const", None, copies[same.get(name, name)].value
-        consts_out.append(v)
-    kept = [n for n in graph.nodes if id(n) not in removed]
+        v, value = targets[name], copies[same.get(name, name)].value
+        if tuple(value.shape) == v.shape:
+            v.kind, v.producer, v.data = "const", None, value
+            consts_out.append(v)
+        else:  # the copy without the dims v is a broadcast over; v its expand, read through the mapping
+            one = Value(f"{name}_unbroadcast", tuple(value.shape), v.dtype, "const", data=value)
+            consts_out.append(one)
+            args, producer = (one, list(v.shape)), v.producer
+            expands[id(producer)] = Node(f"{name}_broadcast", torch.ops.aten.expand.default, args, {}, (v,),
+                                           classify(torch.ops.aten.expand.default, args, {}))
+    kept = [expands.get(id(n), n) for n in graph.nodes if id(n) not in removed or id(n) in expands]
     out = Graph(graph.inputs, consts_out, kept, graph.outputs, graph.in_spec, graph.out_spec, dict(graph.meta))
     out.meta["const_copies"] = {**graph.meta.get("const_copies", {}), **copies}
     out.meta["const_copy_nodes"] = graph.meta.get("const_copy_nodes", 0) + len(removed)
@@ -278,7 +296,9 @@ def _recipe_keys(graph: Graph, made: dict[str, Node]) -> dict[str, int]:
 
 def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch.Tensor]):
     """(the ConstCopy of value `t`, the nodes computing it in graph order), or why it is not made (a str, or the
-    OverBudget that refused it)."""
+    OverBudget that refused it).  The copy holds one element along the dims `t` is a broadcast over
+    (``_broadcast_dims``; `t` is then its expand); another graph's copy computed by the same recipe from the same
+    tensors is taken and computed again (``_SHARED``)."""
     from vtc.runtime import packed
     from vtc.runtime.weights import ConstCopy
 
@@ -289,22 +309,97 @@ def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch
         return "it reads no constant"
     if any(s.is_inference() for s in sources):
         return "it reads an inference tensor: it has no version counter to see an in-place change by"
+    key = _shared_key(recipe, t, consts)
+    with _SHARED_LOCK:
+        copy = _SHARED.get(key) if key is not None else None
+        if copy is not None:  # computed again: Compiled.refresh() after a write through p.data reaches it
+            copy.compute_again()
+            return copy, recipe
+        dims = _broadcast_dims(recipe, t, dict(zip(names, sources)))
 
-    def compute() -> torch.Tensor:
-        env = dict(zip(names, sources))
-        for n in recipe:
-            env.update(zip((v.name for v in n.outputs), n.run(env)))
-        return env[t.name]
+        def compute() -> torch.Tensor:
+            env = dict(zip(names, sources))
+            for n in recipe:
+                env.update(zip((v.name for v in n.outputs), n.run(env)))
+            value = env[t.name]
+            for d in dims:
+                value = value.narrow(d, 0, 1)
+            return value
+
+        shape = tuple(1 if d in dims else s for d, s in enumerate(t.shape))
+        nbytes = t.nbytes // t.numel * _numel(shape) if t.numel else 0
+        try:
+            packed.HELD.admit(nbytes, "the weight chain's folded copy of")
+        except packed.OverBudget as e:
+            return e
+        try:
+            copy = ConstCopy(sources, compute)
+        except Exception as e:  # noqa: BLE001 - an op torch cannot run here stays in the graph (and fails as before)
+            return f"torch could not compute it: {type(e).__name__}: {e}"
+        if tuple(copy.value.shape) != shape or copy.value.dtype != t.dtype:
+            return f"torch computed {copy.value.dtype} {list(copy.value.shape)}, the graph says {t.dtype} {list(shape)}"
+        packed.HELD.add(copy.value, copy.value.nbytes)
+        if key is not None:
+            _SHARED[key] = copy
+        return copy, recipe
+
+
+# (a folded value's recipe: its ops and arguments, the storages of the constants it reads) -> its ConstCopy while a
+# graph holds it: the executors of one model (a specialization for new input sizes, vtc.dynamic's sizes, a replan)
+# share one copy and therefore one packed copy of it (vtc.runtime.packed keys those by the weight's address).  The
+# copy holds its sources: no other tensor can take their addresses while the entry exists.
+_SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_key(recipe: list[Node], t: Value, consts: dict[str, torch.Tensor]) -> tuple | None:
+    """What identifies the value `t` that `recipe` computes from `consts` (None: an argument that is a tensor)."""
+    index = {v.name: (i, j) for i, n in enumerate(recipe) for j, v in enumerate(n.outputs)}
+
+    def leaf(x):
+        if isinstance(x, Value):
+            if x.name in index:
+                return index[x.name]
+            c = consts[x.name]
+            return ("const", c.untyped_storage().data_ptr(), c.storage_offset(), tuple(c.shape), c.stride(), c.dtype)
+        if isinstance(x, torch.Tensor):
+            raise _NotShared
+        return x
 
     try:
-        packed.HELD.admit(t.nbytes, "the weight chain's folded copy of")
-    except packed.OverBudget as e:
-        return e
+        return (tuple((n.op, repr(pytree.tree_map(leaf, (n.args, n.kwargs)))) for n in recipe),
+                index[t.name], t.shape, t.dtype)
+    except _NotShared:
+        return None
+
+
+class _NotShared(Exception):
+    pass
+
+
+def _broadcast_dims(recipe: list[Node], t: Value, sources: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """The dims (of size above 1) that value `t` does not vary along by construction: `t` is made by a pointwise op
+    whose every operand, broadcast to `t`'s shape, has stride 0 there (an expand, a size-1 dim, a scalar).  T5's
+    position bias without a mask is ``where(mask.expand(B, 1, S, S), bias[1, H, S, S], 0)``: the same [1, H, S, S]
+    for every batch row.  The strides come from running the recipe on meta tensors (no data, no arithmetic)."""
+    last = recipe[-1]
+    if compute_category(last.target) != "pointwise" or len(last.outputs) != 1:
+        return ()
+    def meta(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+
     try:
-        copy = ConstCopy(sources, compute)
-    except Exception as e:  # noqa: BLE001 - an op torch cannot run here stays in the graph (and fails as before)
-        return f"torch could not compute it: {type(e).__name__}: {e}"
-    if tuple(copy.value.shape) != t.shape or copy.value.dtype != t.dtype:
-        return f"torch computed {copy.value.dtype} {list(copy.value.shape)}, the graph says {t.dtype} {list(t.shape)}"
-    packed.HELD.add(copy.value, copy.value.nbytes)
-    return copy, recipe
+        env = {x: meta(s) for x, s in sources.items()}
+        for n in recipe[:-1]:  # an op without tensor operands (arange) makes a CPU tensor: each output as meta
+            env.update(zip((v.name for v in n.outputs), map(meta, n.run(env))))
+        strides = [torch.broadcast_to(env[v.name], t.shape).stride() for v in last.inputs]
+    except Exception:  # noqa: BLE001 - an op without a meta kernel: the copy holds the whole value
+        return ()
+    return tuple(d for d, size in enumerate(t.shape) if size > 1 and all(s[d] == 0 for s in strides))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

@@ -133,7 +133,7 @@ class ConstCopy:
 
     def __init__(self, sources: tuple[torch.Tensor, ...], compute: Callable[[], torch.Tensor]) -> None:
         """`value`: ``compute()`` (the sources' tensors in, a tensor of them out) in memory of its own, contiguous."""
-        self.sources, self.compute, self.lock = sources, compute, threading.Lock()
+        self.sources, self.compute, self.lock = sources, compute, threading.RLock()
         # the sum of the sources' version counters (each only grows: the sum moves where one of them moved), one
         # attribute read for one source (~0.1 us a call, 1 thread)
         self.version = (functools.partial(_VERSION, sources[0]) if len(sources) == 1
@@ -146,11 +146,17 @@ class ConstCopy:
         """Computes the copy again where a source changed in place since it was computed."""
         if self.version() != self.seen:
             with self.lock:
-                seen = self.version()
-                if seen != self.seen:
-                    with torch.no_grad():
-                        self.value.copy_(self.compute())
-                    self.seen = seen
+                if self.version() != self.seen:
+                    self.compute_again()
+
+    def compute_again(self) -> None:
+        """Computes the copy again, into the same memory, whatever the version counters say (a new graph taking a
+        copy another holds, ``vtc.ir.fold``: a write through ``p.data`` moved none of them)."""
+        with self.lock:
+            seen = self.version()
+            with torch.no_grad():
+                self.value.copy_(self.compute())
+            self.seen = seen
 
 
 _VERSION = operator.attrgetter("_version")
