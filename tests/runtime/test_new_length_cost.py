@@ -184,7 +184,8 @@ def test_node_inputs_are_pytrees_leaves_in_order():
 
 def test_a_transformers_decode_loop_with_a_dynamic_cache_stays_right_and_builds_nothing(monkeypatch):
     """HF Llama, a DynamicCache growing every step: logits as eager's at every length; from the third new length
-    on, no kernel is built and most kernels are not generated again."""
+    on, no kernel is built and at most half the kernels are generated again (11 of 22 since vtc.dynamic folds RoPE's
+    cos and sin, session 24: 12 of 25 before)."""
     tf = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -205,7 +206,7 @@ def test_a_transformers_decode_loop_with_a_dynamic_cache_stays_right_and_builds_
         assert got.past_key_values.get_seq_length() == 8 + i
         if i >= 3:
             n_kernels = sum(s.kind == "kernel" for s in step._specs[next(reversed(step._specs))].executor.steps)
-            assert count.built == 0 and count.generated < n_kernels / 2, (i, count.built, count.generated, n_kernels)
+            assert count.built == 0 and count.generated <= n_kernels / 2, (i, count.built, count.generated, n_kernels)
         want_cache, got_cache = want.past_key_values, got.past_key_values
         tok = want.logits[:, -1:].argmax(-1)
     assert step._dynamic.sources_reused > 0 and not step._dynamic.why_not

@@ -309,13 +309,13 @@ def _fold(graph: Graph, t: Value, made: dict[str, Node], consts: dict[str, torch
         return "it reads no constant"
     if any(s.is_inference() for s in sources):
         return "it reads an inference tensor: it has no version counter to see an in-place change by"
-    key = _shared_key(recipe, t, consts)
+    dims = _broadcast_dims(recipe, t, dict(zip(names, sources)))
+    key = _shared_key(recipe, t, consts, dims)
     with _SHARED_LOCK:
         copy = _SHARED.get(key) if key is not None else None
         if copy is not None:  # computed again: Compiled.refresh() after a write through p.data reaches it
             copy.compute_again()
             return copy, recipe
-        dims = _broadcast_dims(recipe, t, dict(zip(names, sources)))
 
         def compute() -> torch.Tensor:
             env = dict(zip(names, sources))
@@ -352,8 +352,9 @@ _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _SHARED_LOCK = threading.Lock()
 
 
-def _shared_key(recipe: list[Node], t: Value, consts: dict[str, torch.Tensor]) -> tuple | None:
-    """What identifies the value `t` that `recipe` computes from `consts` (None: an argument that is a tensor)."""
+def _shared_key(recipe: list[Node], t: Value, consts: dict[str, torch.Tensor], dims: tuple[int, ...]) -> tuple | None:
+    """What identifies the copy of value `t` that `recipe` computes from `consts`, without dims `dims` (None: an
+    argument that is a tensor)."""
     index = {v.name: (i, j) for i, n in enumerate(recipe) for j, v in enumerate(n.outputs)}
 
     def leaf(x):
@@ -368,7 +369,7 @@ def _shared_key(recipe: list[Node], t: Value, consts: dict[str, torch.Tensor]) -
 
     try:
         return (tuple((n.op, repr(pytree.tree_map(leaf, (n.args, n.kwargs)))) for n in recipe),
-                index[t.name], t.shape, t.dtype)
+                index[t.name], t.shape, t.dtype, dims)
     except _NotShared:
         return None
 
