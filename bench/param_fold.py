@@ -3,6 +3,7 @@
     python -m bench.param_fold [--models wav2vec2_pos_conv,wn_linear,t5_small,...] [--rounds 30]
     python -m bench.param_fold --broadcast [--models t5_small_no_mask_b4]
     python -m bench.param_fold --dynamic [--models wav2vec2_pos_conv,wn_linear,llama_small] [--sizes 49,61,77]
+    python -m bench.param_fold --static [--models wav2vec2_pos_conv,wn_linear] [--sizes 49,61,77]
 
 Each model is compiled twice: with ``vtc.ir.fold.fold_weight_chains`` (the fold of session 23) and with it switched
 off (none of these models has a weight behind a movement chain, so that is the compiler before session 23).  Calls
@@ -17,6 +18,10 @@ fold of session 23), "after" holds it without its broadcast dims (session 24).
 (session 23's vtc.dynamic folded nothing), "after" with it.  Per size the median ms per call, then the CPU time
 of the first call at each size (the specialization: planning, lowering, the fold; kernels from the disk cache,
 every size visited once before by a throwaway compile) and the bytes of the distinct folded copies the sizes hold.
+
+``--static``: ``vtc.compile(..., dynamic=False)`` called at each of ``--sizes`` (a capture per size); the bytes of
+the distinct folded copies and of everything held against the packed-weight budget, with the copies shared by
+recipe (session 24) and not (``fold._shared_key`` switched off: a copy per specialization, as before).
 """
 from __future__ import annotations
 
@@ -151,20 +156,46 @@ def dynamic_run(model, sizes: list[int], resize, folded: bool, rounds: int) -> N
           + f"{len(c._specs)} specializations", flush=True)
 
 
+def static_run(model, sizes: list[int], resize, shared: bool) -> None:
+    """Prints the bytes of the distinct folded copies and of all packed copies held by a model compiled with
+    dynamic=False and called at each size (a capture per size), with the copies shared by recipe or not."""
+    from vtc.runtime import packed
+
+    gc.collect()
+    held = packed.HELD.bytes
+    with switched_off(fold, "_shared_key", fold._shared_key if shared else (lambda *a: None)):
+        c = vtc.compile(model, resize(sizes[0]), dynamic=False)
+        for n in sizes:
+            c(*resize(n))
+    copies = {id(x): x for s in c._specs.values() for x in s.graph.meta.get("const_copies", {}).values()}
+    print(f"  {'shared    ' if shared else 'not shared'}: {len(c._specs)} specializations, {len(copies)} distinct "
+          f"copies, {sum(x.value.nbytes for x in copies.values()) / 2**20:.1f} MB; packed-weight budget held "
+          f"{(packed.HELD.bytes - held) / 2**20:.1f} MB", flush=True)
+    del c
+    gc.collect()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=None)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--broadcast", action="store_true")
     ap.add_argument("--dynamic", action="store_true")
+    ap.add_argument("--static", action="store_true")
     ap.add_argument("--sizes", default="49,61,77,93")
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    default = ",".join(RESIZE) if args.dynamic else "t5_small_no_mask_b4" if args.broadcast else ",".join(MODELS)
+    default = ",".join(RESIZE) if args.dynamic or args.static else "t5_small_no_mask_b4" if args.broadcast else ",".join(MODELS)
     for name in (args.models or default).split(","):
         torch.manual_seed(0)
         model, inputs = MODELS[name]()
+        if args.static:
+            print(f"{name}:", flush=True)
+            with torch.no_grad():
+                for shared in (False, True):
+                    static_run(model, [int(n) for n in args.sizes.split(",")], RESIZE[name], shared)
+            continue
         if args.dynamic:
             print(f"{name} (uptime {os.getloadavg()[0]:.1f}):", flush=True)
             with torch.no_grad():
