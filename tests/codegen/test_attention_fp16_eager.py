@@ -101,7 +101,8 @@ def test_other_readers_of_the_float32_probabilities_keep_them():
 
 def test_transformers_llama_eager_float16_has_one_attention_kernel_per_layer():
     """A float16 LlamaForCausalLM with attn_implementation="eager" (2 layers, GQA 4 / 2 heads, 2 x 24 tokens,
-    causal): each layer's attention one kernel, no softmax kernel; the logits within 2 float16 ulps of eager's
+    causal): each layer's attention one kernel (prefill tiles, q's RoPE inlined and packed in two loops without a
+    branch, flash.head_dim_pieces), no softmax kernel; the logits within 2 float16 ulps of eager's
     plus 2^-9 of their largest magnitude (as test_gemm_fp16's end-to-end Llama) and no further from the float64
     model's on average."""
     torch.manual_seed(0)
@@ -115,6 +116,9 @@ def test_transformers_llama_eager_float16_has_one_attention_kernel_per_layer():
         got, want = c(ids).logits, model(ids).logits
         exact = copy.deepcopy(model).double()(ids).logits
     names = [x.name for x in kernels(c)]
-    assert [x.kind for x in kernels(c)].count("attention") == 2, (names, executor(c).lowering.why_not_attention)
+    att = [x for x in kernels(c) if x.kind == "attention"]
+    assert len(att) == 2, (names, executor(c).lowering.why_not_attention)
+    for x in att:  # q's RoPE read inline: Qᵀ packed per half of the head dim, rotate_half's choice decided in each
+        assert x.tiled and "qr[j][d + 16] = " in generate(x)
     assert not [n for n in names if "softmax" in n or "bmm" in n.replace("attn_bmm", "")], names
     _assert_close(got, want, exact, want.abs().max().item())

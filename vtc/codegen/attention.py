@@ -10,7 +10,9 @@ ratio of 4) and the scores and probabilities make a round trip through memory.
 This module finds the pattern on a lowering (``find_attention``) and turns it
 into one kernel (``attention_kernel``, emitted by ``emit_attention``):
 
-- **match**: a ``_softmax`` over the last dim (float32) whose probabilities,
+- **match**: a ``_softmax`` over the last dim (float32 or float16; the float32
+  softmax of float16 scores cast back to float16, transformers' eager float16
+  attention, as the float16 one) whose probabilities,
   through virtual movement ops only, are read by one ``bmm`` as its left
   operand and by nothing else; its input reached from exactly one ``bmm`` (the
   scores) through generated pointwise ops and virtual movement ops, none of
@@ -435,24 +437,6 @@ def _replace(s: Scalar, old: Scalar, new: Scalar, memo: dict) -> Scalar:
     return out
 
 
-def _branch_free(s: Scalar, memo: dict) -> Scalar:
-    """s with each ``and`` / ``or`` of two bools as a bitwise one (a mask's predicate, such as transformers'
-    ``kv <= position & same segment``): C's ``&&`` branches, and a loop with a branch over keys or lanes is
-    not vectorised (the score chain's loop in the float16 prefill tiles ran scalar, its float16 roundings
-    each a call).  Both sides may be evaluated: each is an element of a whole tensor, in range wherever s is
-    (a piece choice keeps its branch)."""
-    hit = memo.get(id(s))
-    if hit is not None:
-        return hit
-    args = tuple(_branch_free(a, memo) if isinstance(a, Scalar) else a for a in s.args)
-    op = s.op
-    if op == "binary" and args[0] in ("and", "or") and args[1].dtype == args[2].dtype == torch.bool:
-        args = ({"and": "bitand", "or": "bitor"}[args[0]], *args[1:])
-    out = s if all(a is b for a, b in zip(args, s.args)) else Scalar.make(op, args, s.dtype)
-    memo[id(s)] = out
-    return out
-
-
 def is_cheap(n: Node) -> bool:
     """A pointwise op worth recomputing at every K/V read of an attention kernel (a scale or a cast)."""
     big = [v for v in n.inputs if v.numel > 1]
@@ -473,7 +457,7 @@ def attention_kernel(low, m: AttentionMatch) -> AttentionKernel:
     raw = K.load(scores.name, rows.h, scores.dtype)
     dot = K.cast(K.acc("score", torch.float32), scores.dtype)  # float16: rounded as eager's bmm result
     score = _replace(low.value_at(m.softmax.inputs[0].name, rows.j, memo), raw, dot, {})
-    score = _branch_free(K.cast(score, torch.float32), {})
+    score = K.cast(score, torch.float32)
     h0, h1 = rows.h[0], rows.h[1]
     q = K.cast(low.value_at(qk["self"].name, (h0, h1, d), memo), torch.float32)
     k = K.cast(low.value_at(qk["mat2"].name, (h0, d, r), memo), torch.float32)

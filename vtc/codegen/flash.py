@@ -415,7 +415,7 @@ def _affine_of(s: Scalar) -> tuple[int, dict[str, int]] | None:
 
 def _bounds(cond: Scalar, lows: list, highs: list) -> None:
     """Adds the key bounds that a true `cond` (masked) implies the visible keys satisfy."""
-    if cond.op == "binary" and cond.args[0] in ("logical_or", "bitwise_or", "or", "bitor"):
+    if cond.op == "binary" and cond.args[0] in ("logical_or", "bitwise_or", "or"):
         _bounds(cond.args[1], lows, highs)
         _bounds(cond.args[2], lows, highs)
         return
