@@ -10,7 +10,9 @@ ratio of 4) and the scores and probabilities make a round trip through memory.
 This module finds the pattern on a lowering (``find_attention``) and turns it
 into one kernel (``attention_kernel``, emitted by ``emit_attention``):
 
-- **match**: a ``_softmax`` over the last dim (float32) whose probabilities,
+- **match**: a ``_softmax`` over the last dim (float32 or float16; the float32
+  softmax of float16 scores cast back to float16, transformers' eager float16
+  attention, as the float16 one) whose probabilities,
   through virtual movement ops only, are read by one ``bmm`` as its left
   operand and by nothing else; its input reached from exactly one ``bmm`` (the
   scores) through generated pointwise ops and virtual movement ops, none of
@@ -74,7 +76,7 @@ import torch
 from vtc.codegen import decode_copy, flash
 from vtc.codegen import kernel_ir as K
 from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, Store, scalars_under
-from vtc.index.expr import Expr, free_vars, var
+from vtc.index.expr import Expr, add, free_vars, var
 from vtc.index.mapping import out_vars
 from vtc.ir.graph import Node, Value
 from vtc.virtual.movement import bind
@@ -106,17 +108,19 @@ class AttentionMatch:
     output: Node  # bmm(p, v)
     chain: list[Node] = field(default_factory=list)  # pointwise and virtual movement nodes in between
     guard: list[Node] = field(default_factory=list)  # SDPA's "fully masked row -> 0" after the softmax
-    probs: Value | None = None  # what the PV bmm reads (through virtual nodes): the softmax or the guard's where
+    # what the PV bmm reads (through virtual nodes): the softmax, the guard's where or the cast to float16 of either
+    probs: Value | None = None
+    narrow: list[Node] = field(default_factory=list)  # the cast of float32 probabilities to float16 (_narrowing)
 
     @property
     def nodes(self) -> list[Node]:
         """Every node the kernel computes, in graph order."""
-        return [self.scores, *self.chain, self.softmax, *self.guard, self.output]
+        return [self.scores, *self.chain, self.softmax, *self.guard, *self.narrow, self.output]
 
     @property
     def members(self) -> list[Node]:
         """The nodes whose kind becomes "attention" (the chain's pointwise nodes are inlined instead)."""
-        return [self.scores, self.softmax, *self.guard, self.output]
+        return [self.scores, self.softmax, *self.guard, *self.narrow, self.output]
 
     def kv_operands(self) -> set[tuple[str, str]]:
         """(node, value) pairs by which the kernel reads K and V (re-read once per query row)."""
@@ -233,6 +237,8 @@ def _match(low, sm: Node) -> AttentionMatch:
     if x.dtype not in DTYPES or p.dtype != x.dtype or args.get("half_to_float"):
         raise NotAttention(f"softmax of {x.dtype} to {p.dtype}: the attention kernel is float32 or float16 only")
     guard, probs = _guard(low, sm, x)
+    narrow, probs = _narrowing(low, probs)
+    dtype = probs.dtype  # of the two bmm
     pv = _only_reader(low, probs)
     if not _is(pv, "bmm") or low.kind[pv.name] not in ("library", "gemm"):
         raise NotAttention(f"probabilities {probs.name} are read by {pv.name} ({pv.op}), not a bmm")
@@ -241,10 +247,10 @@ def _match(low, sm: Node) -> AttentionMatch:
         raise NotAttention(f"{pv.name} does not read the probabilities as its left operand only")
     qk, chain = _scores(low, x, sm, guard)
     for n in (qk, pv):
-        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != x.dtype]
+        bad = [v for v in [*n.inputs, *n.outputs] if v.dtype != dtype]
         if bad:
-            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}, its softmax {x.dtype}")
-    m = AttentionMatch(qk, sm, pv, chain, guard, probs)
+            raise NotAttention(f"{n.name} has {bad[0].name} of {bad[0].dtype}, its probabilities {dtype}")
+    m = AttentionMatch(qk, sm, pv, chain, guard, probs, narrow)
     saved = low.inline
     low.inline = {o.name for c in chain if low.kind[c.name] == "pointwise" for o in c.outputs}
     try:
@@ -286,6 +292,21 @@ def _guard(low, sm: Node, x: Value) -> tuple[list[Node], Value]:
         chain.append(n)
         v = b["self"]
     return [*reversed(chain[1:]), zeros, where], where.outputs[0]
+
+
+def _narrowing(low, p: Value) -> tuple[list[Node], Value]:
+    """transformers' eager float16 attention, ``softmax(scores, dtype=float32).to(float16)``: the float32
+    probabilities' one reader a ``_to_copy`` to float16 (read by the PV bmm in float16).  Its node and
+    output, or no nodes and p.  The kernel computes that form as the float16 softmax: eager rounds the
+    probabilities to float16 either way."""
+    users = low.users.get(p.name, [])
+    if p.dtype != torch.float32 or len(users) != 1 or p.name in low.outputs:
+        return [], p
+    (cast,) = users
+    out = cast.outputs[0]
+    if not _is(cast, "_to_copy") or low.kind[cast.name] != "pointwise" or out.dtype != torch.float16:
+        return [], p
+    return [cast], out
 
 
 def _only_reader(low, v: Value) -> Node:
@@ -507,7 +528,12 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
                 em.temps.update({id(x): f"lq{j}[q]" for j, x in enumerate(lane)})
                 em.temps.update({id(x): f"kt{j}[t][q]" for j, (x, _, _) in enumerate(rows)})
 
-        parts = [(k.q, "          "), (k.k, "            "), (k.score, "          "), (k.v, "            ")]
+        q_pieces = []
+        for lo, hi in flash.head_dim_pieces(k.q, k.head_dim):
+            em.forget()
+            q = K.substitute(k.q, {"d": add(var("d", hi - lo), lo)}, {}) if (lo, hi) != (0, k.head_dim) else k.q
+            q_pieces.append((lo, hi, em.hoist([q], "          ", within_temps=False), em.scalar(q)))
+        parts = [(k.k, "            "), (k.score, "          "), (k.v, "            ")]
         texts = []
         for root, indent in parts:
             forget(root is k.score)
@@ -518,7 +544,7 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
             mask = (em.hoist([mask], "      ", within_temps=False), em.scalar(mask))
         em.forget()
         key_rows = list(zip(ptrs, strides, types))
-        return flash.emit_tiled(k, em, *texts, mask=mask, lanes=lanes, key_rows=key_rows, around=around)
+        return flash.emit_tiled(k, em, q_pieces, *texts, mask=mask, lanes=lanes, key_rows=key_rows, around=around)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)

@@ -68,7 +68,7 @@ from dataclasses import dataclass
 import torch
 
 from vtc.codegen.kernel_ir import Scalar, scalars_under
-from vtc.index.expr import add, affine, mul, subs, var
+from vtc.index.expr import add, affine, free_vars, mul, subs, var
 from vtc.index.mapping import linear_offset
 
 LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
@@ -100,6 +100,11 @@ KEY_ROWS_T = True
 # per 16 FMAs in the PV step, more than the two a cycle that Zen 5's load ports take (docs/prefill.md, session
 # 18: llama3_prefill_b1's kernel 1.21 -> 0.82 ms at 1 thread); False: the code before, for A / B runs
 PIN_OPERANDS = True
+# Qᵀ's rows computed per range of the head dim over which q's piece choices on d alone are decided (RoPE's
+# rotate_half, d < D / 2, inlined into the attention kernel): loops without a branch, which gcc vectorises (one
+# loop with the choice's two loads under a branch ran scalar; in float16 each widening and rounding a call)
+Q_PIECES = True
+MAX_Q_PIECES = 4
 
 
 def decode_key_block(k) -> int:
@@ -325,6 +330,19 @@ HIDDEN = "-1.70141183e38f"
 SAFE_MAX = "-8.50705917e37f"
 
 
+def head_dim_pieces(q: Scalar, dd: int) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) of the head dim d, in order, over each of which every piece choice of q that depends
+    on d alone is decided (``Q_PIECES``); the whole range where there is none, or more than MAX_Q_PIECES."""
+    preds = [s.args[0] for s in scalars_under([q]) if s.op == "pick" and free_vars(s.args[0]) == {"d"}]
+    if not Q_PIECES or not preds:
+        return [(0, dd)]
+    sides = [[subs(p, {"d": x}) for p in preds] for x in range(dd)]
+    if not all(e.is_const for row in sides for e in row):
+        return [(0, dd)]
+    cuts = [0, *(x for x in range(1, dd) if [e.value for e in sides[x]] != [e.value for e in sides[x - 1]]), dd]
+    return list(zip(cuts, cuts[1:])) if len(cuts) - 1 <= MAX_Q_PIECES else [(0, dd)]
+
+
 def additive_mask(score: Scalar) -> Scalar | None:
     """The mask term m of a score chain ``x + m`` whose m does not read the dot product (an additive mask,
     such as transformers' ``finfo.min`` masks, a graph input or built from indices), or None; walked
@@ -491,10 +509,11 @@ def _stage_key_rows(rows: list[tuple[str, int, str]], ind: str) -> list[str]:
     return lines
 
 
-def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], []),
+def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], []),
                key_rows: list[tuple[str, int, str]] = (), around=([], [])) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
-    (hoisted lines, C expression) of q, k, score, v and the additive mask (or None) from ``emit_attention``;
+    (hoisted lines, C expression) of k, score, v and the additive mask (or None) from ``emit_attention``, q
+    as (lo, hi, hoisted lines, C expression) per range of the head dim (``head_dim_pieces``: d counts from lo);
     `lanes`: (declarations, lines that set lane q's entries) of the per-query terms that the score and mask
     expressions read as ``lq<j>[q]``, filled once per task; `key_rows`: (pointer, key stride, C type of the
     row bases) of the loads that they read as ``kt<j>[t][q]`` (``key_row_loads``; lane q's row base in
@@ -601,9 +620,10 @@ def emit_tiled(k, em, pre_q, qx, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lan
         "          const int64_t q = q0 + j;",
         "          if (q < nr) {",
         "            const int64_t i0 = li0[q], i1 = li1[q];",
-        "            #pragma omp simd",
-        f"            for (int64_t d = 0; d < {dd}; ++d) {{", *["    " + x for x in pre_q],
-        f"              qr[j][d] = {qx};", "            }",
+        *[x for lo, hi, pre_q, qx in q_pieces for x in [
+            "            #pragma omp simd",
+            f"            for (int64_t d = 0; d < {hi - lo}; ++d) {{", *["    " + x for x in pre_q],
+            f"              qr[j][d + {lo}] = {qx};" if lo else f"              qr[j][d] = {qx};", "            }"]],
         *([f"            for (int64_t d = {dd}; d < {ddp}; ++d) qr[j][d] = 0.0f;"] if ddp != dd else []),
         f"          }} else for (int64_t d = 0; d < {ddp}; ++d) qr[j][d] = 0.0f;",
         "        }",
