@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
 import time
 import traceback
@@ -253,7 +252,7 @@ class Case:
         if form == "bcast":
             c, o, hw = r.choice([8, 17, 24, 58, 116]), r.choice([8, 17, 24, 58, 116]), r.choice([3, 5, 7, 14])
         elif form == "direct":
-            c, o, hw = r.choice([1, 3, 4]), r.choice([8, 16, 24, 33]), r.choice([17, 32, 40, 63])
+            c, o, hw = r.choice([1, 3, 4]), r.choice([8, 16, 24, 33]), r.choice([17, 40, 64, 70])
             k, stride = r.choice([3, 5, 7]), r.choice([1, 2])
             pad = r.choice([0, k // 2])
         elif form == "panels":
