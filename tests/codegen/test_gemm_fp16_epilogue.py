@@ -1,12 +1,13 @@
 """The float32 sums of a float16 GEMM (vtc.codegen.gemm ``narrowed``) and their epilogue: each thread sums a unit's
 block into a C of its own (``_narrowed_c``: up to ``NARROWED_KEEP`` floats of row blocks, not a scratch C of the
-whole product), and the epilogue rounds the block into the float16 output by rows (``_narrowed_rows``: vecmath's
-``vtc_round_f16_n`` where the epilogue reads the product rounded, ``vtc_to_f16_n`` into the output), against
-torch eager at float16's tolerance (tests/codegen/test_gemm_fp16.py's ``_assert_fp16_close``: one float16 ulp plus
-2^-16 of the products' magnitudes, 97% of the elements bit for bit).
+whole product); the epilogue rounds it into the float16 output by rows (``_narrowed_rows``: vecmath's
+``vtc_round_f16_n`` where the epilogue reads the product rounded, ``vtc_to_f16_n`` into the output, by streaming
+stores from ``NARROWED_STREAM_BYTES`` on), on the panels path a row strip at a time as the last KC slice finishes
+it (``_narrowed_strips``).  Every result against torch eager at float16's tolerance (tests/codegen/test_gemm_fp16.py's
+``_assert_fp16_close``: one float16 ulp plus 2^-16 of the products' magnitudes, 97% of the elements bit for bit).
 
 The assertions on the kernels' source fail before helper gemm16's change (session 24), which changed no result:
-the block C and the row conversions are speed (docs/gemm.md)."""
+it is speed (docs/gemm.md)."""
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,8 @@ from tests.codegen.util import compile_cpu, gen, kernels, rand, report
 
 H = torch.float16
 BLOCK_C = "vtc_gemm_scratch(3, mg * mc * LDC)"  # the thread's C of its block (``_narrowed_c``)
+TO_ROWS = "(c_stream ? vtc_to_f16_n_stream : vtc_to_f16_n)("  # a row of the result stored (``_narrowed_rows``)
+STRIPS = "if (k0 + kb >= K) {"  # the epilogue run by row strips on the panels path (``_narrowed_strips``)
 
 
 def _gemm_sources(c) -> list[str]:
@@ -31,7 +34,7 @@ def _assert_block_c(c, *, to_rows: bool = True, rounded_rows: bool = False) -> N
     `rounded_rows`: its C rounded by rows first (the epilogue reads the product rounded to float16)."""
     srcs = _gemm_sources(c)
     assert srcs and all(BLOCK_C in s and "std::free(cacc)" not in s for s in srcs)
-    assert all(("vtc_to_f16_n(" in s) == to_rows for s in srcs)
+    assert all((TO_ROWS in s) == to_rows for s in srcs)
     assert all(("vtc_round_f16_n(ct + ii * LDC, nb)" in s) == rounded_rows for s in srcs)
 
 
@@ -43,6 +46,7 @@ def test_mm_odd_sizes(m):
     x, w = rand((m, 77), g, H), rand((77, 301), g, H)
     c, _, _ = _generated(lambda x, w: x @ w, (x, w), _magnitude(x, w), gemm="vtc")
     _assert_block_c(c)
+    assert STRIPS in _gemm_sources(c)[0] and "if (!strips_done)" in _gemm_sources(c)[0]  # (the dot path's after)
 
 
 @pytest.mark.parametrize("m", [17, 127])
@@ -65,7 +69,7 @@ def test_silu_times_up():
                          _magnitude(x, wu.t()) * gate.double().abs() + _magnitude(x, wg.t()), gemm="vtc",
                          kinds=("gemm", "gemm"))
     srcs = _gemm_sources(c)
-    assert all(BLOCK_C in s and "vtc_to_f16_n(" in s for s in srcs)
+    assert all(BLOCK_C in s and TO_ROWS in s for s in srcs)
     assert sum("vtc_round_f16_n(ct + ii * LDC, nb)" in s for s in srcs) == 1  # the up projection's epilogue
 
 
@@ -110,3 +114,17 @@ def test_transposed_result():
     c = compile_cpu(lambda x, w: (x @ w).t().contiguous(), (x, w), gemm="vtc")
     assert [q["choice"] for q in report(c)["gemm"]] == ["vtc"]
     _assert_fp16_close(c(x, w), (x @ w).t().contiguous(), _magnitude(x, w).t())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_streamed_rows(monkeypatch, threads):
+    """A result from NARROWED_STREAM_BYTES on (lowered here to every one) stored by streaming stores: rows of 301
+    float16 elements (602 bytes apart: most rows start off a 32-byte boundary, their first elements stored as
+    the row's head), the bias added before the one rounding."""
+    monkeypatch.setattr(gemm, "NARROWED_STREAM_BYTES", 0)
+    g = gen(370 + threads)
+    x, w, b = rand((37, 130), g, H), rand((301, 130), g, H), rand((301,), g, H)
+    c, _, _ = _generated(lambda x, w, b: F.linear(x, w, b), (x, w, b), _magnitude(x, w.t()) + b.double().abs(),
+                         gemm="vtc", threads=threads)
+    assert "const bool c_stream = BATCH * M * N * 2 >= 0LL;" in _gemm_sources(c)[0]
+    _assert_block_c(c)

@@ -1552,6 +1552,8 @@ def generate(k: Kernel) -> str:
         *(["      const int64_t jb = grp % tn, n0 = jb * nq_n / tn * nq, nb = std::min<int64_t>(N, (jb + 1) * nq_n / tn * nq) - n0;"]
           if BALANCED_BLOCKS else ["      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);"]),
         f"      float* __restrict cg = {'cacc' if nar else f'{c} + {cbase} + n0'};",
+        *(["      bool strips_done = false;  // the epilogue run strip by strip (_narrowed_strips)"]
+          if nar and NARROWED_STRIPS else []),
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
@@ -1612,20 +1614,23 @@ def generate(k: Kernel) -> str:
                 f"{ind}      vtc_ukr_a_edge<{lda}>((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, {asrc} + ir * {lda},",
                 f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
                 "#else", *tile, "#endif"]
+    strips = _narrowed_strips(em, k, ind + "    ") if nar and NARROWED_STRIPS else []
     lines += [
-        f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
+        f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{  // an A micro-panel stays in L1, B panels stream from L2",
         f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
         *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ", spec is not None, a_in_place is not None)),
         *tile,
         f"{ind}    }}",
+        *strips,
+        f"{ind}  }}",
         f"{ind}}}",
         "      }",
     ]
     epi = _epilogue(em, k, "        ")
     if epi:
-        lines += ["      " + x for x in block] + epi + ["      }"]
+        lines += [*(["      if (!strips_done)"] if strips else []), *["      " + x for x in block], *epi, "      }"]
     lines += ["    }", "  }", *_ksplit_finish(em, k)]
     head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
@@ -2190,6 +2195,7 @@ def _narrowed_c() -> list[str]:
     for Llama's 128 x 32000 logits, was allocated and page-faulted in on every call, and its rows read back from
     memory: docs/gemm.md, helper gemm16.)"""
     return ["  const int64_t LDC = nc;  // the thread's float32 sums of a block (narrowed)",
+            f"  const bool c_stream = BATCH * M * N * 2 >= {NARROWED_STREAM_BYTES}LL;  // (_narrowed_rows)",
             f"  const int64_t mg = std::max<int64_t>(1, std::min<int64_t>(tm, {NARROWED_KEEP}LL / (mc * nc)));"]
 
 
@@ -2264,6 +2270,25 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
 
 
 NARROWED_ROWS = True  # a narrowed kernel's float16 result rounded and stored by rows (_narrowed_rows)
+NARROWED_STREAM_BYTES = 4 << 20  # a float16 result from this size on stored by rows with streaming stores
+NARROWED_STRIPS = True  # ... on the panels path, a row strip at a time as its last KC slice finishes (_narrowed_strips)
+
+
+def _narrowed_strips(em, k: Kernel, ind: str) -> list[str]:
+    """In the panels path's row strip loop of a ``narrowed`` kernel: after the strip's tiles of the last KC slice,
+    ``_epilogue`` over the strip's VTC_MR rows of C while they are in the caches (strips_done then skips the
+    block's epilogue after the slices, which the other paths still run).  After the whole block (128 rows of
+    1024 columns: 512 KB), the B panels streamed since (1 MB a slice) had pushed C out of the 1 MB L2 of the
+    Zen 4 this ran on: the epilogue read the 16 MB of Llama's logits sums from memory (docs/gemm.md, gemm16)."""
+    epi = _epilogue(em, k, ind + "  ")
+    return [f"{ind}if (k0 + kb >= K) {{  // the strip's rows are finished: through the epilogue while in cache",
+            f"{ind}  const int64_t m0s = m0 + ir, mbs = std::min<int64_t>(VTC_MR, mb - ir);",
+            f"{ind}  float* __restrict const cts = ct + ir * LDC;",
+            f"{ind}  {{ const int64_t m0 = m0s, mb = mbs; float* __restrict const ct = cts;",
+            *epi,
+            f"{ind}  }}",
+            f"{ind}  strips_done = true;",
+            f"{ind}}}"]
 
 
 def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
@@ -2285,8 +2310,8 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     value = first.value
     rounded = None if value.op == "acc" else _acc_rounded([value])
     to_row = [f"{ind}  {{ {_loop_var(nv, 'n0', '')[0]} "
-              f"vtc_to_f16_n(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], "
-              f"ct + ii * LDC, nb); }}"]
+              f"(c_stream ? vtc_to_f16_n_stream : vtc_to_f16_n)"
+              f"(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], ct + ii * LDC, nb); }}"]
     if value.op == "acc":
         return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  "), *to_row]
     value = rounded[0] if rounded else value
