@@ -2,7 +2,7 @@
 block into a C of its own (``_narrowed_c``: up to ``NARROWED_KEEP`` floats of row blocks, not a scratch C of the
 whole product); the epilogue rounds it into the float16 output by rows (``_narrowed_rows``: vecmath's
 ``vtc_round_f16_n`` where the epilogue reads the product rounded, ``vtc_to_f16_n`` into the output, by streaming
-stores from ``NARROWED_STREAM_BYTES`` on), on the panels path a row strip at a time as the last KC slice finishes
+stores from ``NARROWED_LARGE_BYTES`` on), on the panels path a row strip at a time as the last KC slice finishes
 it (``_narrowed_strips``).  Every result against torch eager at float16's tolerance (tests/codegen/test_gemm_fp16.py's
 ``_assert_fp16_close``: one float16 ulp plus 2^-16 of the products' magnitudes, 97% of the elements bit for bit).
 
@@ -21,8 +21,8 @@ from tests.codegen.util import compile_cpu, gen, kernels, rand, report
 
 H = torch.float16
 BLOCK_C = "vtc_gemm_scratch(3, mg * mc * LDC)"  # the thread's C of its block (``_narrowed_c``)
-TO_ROWS = "(c_stream ? vtc_to_f16_n_stream : vtc_to_f16_n)("  # a row of the result stored (``_narrowed_rows``)
-STRIPS = "if (k0 + kb >= K) {"  # the epilogue run by row strips on the panels path (``_narrowed_strips``)
+TO_ROWS = "(c_large ? vtc_to_f16_n_stream : vtc_to_f16_n)("  # a row of the result stored (``_narrowed_rows``)
+STRIPS = "if (c_large && k0 + kb >= K) {"  # the epilogue run by row strips on the panels path (``_narrowed_strips``)
 
 
 def _gemm_sources(c) -> list[str]:
@@ -117,14 +117,14 @@ def test_transposed_result():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_streamed_rows(monkeypatch, threads):
-    """A result from NARROWED_STREAM_BYTES on (lowered here to every one) stored by streaming stores: rows of 301
-    float16 elements (602 bytes apart: most rows start off a 32-byte boundary, their first elements stored as
-    the row's head), the bias added before the one rounding."""
-    monkeypatch.setattr(gemm, "NARROWED_STREAM_BYTES", 0)
+def test_large_result_streamed_by_strips(monkeypatch, threads):
+    """A result from NARROWED_LARGE_BYTES on (lowered here to every one): its epilogue by row strips, its rows
+    stored by streaming stores: rows of 301 float16 elements (602 bytes apart: most rows start off a 32-byte
+    boundary, their first elements stored as the row's head), the bias added before the one rounding."""
+    monkeypatch.setattr(gemm, "NARROWED_LARGE_BYTES", 0)
     g = gen(370 + threads)
     x, w, b = rand((37, 130), g, H), rand((301, 130), g, H), rand((301,), g, H)
     c, _, _ = _generated(lambda x, w, b: F.linear(x, w, b), (x, w, b), _magnitude(x, w.t()) + b.double().abs(),
                          gemm="vtc", threads=threads)
-    assert "const bool c_stream = BATCH * M * N * 2 >= 0LL;" in _gemm_sources(c)[0]
+    assert "const bool c_large = BATCH * M * N * 2 >= 0LL;" in _gemm_sources(c)[0]
     _assert_block_c(c)

@@ -2195,7 +2195,7 @@ def _narrowed_c() -> list[str]:
     for Llama's 128 x 32000 logits, was allocated and page-faulted in on every call, and its rows read back from
     memory: docs/gemm.md, helper gemm16.)"""
     return ["  const int64_t LDC = nc;  // the thread's float32 sums of a block (narrowed)",
-            f"  const bool c_stream = BATCH * M * N * 2 >= {NARROWED_STREAM_BYTES}LL;  // (_narrowed_rows)",
+            f"  const bool c_large = BATCH * M * N * 2 >= {NARROWED_LARGE_BYTES}LL;  // (_narrowed_rows, _narrowed_strips)",
             f"  const int64_t mg = std::max<int64_t>(1, std::min<int64_t>(tm, {NARROWED_KEEP}LL / (mc * nc)));"]
 
 
@@ -2270,18 +2270,20 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
 
 
 NARROWED_ROWS = True  # a narrowed kernel's float16 result rounded and stored by rows (_narrowed_rows)
-NARROWED_STREAM_BYTES = 4 << 20  # a float16 result from this size on stored by rows with streaming stores
-NARROWED_STRIPS = True  # ... on the panels path, a row strip at a time as its last KC slice finishes (_narrowed_strips)
+NARROWED_LARGE_BYTES = 4 << 20  # a float16 result from this size on: stored with streaming stores, by strips
+NARROWED_STRIPS = True  # ... a large one on the panels path a row strip at a time as its last KC slice ends (_narrowed_strips)
 
 
 def _narrowed_strips(em, k: Kernel, ind: str) -> list[str]:
-    """In the panels path's row strip loop of a ``narrowed`` kernel: after the strip's tiles of the last KC slice,
-    ``_epilogue`` over the strip's VTC_MR rows of C while they are in the caches (strips_done then skips the
-    block's epilogue after the slices, which the other paths still run).  After the whole block (128 rows of
-    1024 columns: 512 KB), the B panels streamed since (1 MB a slice) had pushed C out of the 1 MB L2 of the
-    Zen 4 this ran on: the epilogue read the 16 MB of Llama's logits sums from memory (docs/gemm.md, gemm16)."""
+    """In the panels path's row strip loop of a ``narrowed`` kernel with a large result (c_large: from
+    NARROWED_LARGE_BYTES): after the strip's tiles of the last KC slice, ``_epilogue`` over the strip's VTC_MR
+    rows of C while they are in the caches (strips_done then skips the block's epilogue after the slices, which
+    the other paths and smaller results run).  After the whole block (128 rows of 1024 columns: 512 KB), the B
+    panels streamed since (1 MB a slice) push C out of the 1 MB L2 of the Zen 4 this ran on (docs/gemm.md,
+    helper gemm16: with the streaming stores, Llama's float16 logits GEMM ran ~4% faster; neither alone was
+    clear of the noise, nor a change on the MLP's GEMMs, which keep the block's epilogue)."""
     epi = _epilogue(em, k, ind + "  ")
-    return [f"{ind}if (k0 + kb >= K) {{  // the strip's rows are finished: through the epilogue while in cache",
+    return [f"{ind}if (c_large && k0 + kb >= K) {{  // the strip's rows are finished: through the epilogue while in cache",
             f"{ind}  const int64_t m0s = m0 + ir, mbs = std::min<int64_t>(VTC_MR, mb - ir);",
             f"{ind}  float* __restrict const cts = ct + ir * LDC;",
             f"{ind}  {{ const int64_t m0 = m0s, mb = mbs; float* __restrict const ct = cts;",
@@ -2310,7 +2312,7 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     value = first.value
     rounded = None if value.op == "acc" else _acc_rounded([value])
     to_row = [f"{ind}  {{ {_loop_var(nv, 'n0', '')[0]} "
-              f"(c_stream ? vtc_to_f16_n_stream : vtc_to_f16_n)"
+              f"(c_large ? vtc_to_f16_n_stream : vtc_to_f16_n)"
               f"(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], ct + ii * LDC, nb); }}"]
     if value.op == "acc":
         return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  "), *to_row]
