@@ -150,8 +150,8 @@ def test_fp16_threads(threads):
 
 
 def test_fp16_large_result():
-    """A result past NARROWED_KEEP floats (300 x 4000): its float32 sums in a buffer of the call, freed after it;
-    called twice."""
+    """A result past NARROWED_KEEP floats (300 x 4000): its float32 sums in each thread's C of its blocks
+    (``_narrowed_c``); called twice."""
     g = gen(125)
     x, w = rand((300, 256), g, H), rand((4000, 256), g, H)
     c, _, want = _generated(lambda x, w: F.linear(x, w), (x, w), _magnitude(x, w.t()))

@@ -1469,8 +1469,10 @@ def generate(k: Kernel) -> str:
     out = k.stores[0].buffer
     lines = buffer_pointers(k, em)
     M, N, KK, B = g.m, g.n, g.k, g.batch
-    # a float16 result (``narrowed``): the sums go to a float32 scratch C, the epilogue rounds them into the output
-    c = "cacc" if narrowed(k) else em.ptr[out.name]
+    # a float16 result (``narrowed``): the sums go to the thread's float32 C of its block (``_narrowed_c``), which
+    # the epilogue rounds into the output
+    nar = narrowed(k)
+    c = "cacc" if nar else em.ptr[out.name]
     wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
@@ -1487,12 +1489,8 @@ def generate(k: Kernel) -> str:
     # the accumulator: the kernel's own [batch, M, N] buffer, or a block of a pushed op's output
     cbase, ldc = (f"{bt} * M * N", N) if g.out_layout is None else (em.index(g.out_layout[0]), g.out_layout[1])
     lines += [
-        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}, LDC = {ldc};",
+        f"  const int64_t M = {M}, N = {N}, K = {KK}, BATCH = {B}{'' if nar else f', LDC = {ldc}'};",
         f"  const int nt = {parallel_condition(B, M, N, KK)} && nthreads > 1 ? nthreads : 1;",
-        *(["  // the float32 sums (narrowed): kept in the thread's scratch, or for the call where large",
-           f"  float* __restrict cacc = BATCH * M * N <= {NARROWED_KEEP}LL ? vtc_gemm_scratch(3, BATCH * M * N)",
-           "      : (float*)std::aligned_alloc(64, (size_t)((BATCH * M * N * 4 + 63) / 64 * 64));"]
-          if narrowed(k) else []),
         "  int64_t mc = VTC_MC, nc = VTC_NC, kc = VTC_KC;",
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *_wide_rows_blocking(em, g),
@@ -1534,9 +1532,11 @@ def generate(k: Kernel) -> str:
         "  }",
         *(_balanced_blocks(wt and stream) if BALANCED_BLOCKS else []),
         *_ksplit_head(em, g),
+        *(_narrowed_c() if nar else []),
         "  const int64_t units = BATCH * tn * tm;",
         *OMP_TEAM,
         "    float* __restrict ap = vtc_gemm_scratch(0, (mc + VTC_NR) * kc);",
+        *(["    float* __restrict cacc = vtc_gemm_scratch(3, mg * mc * LDC);"] if nar else []),
         *(["    int64_t a_key = -1;  // (batch * tm + M block) * K + k0 of the A^T block in ap (weight_rows)"]
           if wt else []),
         *(["    int64_t s_key = -1;  // (batch * tm + M block) * K + k0 of the A panel in ap (W packed once)"]
@@ -1545,18 +1545,21 @@ def generate(k: Kernel) -> str:
         *_ksplit_rows(em, g, c),
         "    const int64_t u1 = units * (tid + 1) / nth;",
         "    for (int64_t u = units * tid / nth; u < u1;) {",
-        "      const int64_t grp = u / tm, mlo = u % tm, mhi = std::min<int64_t>(tm, mlo + (u1 - u));",
+        "      const int64_t grp = u / tm, mlo = u % tm, mhi = std::min<int64_t>(tm, mlo + "
+        f"{'std::min<int64_t>(mg, u1 - u)' if nar else '(u1 - u)'});",
         "      u += mhi - mlo;",
         f"      const int64_t {bt} = grp / tn;",
         *(["      const int64_t jb = grp % tn, n0 = jb * nq_n / tn * nq, nb = std::min<int64_t>(N, (jb + 1) * nq_n / tn * nq) - n0;"]
           if BALANCED_BLOCKS else ["      const int64_t n0 = (grp % tn) * nc, nb = std::min<int64_t>(nc, N - n0);"]),
-        f"      float* __restrict cg = {c} + {cbase} + n0;",
+        f"      float* __restrict cg = {'cacc' if nar else f'{c} + {cbase} + n0'};",
+        *(["      bool strips_done = false;  // the epilogue run strip by strip (_narrowed_strips)"]
+          if nar and NARROWED_STRIPS else []),
         "      for (int64_t k0 = 0; k0 < K; k0 += kc) {",
         "        const int64_t kb = std::min<int64_t>(kc, K - k0);",
     ]
     block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-             "  float* __restrict ct = cg + m0 * LDC;"]
+             f"  float* __restrict ct = cg + {'(mi - mlo) * mc' if nar else 'm0'} * LDC;"]
     ind = "        "
     lines += _weight_rows(em, g, ind, bt, stream)
     dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
@@ -1611,23 +1614,24 @@ def generate(k: Kernel) -> str:
                 f"{ind}      vtc_ukr_a_edge<{lda}>((int)std::min<int64_t>(VTC_MR, mb - ir), cols, kb, {asrc} + ir * {lda},",
                 f"{ind}                   tail ? btail : bsrc + jr * bstep, tail ? VTC_NR : ldb, ct + ir * LDC + jr, LDC, k0 > 0);",
                 "#else", *tile, "#endif"]
+    strips = _narrowed_strips(em, k, ind + "    ") if nar and NARROWED_STRIPS else []
     lines += [
-        f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR)  // an A micro-panel stays in L1, B panels stream from L2",
+        f"{ind}  for (int64_t ir = 0; ir < mb; ir += VTC_MR) {{  // an A micro-panel stays in L1, B panels stream from L2",
         f"{ind}    for (int64_t jr = 0; jr < nb; jr += VTC_NR) {{",
         f"{ind}      const int64_t cols = std::min<int64_t>(VTC_NR, nb - jr);",
         f"{ind}      const bool tail = btail && cols < VTC_NR;",
         *([] if lazy is None else _lazy_b_panel(em, g, lazy, ind + "      ", spec is not None, a_in_place is not None)),
         *tile,
         f"{ind}    }}",
+        *strips,
+        f"{ind}  }}",
         f"{ind}}}",
         "      }",
     ]
     epi = _epilogue(em, k, "        ")
     if epi:
-        lines += ["      " + x for x in block] + epi + ["      }"]
+        lines += [*(["      if (!strips_done)"] if strips else []), *["      " + x for x in block], *epi, "      }"]
     lines += ["    }", "  }", *_ksplit_finish(em, k)]
-    if narrowed(k):
-        lines.append(f"  if (BATCH * M * N > {NARROWED_KEEP}LL) std::free(cacc);")
     head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
@@ -2180,8 +2184,19 @@ def _pack_b(em, g: GemmOperands, ind: str) -> list[str]:
             f"{ind}}}"] + zero_tail
 
 
-NARROWED_KEEP = 1 << 20  # floats of a narrowed kernel's C kept in the thread's scratch (4 MB); a larger C (a float16
-#                          logits GEMM over a long prompt) is allocated for the call and freed after it
+NARROWED_KEEP = 1 << 20  # floats of a narrowed kernel's C kept in a thread's scratch at most (4 MB): its groups of
+#                          row blocks hold up to this many (but always one block)
+
+
+def _narrowed_c() -> list[str]:
+    """The C lines, after the blocking, that size a ``narrowed`` kernel's float32 sums: each thread sums a unit's
+    block into its own C of mg row blocks of the widest column block (LDC = nc), read back by the epilogue from
+    the caches; a group of the unit loop covers mg row blocks at most.  (A scratch C of the whole product, 16 MB
+    for Llama's 128 x 32000 logits, was allocated and page-faulted in on every call, and its rows read back from
+    memory: docs/gemm.md, helper gemm16.)"""
+    return ["  const int64_t LDC = nc;  // the thread's float32 sums of a block (narrowed)",
+            f"  const bool c_large = BATCH * M * N * 2 >= {NARROWED_LARGE_BYTES}LL;  // (_narrowed_rows, _narrowed_strips)",
+            f"  const int64_t mg = std::max<int64_t>(1, std::min<int64_t>(tm, {NARROWED_KEEP}LL / (mc * nc)));"]
 
 
 def narrowed(k: Kernel) -> bool:
@@ -2192,9 +2207,10 @@ def narrowed(k: Kernel) -> bool:
 
 def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     """Over the finished tile: out = the first store's scalar of acc (alpha, bias, beta, a fused pointwise
-    consumer), into C or, where ``narrowed``, rounded into the float16 output; then each other store (through a
-    push mapping, vtc.codegen.gemm_push) copies the finished value where its predicate holds, over the columns
-    it can hold on (``_column_run``).  Nothing when the first store is acc into C and there are no others."""
+    consumer), into C or, where ``narrowed``, rounded into the float16 output (``_narrowed_rows`` where it can);
+    then each other store (through a push mapping, vtc.codegen.gemm_push) copies the finished value where its
+    predicate holds, over the columns it can hold on (``_column_run``).  Nothing when the first store is acc
+    into C and there are no others."""
     from vtc.codegen.cpp import storage_ctype
 
     g: GemmOperands = k.gemm
@@ -2204,7 +2220,10 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
         return []
     bv, mv, nv = g.vars
     inner = ind + "    "
-    if narrowed(k):
+    rows = _narrowed_rows(em, k, ind) if narrowed(k) and NARROWED_ROWS else None
+    if rows is not None:
+        lines = rows
+    elif narrowed(k):
         out = first.buffer.name
 
         def store() -> str:
@@ -2250,6 +2269,60 @@ def _epilogue(em, k: Kernel, ind: str) -> list[str]:
     return lines + [f"{ind}}}"]
 
 
+NARROWED_ROWS = True  # a narrowed kernel's float16 result rounded and stored by rows (_narrowed_rows)
+NARROWED_LARGE_BYTES = 4 << 20  # a float16 result from this size on: stored with streaming stores, by strips
+NARROWED_STRIPS = True  # ... a large one on the panels path a row strip at a time as its last KC slice ends (_narrowed_strips)
+
+
+def _narrowed_strips(em, k: Kernel, ind: str) -> list[str]:
+    """In the panels path's row strip loop of a ``narrowed`` kernel with a large result (c_large: from
+    NARROWED_LARGE_BYTES): after the strip's tiles of the last KC slice, ``_epilogue`` over the strip's VTC_MR
+    rows of C while they are in the caches (strips_done then skips the block's epilogue after the slices, which
+    the other paths and smaller results run).  After the whole block (128 rows of 1024 columns: 512 KB), the B
+    panels streamed since (1 MB a slice) push C out of the 1 MB L2 of the Zen 4 this ran on (docs/gemm.md,
+    helper gemm16: with the streaming stores, Llama's float16 logits GEMM ran ~4% faster; neither alone was
+    clear of the noise, nor a change on the MLP's GEMMs, which keep the block's epilogue)."""
+    epi = _epilogue(em, k, ind + "  ")
+    return [f"{ind}if (c_large && k0 + kb >= K) {{  // the strip's rows are finished: through the epilogue while in cache",
+            f"{ind}  const int64_t m0s = m0 + ir, mbs = std::min<int64_t>(VTC_MR, mb - ir);",
+            f"{ind}  float* __restrict const cts = ct + ir * LDC;",
+            f"{ind}  {{ const int64_t m0 = m0s, mb = mbs; float* __restrict const ct = cts;",
+            *epi,
+            f"{ind}  }}",
+            f"{ind}  strips_done = true;",
+            f"{ind}}}"]
+
+
+def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
+    """``_epilogue``'s first store of a ``narrowed`` kernel whose float16 elements are consecutive along the
+    columns, without a predicate, by rows of vector conversions (vecmath's ``vtc_round_f16_n`` and
+    ``vtc_to_f16_n``; the loop's are calls, one per 16 elements): where every read of acc rounds it to float16
+    (a residual add or SiLU * up on the GEMM's float16 result), the row of C is rounded in place first; the
+    value of each column goes into C unrounded (as the pushed stores read it) and the row is narrowed into the
+    output.  Opens the row loop, as ``block_values``; None where the store is not such a row."""
+    from vtc.codegen.conv_t import _acc_rounded
+
+    first, (_, mv, nv) = k.stores[0], k.gemm.vars
+    if first.when is not None or not nv:
+        return None
+    _, terms = _terms(linear_offset(first.index, first.buffer.shape))
+    along = [(atom, c) for atom, c in terms.items() if nv in free_vars(atom)]
+    if len(along) != 1 or along[0][0].op != "var" or along[0][1] != 1:
+        return None
+    value = first.value
+    rounded = None if value.op == "acc" else _acc_rounded([value])
+    to_row = [f"{ind}  {{ {_loop_var(nv, 'n0', '')[0]} "
+              f"(c_large ? vtc_to_f16_n_stream : vtc_to_f16_n)"
+              f"(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], ct + ii * LDC, nb); }}"]
+    if value.op == "acc":
+        return [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  "), *to_row]
+    value = rounded[0] if rounded else value
+    before = [f"{ind}  vtc_round_f16_n(ct + ii * LDC, nb);"] if rounded else []
+    lines = block_values(em, value, k.gemm.vars, ind, "ct[ii * LDC + jj]",
+                         lambda: f"ct[ii * LDC + jj] = {em.temps.get(id(value)) or em.unrounded(value)}", before)
+    return lines + to_row
+
+
 def _pushed_value(st: Store, x: str) -> str:
     """C float x (a finished element of the tile) as an element of pushed store st's buffer (float16: rounded)."""
     from vtc.codegen.cpp import ctype
@@ -2286,15 +2359,17 @@ def _store_runs(idx: tuple, buf: Buffer, run: tuple[int, int] | None) -> tuple[i
     return None
 
 
-def block_values(em, value: Scalar, gvars: tuple, ind: str, acc: str, store: Callable[[], str]) -> list[str]:
+def block_values(em, value: Scalar, gvars: tuple, ind: str, acc: str, store: Callable[[], str],
+                 before: list[str] = ()) -> list[str]:
     """C opening a loop over the rows ii < mb of a finished block (its first element at (m0, n0)) that evaluates
     `value` of the GEMM's sum (``acc_`` read from `acc`) for every column jj < nb and runs `store()` (a C
     statement, made after the value's temporaries are named); the row loop's brace is left open.  The terms
     that do not depend on the column are computed once per row (a batch norm's w / sqrt(var + eps) per element
-    took a third of a 1x1 conv).  The float32 GEMM's and the bf16 GEMM's epilogues (vtc.codegen.gemm_bf16)."""
+    took a third of a 1x1 conv).  `before`: C lines at the start of each row.  The float32 GEMM's and the bf16
+    GEMM's epilogues (vtc.codegen.gemm_bf16)."""
     _, mv, nv = gvars
     inner = ind + "    "
-    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  ")]
+    lines = [f"{ind}for (int64_t ii = 0; ii < mb; ++ii) {{", *_loop_var(mv, "m0 + ii", ind + "  "), *before]
     em.forget()
     lines += em.hoist_invariant([value], {nv}, ind + "  ")
     temps = em.hoist([value], inner)

@@ -332,5 +332,23 @@ static inline void vtc_to_f16_n(uint16_t* __restrict dst, const float* __restric
   for (int64_t j = 0; j < n; ++j) dst[j] = vtc_to_f16(src[j]);
 #endif
 }
+// vtc_to_f16_n by streaming stores where dst is 32-byte aligned (a large float16 result that is not read back
+// soon: its lines are not read for ownership; vtc.codegen.gemm ``_narrowed_rows``), fenced before it returns
+static inline void vtc_to_f16_n_stream(uint16_t* __restrict dst, const float* __restrict src, int64_t n) {
+#if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  const int64_t head = std::min<int64_t>(n, (int64_t)((32 - ((uintptr_t)dst & 31)) & 31) / 2);
+  if (((uintptr_t)dst & 1) == 0 && n - head >= 16) {
+    vtc_to_f16_n(dst, src, head);
+    int64_t j = head;
+    for (; j + 16 <= n; j += 16)
+      _mm256_stream_si256((__m256i*)(dst + j), _mm512_cvtps_ph(_mm512_loadu_ps(src + j),
+                                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    vtc_to_f16_n(dst + j, src + j, n - j);
+    _mm_sfence();
+    return;
+  }
+#endif
+  vtc_to_f16_n(dst, src, n);
+}
 #endif
 """
