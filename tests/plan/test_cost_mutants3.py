@@ -91,9 +91,9 @@ def test_a_machine_of_an_unknown_capability_has_16_byte_vectors(monkeypatch):
 
 
 def test_a_size_one_dim_inside_the_output_changes_no_probe():
-    """The probe turns row-major positions into indices (a size-1 dim's index is always 0): a cat of rows with a
-    size-1 dim in the middle reads as the same cat without it (cost.py:544, `max(shape, 1)` as 2: odd rows
-    read the next row's elements)."""
+    """The probe turns row-major positions into indices, dividing by each dim's size: a cat of rows with a size-1
+    dim in the middle reads as the same cat without it (cost.py:545, `rest // max(shape, 1)` as `max(shape, 2)`:
+    the rows above a size-1 dim are halved)."""
     with_one = access(pull(torch.ops.aten.cat.default, [Src("a", (64, 1, 2)), Src("b", (64, 1, 2))], 2,
                            out=(64, 1, 4)), 4)
     plain = access(pull(torch.ops.aten.cat.default, [Src("a", (64, 2)), Src("b", (64, 2))], 1, out=(64, 4)), 4)
