@@ -350,3 +350,41 @@ def test_no_bf16_ratio_is_measured_without_the_bf16_kernel(monkeypatch):
     monkeypatch.setattr(gemm_bf16, "support", lambda: "no AVX512_BF16")
     monkeypatch.setattr(cost, "_cpu_time_ratio", lambda *a: pytest.fail("measured"))
     assert cost._measure_library_ratio(dtype=torch.bfloat16) == 0.0
+
+
+@pytest.mark.parametrize("strides,shape,blas", [
+    ((15, 5, 1), (2, 3, 5), True),  # row-major
+    ((24, 8, 1), (2, 3, 5), True),  # rows padded
+    ((15, 4, 1), (2, 3, 5), False),  # rows overlap
+    ((15, 1, 3), (2, 3, 5), True),  # column-major
+    ((15, 1, 2), (2, 3, 5), False),  # columns overlap
+    ((15, 1, 4), (2, 3, 5), True),  # columns padded
+    ((5, 0, 1), (2, 1, 5), True),  # one row
+    ((10, 3, 1), (2, 2, 5), False),  # two overlapping rows
+    ((6, 2, 0), (2, 3, 1), True),  # one column
+    ((12, 4, 2), (2, 3, 2), False),  # two columns, neither layout
+    ((6, 1, 0), (2, 6, 1), True),
+    ((4, 0, 2), (2, 1, 2), True),  # one row read at stride 2: column-major
+    ((12, 5, 2), (2, 2, 3), False),  # two rows, neither layout
+    ((6, 1, 2), (2, 3, 2), False),  # two overlapping columns
+    ((2,), (2,), False),  # a vector of two at stride 2
+    ((0, 1), (3, 0), False),  # empty rows that are not laid out
+    ((0, 0), (0, 3), False),
+])
+def test_blas_layout_of_the_last_two_dims(strides, shape, blas):
+    """blas_layout(): row- or column-major last two dims, size-1 dims free, padding allowed, overlap not
+    (cost.py:815-819, the size-1 and stride tests and the `max` of the 2-d rules; 3-d shapes so that `shape[2]`
+    is not `shape[-2]`)."""
+    from vtc.index.mapping import Strided
+    from vtc.plan.cost import blas_layout
+
+    assert blas_layout(Strided("s", 0, strides), shape) == blas
+
+
+def test_the_inner_stride_is_that_of_the_last_dim_of_more_than_one_element():
+    """_inner() (named in library_takes' reason; cost.py:824-825)."""
+    from vtc.index.mapping import Strided
+
+    assert cost._inner(Strided("s", 0, (12, 4, 1)), (2, 3, 4)) == 1
+    assert cost._inner(Strided("s", 0, (4, 2, 0)), (3, 2, 1)) == 2
+    assert cost._inner(Strided("s", 0, (0, 0)), (1, 1)) == 1
