@@ -100,3 +100,17 @@ def test_gather_from_a_0d_tensor_accepts_only_index_0():
     (m,), _, env = pull_of(A.gather.default, (torch.tensor(5.0), 0, torch.tensor([0, 0])))
     with pytest.raises(IndexError, match=r"gather: index 1 is out of range \[0, 0\]"):
         realize(m, {**env, "t1": torch.tensor([0, 1])})
+
+
+@pytest.mark.parametrize("indices", [[None], [None, None]])
+def test_index_put_without_index_tensors_writes_the_values_everywhere(indices):
+    """index_put with only Nones for indices: torch's CPU kernel fails an internal assert on it, but its meta
+    kernel (the fake tensors torch.export traces with) accepts it, so a captured graph can hold the call and its
+    pull runs: every element is the values broadcast to self (movement.py:702, the "no index tensors" branch
+    forced off raised instead; part 2 had counted that branch unreachable)."""
+    x, v = torch.randn(3, 4), torch.randn(4)
+    with pytest.raises(RuntimeError, match="INTERNAL ASSERT"):
+        A.index_put.default(x, indices, v)
+    assert A.index_put.default(x.to("meta"), indices, v.to("meta")).shape == x.shape
+    (m,) = pull(A.index_put.default, (Src("x", (3, 4)), indices, Src("v", (4,))), {}, [(3, 4)])
+    torch.testing.assert_close(realize(m, {"x": x, "v": v}), v.expand(3, 4), rtol=0, atol=0)

@@ -477,7 +477,7 @@ def access(m: Mapping, itemsize: int, line: int = 64) -> Access:
     src_bytes = sum(_numel(s) for s in m.sources.values()) * itemsize
     inside, outside = op_counts(m)
     ops, hoisted = inside + outside, dict(run_ops=outside, run=_run(m))
-    if m.index_tensors or any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):
+    if any(x.op == "load" for p in m.pieces for e in (*p.index, p.when) for x in walk(e)):  # reads index tensors
         chunk, stride, lines = _probe(m, itemsize, line)  # with random indices in each load's range
         return Access(INDIRECT, chunk, stride, lines, ops, src_bytes, None, *_window(m, itemsize, line), **hoisted)
     st = m.strided()
