@@ -75,3 +75,22 @@ def test_negative_indices_in_range_wrap_like_torch():
     compiled = compile_cpu(fn, (a, i))
     torch.testing.assert_close(compiled(a, i), fn(a, i), **POINTWISE_TOL)
     assert_all_generated(compiled)
+
+
+@pytest.mark.parametrize("plan", ["all", "greedy"])
+def test_a_gather_from_a_0d_tensor_still_checks_its_index(plan):
+    """out[i] = x[] reads no index, so no kernel reading it through its mapping would load (and check) the index:
+    the gather is kept, and its own copy kernel raises as torch does (before: [11, 11, 11] for an index of 1).
+    Found by the session 24 mutation audit (docs/testing.md)."""
+    x, i = torch.tensor(5.0), torch.tensor([0, 0, 0])
+    fn = lambda x, i: torch.gather(x, 0, i) * 2 + 1  # noqa: E731
+    compiled = compile_cpu(fn, (x, i), plan=plan)
+    torch.testing.assert_close(compiled(x, i), fn(x, i), **POINTWISE_TOL)
+    (gather,) = compiled.report.to_dict()["movement"]
+    assert gather["fate"] == "kept" and "range check of %i would not run" in gather["why"], gather
+    for bad in (1, 2 ** 40, -1):
+        with pytest.raises(IndexError, match=f"gather: index {bad} "):
+            compiled(x, torch.tensor([0, bad, 0]))
+        with pytest.raises((IndexError, RuntimeError)):
+            fn(x, torch.tensor([0, bad, 0]))
+    torch.testing.assert_close(compiled(x, i), fn(x, i), **POINTWISE_TOL)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vtc.index.expr import loads
 from vtc.index.mapping import Mapping, Strided, compose, contiguous_strides
 from vtc.ir.graph import Graph, Node, Value
 from vtc.virtual import movement
@@ -173,11 +174,23 @@ def _virtualize(plan: Plan, node: Node, memo: dict | None = None) -> str | None:
     for out, m in zip(node.outputs, maps):
         inner = {s: plan.mappings[s] for s in m.sources if s in plan.mappings}
         used += [(s, plan.mappings.get(s)) for s in m.sources]
-        plan.mappings[out.name] = compose(m, inner) if inner else m
-        made.append((out.name, plan.mappings[out.name]))
+        made.append((out.name, compose(m, inner) if inner else m))
+    why = next((f"the range check of %{t} would not run: no element read loads it" for _, m in made
+                for t in _unloaded_checks(m)), None)
     if key is not None:
-        memo[("node", node.name)] = (key, tuple(used), dict(made))
+        memo[("node", node.name)] = (key, tuple(used), why or dict(made))
+    if why:
+        return why
+    plan.mappings.update(made)
     return None
+
+
+def _unloaded_checks(m: Mapping) -> list[str]:
+    """Index tensors m range-checks but no element read loads (a gather from a 0-d tensor: out[i] = self[]).
+    A kernel runs the checks of the index tensors it loads, so a virtual m would skip these; kept, the
+    movement op's own copy kernel (or torch) runs them."""
+    loaded = {t for p in m.pieces for e in (*p.index, p.when) for t in loads(e)}
+    return [c.tensor for c in m.checks if c.tensor not in loaded]
 
 
 def _note_needs(plan: Plan, node: Node, data_only: bool, strided: tuple | None = None) -> None:
