@@ -20,30 +20,17 @@ from bench.workloads import llama3
 
 from vtc.codegen.cpp import generate
 
-from .test_decode_fp16 import _assert_close, _repeat_kv
+from .test_decode_fp16 import _assert_close, _attention
 from .util import compile_cpu, executor, gen, kernels, rand, report, steps, torch_threads
 
 H = torch.float16
 
 
-def _eager_attention(ratio: int, position: int | None, softmax_in_float32: bool = True):
-    """transformers' eager_attention_forward: GQA, the scores scaled, plus an additive finfo.min mask at `position`
-    (the queries see keys 0..position) or a causal masked_fill of -inf (the queries the last S of T keys), the
-    softmax in float32 cast back (or, with `softmax_in_float32` False, the float16 softmax)."""
-    def fn(q, k, v):
-        s, t, d = q.shape[2], k.shape[2], q.shape[3]
-        scores = torch.matmul(q, _repeat_kv(k, ratio).transpose(2, 3)) * d ** -0.5
-        if position is None:
-            pos, kv = torch.arange(s) + (t - s), torch.arange(t)
-            scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
-        else:
-            scores = scores + llama3.causal_mask(torch.arange(position, position + s), t, None, scores.dtype)
-        if softmax_in_float32:
-            p = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        else:
-            p = torch.softmax(scores, dim=-1)
-        return torch.matmul(p, _repeat_kv(v, ratio))
-    return fn
+def _eager_attention(ratio: int, position: int | None):
+    """transformers' eager_attention_forward (test_decode_fp16._attention: GQA, the scores scaled, a causal or an
+    additive finfo.min mask) with its softmax in float32, cast back to float16."""
+    return _attention(ratio, position,
+                      lambda scores: torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype))
 
 
 def _assert_one_attention_kernel(c) -> None:
@@ -72,7 +59,7 @@ def test_float32_softmax_cast_to_float16_is_one_attention_kernel(case):
     ratio, b, s, t, d, position, threads, form = case
     g = gen(500 + CASES.index(case))
     q, k, v = rand((b, 2 * ratio, s, d), g, H), rand((b, 2, t, d), g, H), rand((b, 2, t, d), g, H)
-    fn, same_dtype = _eager_attention(ratio, position), _eager_attention(ratio, position, softmax_in_float32=False)
+    fn, same_dtype = _eager_attention(ratio, position), _attention(ratio, position)
     with torch_threads(threads):
         c, c16 = compile_cpu(fn, (q, k, v)), compile_cpu(same_dtype, (q, k, v))
         got, got16, want = c(q, k, v), c16(q, k, v), fn(q, k, v)

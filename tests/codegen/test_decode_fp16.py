@@ -53,9 +53,9 @@ def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
     return x[:, :, None].expand(b, kv, n, t, d).reshape(b, kv * n, t, d)
 
 
-def _attention(ratio: int, position: int | None):
+def _attention(ratio: int, position: int | None, softmax=lambda scores: torch.softmax(scores, dim=-1)):
     """GQA attention, the scores scaled, a causal mask from the queries' positions (the last S of T), or
-    transformers' additive mask at `position` (the queries see keys 0..position)."""
+    transformers' additive mask at `position` (the queries see keys 0..position); `softmax` of the scores."""
     def fn(q, k, v):
         s, t, d = q.shape[2], k.shape[2], q.shape[3]
         scores = torch.matmul(q, _repeat_kv(k, ratio).transpose(2, 3)) * d ** -0.5
@@ -64,7 +64,7 @@ def _attention(ratio: int, position: int | None):
             scores = scores.masked_fill(kv[None, :] > pos[:, None], float("-inf"))
         else:
             scores = scores + llama3.causal_mask(torch.arange(position, position + s), t, None, scores.dtype)
-        return torch.matmul(torch.softmax(scores, dim=-1), _repeat_kv(v, ratio))
+        return torch.matmul(softmax(scores), _repeat_kv(v, ratio))
     return fn
 
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from vtc.runtime import packed
+from vtc.runtime import generic, packed
 
 
 @pytest.fixture
@@ -25,3 +25,15 @@ def quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A kernel cache of the test's own, and no size-generic templates from other tests: a build is a compiler
+    run, not a disk hit."""
+    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))
+    generic._TEMPLATES.clear()
+    generic._SIZE_FREE.clear()
+    yield
+    generic._TEMPLATES.clear()
+    generic._SIZE_FREE.clear()

@@ -22,16 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 from bench.workloads.llama3 import Llama3Layer  # noqa: E402
 
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))  # a build is a compiler run, not a disk hit
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
-    yield
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _layer_inputs(b: int, s: int, t: int, seed: int):

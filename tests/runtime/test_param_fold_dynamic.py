@@ -15,23 +15,13 @@ import torch.nn.functional as F
 from torch.nn.utils.parametrizations import weight_norm
 
 import vtc
-from vtc.runtime import cbuild, generic, packed
+from vtc.runtime import cbuild, packed
 
 from tests.codegen.util import gen, rand
 
 pytestmark = [pytest.mark.skipif(not packed.CONV_ENABLED, reason="VTC_PACKED_WEIGHTS=0: no constant copies"),
               pytest.mark.usefixtures("quiet")]
 TOL = dict(rtol=1e-4, atol=1e-4)
-
-
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))  # a build is a compiler run, not a disk hit
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
-    yield
-    generic._TEMPLATES.clear()
-    generic._SIZE_FREE.clear()
 
 
 class Mixed(torch.nn.Module):
