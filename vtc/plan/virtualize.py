@@ -186,11 +186,12 @@ def _virtualize(plan: Plan, node: Node, memo: dict | None = None) -> str | None:
 
 
 def _unloaded_checks(m: Mapping) -> list[str]:
-    """Index tensors m range-checks but no element read loads (a gather from a 0-d tensor: out[i] = self[]).
-    A kernel runs the checks of the index tensors it loads, so a virtual m would skip these; kept, the
-    movement op's own copy kernel (or torch) runs them."""
-    loaded = {t for p in m.pieces for e in (*p.index, p.when) for t in loads(e)}
-    return [c.tensor for c in m.checks if c.tensor not in loaded]
+    """The index tensors m range-checks when no element read loads any index tensor (a gather from a 0-d tensor:
+    out[i] = self[]).  A kernel runs the checks of the mappings whose index tensors it loads (a scatter's checks
+    ride on the inverse it loads), so a virtual m would skip these; kept, the op's copy kernel runs them."""
+    if any(loads(e) for p in m.pieces for e in (*p.index, p.when)):
+        return []
+    return [c.tensor for c in m.checks]
 
 
 def _note_needs(plan: Plan, node: Node, data_only: bool, strided: tuple | None = None) -> None:
