@@ -217,26 +217,20 @@ products or broadcast tiles with the weight read in place or packed once;
 kernel outputs that only kernels read live in a per-call arena.  How torch's
 float32 GEMM compares with the generated one is measured once per machine.
 Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
-units).  Since the last run: conv_bcast rounds a block of output-channel
-vectors up to whole tiles only where no thread then computes more vectors
-(ShuffleNetV2's sixteen 1x1 116 -> 116 convolutions on 14x14 ran as blocks
-of 6 and 2 vectors on 2 threads: 49.7 -> 35.0 us each; the whole model side
-by side at 2 threads, min, 2.22-2.30 ms against 2.41-2.45 ms for the form
-before session 20, ONNX Runtime 2.94-3.02; docs/gemm.md); the generated
-GEMM's column blocks are whole steps that differ by one step at most
-(GPT-2's logits gave one thread 25600 of 50257 columns, the other 24657;
-docs/prefill.md); the 2-thread machine figures are the fastest of their
-calls and at least the 1-thread CPU-time figure, provisional where measured
-while other processes held the cores (docs/call_cost.md); packed weight
-copies are made best-first by time saved per byte.  Where vtc loses here:
-swin_t_model, 0.90x of OpenVINO (OpenVINO 53.5 ms, 61.1 in the last run;
-side by side in one process at 2 threads right after this run,
-bench/units_side_by_side.py, min / median: vtc 52.5 / 55.4 ms, OpenVINO
-51.8 / 54.4, 0.98-0.99x; gpt2_model there 1.04-1.10x).  The prefill units stay GEMM-bound near
-OpenVINO.  On a loaded machine the libgomp threads' spin-wait between
-kernels costs vtc more than OpenVINO's TBB pool (docs/prefill.md, session
-16); each timed block records how long the process's threads waited for a
-core ("waited" in the JSON).
+units).  Since the last run (vm-2026-12-01-200218): values that compute ops
+make from the model's tensors alone (RoPE cos/sin from inv_freq, weight
+normalisation, W * s, a LoRA merge, T5's bias) are folded once into constant
+copies, under vtc.dynamic too (docs/robustness.md, sessions 23-24); a
+movement op whose index range check no kernel would run (a gather from a
+0-d tensor) is kept; the float16 work of sessions 23-24 (conversion
+instructions, float16 attention and GEMM narrowing) does not run in these
+float32 workloads.  Where vtc loses here: shufflenet_v2_model, vtc-greedy
+0.95x of ONNX Runtime (4.3 vs 4.07 ms; vtc-all 3.65 ms, wide spread:
+3.26-5.64 ms), and swin_t_model, 0.98x of OpenVINO (58.4 vs 57.0 ms).
+The prefill units stay GEMM-bound near OpenVINO.  On a loaded machine the
+libgomp threads' spin-wait between kernels costs vtc more than OpenVINO's
+TBB pool (docs/prefill.md, session 16); each timed block records how long
+the process's threads waited for a core ("waited" in the JSON).
 Peak memory is where virtual tensors help most: chains that stay virtual
 allocate nothing."""
 
