@@ -26,12 +26,12 @@ recipe (session 24) and not (``fold._shared_key`` switched off: a copy per speci
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 import statistics
 import time
 import warnings
+from unittest.mock import patch
 
 import torch
 
@@ -94,29 +94,14 @@ RESIZE = {"wav2vec2_pos_conv": lambda n: (torch.randn(1, n, 768),), "wn_linear":
 
 
 def compiled(model, inputs, folded: bool):
-    keep = fold.fold_weight_chains
-    if not folded:
-        fold.fold_weight_chains = lambda graph: graph
-    try:
+    with patch.object(fold, "fold_weight_chains", fold.fold_weight_chains if folded else (lambda graph: graph)):
         return vtc.compile(model, inputs)
-    finally:
-        fold.fold_weight_chains = keep
-
-
-@contextlib.contextmanager
-def switched_off(module, name: str, off):
-    keep = getattr(module, name)
-    setattr(module, name, off)
-    try:
-        yield
-    finally:
-        setattr(module, name, keep)
 
 
 def compiled_broadcast(model, inputs, whole: bool):
     if not whole:
         return vtc.compile(model, inputs)
-    with switched_off(fold, "_broadcast_dims", lambda *a: ()):
+    with patch.object(fold, "_broadcast_dims", lambda *a: ()):
         return vtc.compile(model, inputs)
 
 
@@ -127,7 +112,7 @@ def dynamic_run(model, sizes: list[int], resize, folded: bool, rounds: int) -> N
     def fresh():
         return vtc.compile(model, resize(sizes[0]), dynamic=True)
 
-    with switched_off(vtc.dynamic, "fold_constants", vtc.dynamic.fold_constants if folded else (lambda g: g)):
+    with patch.object(vtc.dynamic, "fold_constants", vtc.dynamic.fold_constants if folded else (lambda g: g)):
         warm = fresh()
         for n in sizes:  # every kernel into the disk cache
             warm(*resize(n))
@@ -163,7 +148,7 @@ def static_run(model, sizes: list[int], resize, shared: bool) -> None:
 
     gc.collect()
     held = packed.HELD.bytes
-    with switched_off(fold, "_shared_key", fold._shared_key if shared else (lambda *a: None)):
+    with patch.object(fold, "_shared_key", fold._shared_key if shared else (lambda *a: None)):
         c = vtc.compile(model, resize(sizes[0]), dynamic=False)
         for n in sizes:
             c(*resize(n))

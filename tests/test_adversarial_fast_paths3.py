@@ -40,6 +40,7 @@ import time
 import traceback
 import warnings
 from typing import Callable
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -437,7 +438,7 @@ def run_case(case: Case) -> list[str]:
     m, x = case.model, case.inputs(case.rows, 1)
     with contextlib.ExitStack() as stack:
         for obj, attr, value in case.patches:
-            stack.enter_context(_patched(obj, attr, value))
+            stack.enter_context(patch.object(obj, attr, value))
         stack.enter_context(torch.no_grad())
         stack.enter_context(torch_threads(case.threads))
         stack.enter_context(warnings.catch_warnings())
@@ -470,16 +471,6 @@ def run_case(case: Case) -> list[str]:
         case.paths = [q["path"] or q["choice"] for q in report["gemm"]] + [f"folded {folded}"] * bool(folded) + sorted(
             {k.kind for k in kernels(compiled)} - {"gemm"}) + [f"fallback {op}" for op in report["fallback_ops"]]
     return done
-
-
-@contextlib.contextmanager
-def _patched(obj, attr: str, value):
-    old = getattr(obj, attr)
-    setattr(obj, attr, value)
-    try:
-        yield
-    finally:
-        setattr(obj, attr, old)
 
 
 # -- CI: a few cases of each kind, the same every run ------------------------------------------------------------
