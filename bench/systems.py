@@ -33,6 +33,7 @@ and a one-line reason; the harness records them instead of crashing.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import os
 import time
@@ -306,7 +307,17 @@ def _report(report) -> dict:
     d["gathers"] = sum(1 for c in chains if c["realized_as"] == "gather")
     d["gather_bytes"] = sum(c["bytes"] for c in chains if c["realized_as"] == "gather")
     d["fallback_ops"] = sorted(set(d["fallback_ops"]))
+    d["plan_key"] = plan_key(report)
     return d
+
+
+def plan_key(report) -> str:
+    """A digest of what the planner decided: every movement op's fate and every GEMM's choice and path.
+
+    Two variants with the same key run the same kernels, so the report can tell a planner effect from load."""
+    decisions = [(m.node, m.fate) for m in report.movement] + [(g["node"], g["choice"], g.get("path", ""))
+                                                                  for g in report.gemm]
+    return hashlib.sha1(repr(sorted(decisions)).encode()).hexdigest()[:16]
 
 
 PREPARE: dict[str, Callable[[Context], Prepared]] = {

@@ -46,6 +46,7 @@ def test_vtc_bench_smoke(tmp_path, monkeypatch, harness):
     v = w["results"]["vtc-all"]["vtc"]
     assert v["compile_cold_s"] > 0 and v["compile_warm_s"] > 0
     assert v["report"]["movement_ops"] == 1 and v["report"]["eliminated_movement_ops"] == 1
+    assert len(v["report"]["plan_key"]) == 16
     md = (tmp_path / "BENCHMARKS.md").read_text()
     assert "# vtc benchmarks" in md and "## Goal (issue 6)" in md
     assert "| `smoke_transpose_add` |" in md and "vtc speed-up" in md
@@ -187,6 +188,39 @@ def test_report_goal_and_speedup_from_raw_numbers(harness):
     assert g["geomean_speedup"] == pytest.approx((2.0 * 0.5) ** 0.5)
     assert g["min_speedup"] == pytest.approx(0.5) and g["mean_memory_reduction"] == pytest.approx(0.4)
     assert g["met"] == {"geomean_speedup": False, "min_speedup": False, "mean_memory_reduction": True}
+
+
+def test_planner_row_counts_the_same_plan_as_no_effect(harness):
+    """vtc-greedy 2x slower than vtc-all on the same plan is load: 1.00x; on a different plan it is the planner's."""
+    from bench import report
+
+    def res(ms, key):
+        return {"status": "ok", "median_s": ms / 1e3, "vtc": {"report": {"plan_key": key}}}
+
+    def planner_cell(greedy_key):
+        data = {"workloads": [{"name": "m", "group": "model",
+                               "results": {"vtc-none": res(8, "n"), "vtc-all": res(2, "a"),
+                                           "vtc-greedy": res(4, greedy_key)}}]}
+        rows = {row[0]: row[1] for row in report.ablation(data)[1:]}
+        assert rows["virtual tensors (vtc-none → vtc-all)"] == "4.00x"
+        return rows["planner (vtc-all → vtc-greedy)"]
+
+    assert planner_cell("a") == "1.00x (1/1 same plan)"
+    assert planner_cell("g") == "0.50x"
+
+
+def test_plan_key_follows_the_decisions(harness):
+    """Same decisions, same key (whatever their order); a movement op's other fate or a GEMM's other path changes it."""
+    from bench import systems
+    from vtc.plan.report import MovementEntry, Report
+
+    def key(fate="virtual", path="weight_rows", order=1):
+        moves = [MovementEntry("t", "transpose", 64, fate), MovementEntry("c", "cat", 64, "virtual")][::order]
+        return systems.plan_key(Report("greedy", 2, 2, 0, 3, [], 0, movement=moves,
+                                       gemm=[{"node": "mm", "choice": "vtc", "path": path}]))
+
+    assert key() == key(order=-1)
+    assert key() != key(fate="kept") and key() != key(path="panels")
 
 
 def test_clear_error_without_the_repository(tmp_path, monkeypatch):
