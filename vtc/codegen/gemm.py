@@ -2341,8 +2341,6 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     (a residual add or SiLU * up on the GEMM's float16 result), the row of C is rounded in place first; the
     value of each column goes into C unrounded (as the pushed stores read it) and the row is narrowed into the
     output.  Opens the row loop, as ``block_values``; None where the store is not such a row."""
-    from vtc.codegen.conv_t import _acc_rounded
-
     first, (_, mv, nv) = k.stores[0], k.gemm.vars
     if first.when is not None or not nv:
         return None
@@ -2351,7 +2349,7 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     if len(along) != 1 or along[0][0].op != "var" or along[0][1] != 1:
         return None
     value = first.value
-    rounded = None if value.op == "acc" else _acc_rounded([value])
+    rounded = None if value.op == "acc" else K.acc_rounded([value])
     to_row = [f"{ind}  {{ {_loop_var(nv, 'n0', '')[0]} "
               f"(c_large ? vtc_to_f16_n_stream : vtc_to_f16_n)"
               f"(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], ct + ii * LDC, nb); }}"]
