@@ -1,7 +1,8 @@
 """A float16 ``x @ W^T`` on a constant W at weight_rows rows (vtc.codegen.gemm ``_f16_weight_rows``): the call plan
 widens W once into float32 rows (``widened_rows``) and the kernel runs the "weight_rows" path on them (W's rows read
 as the broadcast operand, A^T packed widened from float16), summing in float32 into the thread's block C, which the
-``narrowed`` epilogue rounds into the float16 output once per element, as on the panels.  Before helper head16's
+``narrowed`` epilogue rounds into the float16 output once per element, as on the panels; in one reduction slice
+(K <= WT_KC) the epilogue runs over each staged group of WT_GROUP_F16 columns instead.  Before helper head16's
 change (session 25) every float16 GEMM ran the panels (the report's path "panels"): these tests fail there.
 
 Every result against torch eager at float16's tolerance (tests/codegen/test_gemm_fp16.py's ``_assert_fp16_close``:
@@ -62,7 +63,10 @@ def test_linear_on_widened_rows(m, k, n):
     c, got, want = _check(_Linear(w), (x,), _magnitude(x, w.t()))
     kern = _gemm(c)
     assert kern.gemm.packed_weight.layout is gemm.widened_rows
-    assert "&& wpk;  // the weight_rows path" in gemm.generate(kern)
+    src = gemm.generate(kern)
+    assert "&& wpk;  // the weight_rows path" in src
+    # one reduction slice: the epilogue run over each staged group of columns; two: over the block's C after them
+    assert ("// the group through the epilogue" in src) == (k <= gemm.WT_KC)
     _assert_fp16_close(c(x), want, _magnitude(x, w.t()))  # called again: the widened copy reused
 
 
@@ -79,7 +83,8 @@ def test_bias_and_residual_epilogue():
     g = gen(440)
     x, w, b, r = rand((62, 96), g, H), rand((200, 96), g, H), rand((200,), g, H), rand((62, 200), g, H)
     mag = _magnitude(x, w.t()) + b.double().abs() + r.double().abs()
-    _check(_Linear(w, b), (x, r), mag)
+    c, _, _ = _check(_Linear(w, b), (x, r), mag)
+    assert "// the group through the epilogue" in gemm.generate(_gemm(c))
 
 
 def test_transposed_a():
@@ -110,3 +115,21 @@ def test_without_the_widened_copy_the_panels_run(monkeypatch):
     g = gen(470)
     x, w = rand((64, 96), g, H), rand((150, 96), g, H)
     _check(_Linear(w), (x,), _magnitude(x, w.t()))
+
+
+def test_float32_result():
+    """F.linear(x, W).float() * 2: a float32 result (not ``narrowed``) of float16 operands, on W's widened rows, the
+    product rounded to float16 first as eager's .float() of the float16 result."""
+    g = gen(480)
+    x, w = rand((64, 200), g, H), rand((96, 200), g, H)
+
+    class Mod(_Linear):
+        def forward(self, x):
+            return F.linear(x, self.w).float() * 2
+    mod = Mod(w)
+    c = compile_cpu(mod, (x,), gemm="vtc")
+    with torch.no_grad():
+        got, want = c(x), mod(x)
+    assert [g["path"] for g in report(c)["gemm"]] == ["weight_rows"] and got.dtype == torch.float32
+    _assert_fp16_close((got / 2).to(H), (want / 2).to(H), _magnitude(x, w.t()))
+    assert bool(((got / 2).to(H).float() == got / 2).all())

@@ -1304,6 +1304,8 @@ def _panels_pad_less(m: int) -> bool:
 
 WT_SPLIT_NR = True  # weight_rows' M split over the threads in multiples of NR (its A^T panels), not of MR
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
+WT_GROUP_F16 = 96  # a float16 result's columns staged before its epilogue (_weight_rows): 8 strips of 12, 3 lines of
+#                    float16 per row (64 and 128 ran as fast; 32 and 48, with streaming stores, slower)
 
 
 def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
@@ -1368,7 +1370,8 @@ def _wt_operands(g: GemmOperands, shapes: dict) -> bool:
             and _plain(g.a, g, shapes) is not None)
 
 
-def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool, row0: str, rows_packed: bool) -> list[str]:
+def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool, row0: str, rows_packed: bool,
+                 epilogue: list[str]) -> list[str]:
     """The "weight_rows" loops (``kernel_path``) of an M block, ending the KC slice (``continue``), where the
     kernel's ``wt_rows`` holds: A^T packed into NR-column panels (once per thread and slice: skipped while
     the batch, M block and slice are those of the last pack), then per 12-row strip of W (C's columns) the
@@ -1376,7 +1379,9 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool, row0: str
     the kernel has no epilogue to read C back).  The tests are on M at run time, so a size-generic kernel
     (vtc.runtime.generic) has the same text on both sides of WT_MAX_M.  `row0`: the block's first row in C
     (``generate``'s).  `rows_packed` (a float16 GEMM, ``_f16_weight_rows``): W is the caller's widened copy
-    (``wpk``, ``widened_rows``) and A is widened as it is packed.  Nothing where the operands do not allow the
+    (``wpk``, ``widened_rows``) and A is widened as it is packed.  `epilogue` (a ``narrowed`` kernel's in one
+    reduction slice): the tiles of each group of WT_GROUP_F16 columns are staged and the epilogue run over the
+    group while it is in L1 / L2, storing through the caches (strips_done then skips the block's).  Nothing where the operands do not allow the
     path."""
     if not (rows_packed or _wt_operands(g, em.shapes)):
         return []
@@ -1399,26 +1404,36 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool, row0: str
                 f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
                 f"{ind}        for (int64_t j = 0; j < VTC_NR; ++j)",
                 f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? {widen(f'src[(ir + j) * {sm} + pp * {sk}]')} : 0.0f;"]
-    def tile(staged: bool) -> list[str]:
+    def tile(group: int = 0) -> list[str]:
         return [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= SKINNY_M else 2}>((int)std::min<int64_t>(VTC_MR, "
-                f"{'jg + gb' if staged else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
-                f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if staged else 'ct + ir * LDC + jr, LDC'}, "
+                f"{'jg + gb' if group else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
+                f"{ind}          {f'stage + ir * {group} + jr - jg, {group}' if group else 'ct + ir * LDC + jr, LDC'}, "
                 f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
+
+    def staged(group: int, done: list[str]) -> list[str]:
+        return [f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {group});",
+                f"{ind}  for (int64_t jg = 0; jg < nb; jg += {group}) {{  // strips of W, a group's C tiles staged",
+                f"{ind}    const int64_t gb = std::min<int64_t>({group}, nb - jg);",
+                f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
+                f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+                *["  " + x for x in tile(group)],
+                *done,
+                f"{ind}  }}"]
     loops = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_MR)  // a strip of W in L1, the A^T panels from L2",
              f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-             *tile(False)]
+             *tile()]
     if stream:  # C written by full lines, bypassing the caches: a large C is not read for ownership
         loops = [f"{ind}  if (wt_stream) {{",
-                 f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {WT_GROUP});",
-                 f"{ind}  for (int64_t jg = 0; jg < nb; jg += {WT_GROUP}) {{  // strips of W, a group's C tiles staged",
-                 f"{ind}    const int64_t gb = std::min<int64_t>({WT_GROUP}, nb - jg);",
-                 f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
-                 f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-                 *["  " + x for x in tile(True)],
-                 f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);",
-                 f"{ind}  }}",
+                 *staged(WT_GROUP, [f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);"]),
                  f"{ind}  }} else",
                  *loops]
+    elif epilogue:  # (the group's rows stored through the caches: c_large's streaming stores ran ~5% slower here)
+        cached = " const bool c_large = false;" if any("c_large" in x for x in epilogue) else ""
+        loops = [*staged(WT_GROUP_F16, [f"{ind}    {{ const int64_t n0g = n0 + jg;  // the group through the epilogue",
+                                        f"{ind}      {{ const int64_t n0 = n0g, nb = gb, LDC = {WT_GROUP_F16}; float* __restrict const ct = stage;{cached}",
+                                        *epilogue,
+                                        f"{ind}    }} }}"]),
+                 f"{ind}  strips_done = true;"]
     return [f"{ind}#if defined(__AVX512F__)",
             f"{ind}if (wt_rows) {{",
             f"{ind}for (int64_t mi = mlo; mi < mhi; ++mi) {{",
@@ -1493,6 +1508,8 @@ def generate(k: Kernel) -> str:
     wt = rows_packed or _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
     # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
     stream = wt and not nar and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
+    # a float16 result in one reduction slice: its epilogue run over each staged group of columns (_weight_rows)
+    group_epi = rows_packed and nar and NARROWED_STRIPS and g.k <= WT_KC
     bt = bv or "bt"
     ms_not, ms_or = (" && !m_split", " || m_split") if spec is not None and PACKED_M_SPLIT else ("", "")
     if packed_weight is None:
@@ -1547,7 +1564,8 @@ def generate(k: Kernel) -> str:
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
-        *(_balanced_blocks(wt and stream) if BALANCED_BLOCKS else []),
+        *(_balanced_blocks("wt_stream" if wt and stream else "wt_rows" if group_epi else "",
+                           WT_GROUP_F16 if group_epi else WT_GROUP) if BALANCED_BLOCKS else []),
         *_ksplit_head(em, g),
         *(_narrowed_c() if nar else []),
         "  const int64_t units = BATCH * tn * tm;",
@@ -1578,7 +1596,8 @@ def generate(k: Kernel) -> str:
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
              f"  float* __restrict ct = cg + {'(mi - mlo) * mc' if nar else 'm0'} * LDC;"]  # (_weight_rows' too)
     ind = "        "
-    lines += _weight_rows(em, g, ind, bt, stream, "(mi - mlo) * mc" if nar else "m0", rows_packed)
+    lines += _weight_rows(em, g, ind, bt, stream, "(mi - mlo) * mc" if nar else "m0", rows_packed,
+                          _epilogue(em, k, ind + "      ") if group_epi else [])
     dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
     if skinny is not None:  # W packed once (passed where 2 <= M < WT_MIN_M): its panels read as streams
         lines += [f"{ind}#if defined(__AVX512F__)",
@@ -1658,15 +1677,16 @@ EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile),
 BALANCED_BLOCKS = True  # column blocks of whole steps of nq columns differing by one step at most (_balanced_blocks)
 
 
-def _balanced_blocks(stream: bool) -> list[str]:
+def _balanced_blocks(staged: str, group: int) -> list[str]:
     """The C lines, after the thread split, that set the column blocks' step: block jb of tn covers steps
     [jb * nq_n / tn, (jb + 1) * nq_n / tn) of nq columns, so the threads' column ranges differ by one step at
     most; blocks of nc with a short last one gave one of 2 threads 25600 of the 50257 columns of GPT-2's logits
     (the other 24657) and 16384 of Llama's 32000.  nq: the split's step nr (whole B panels; weight_rows: whole
-    12-row strips of W), where C is streamed whole staged groups of WT_GROUP columns (on cache lines of C)."""
+    12-row strips of W), where the C condition `staged` holds whole staged groups of `group` columns (on cache
+    lines of C: ``_weight_rows``)."""
     return ["  int64_t nq = nr;  // a column block starts on a multiple of nq",
-            *([] if not stream else ["#if defined(__AVX512F__)",
-                                     f"  if (wt_stream) nq = {WT_GROUP};  // whole staged groups, on cache lines of C",
+            *([] if not staged else ["#if defined(__AVX512F__)",
+                                     f"  if ({staged}) nq = {group};  // whole staged groups, on cache lines of C",
                                      "#endif"]),
             "  const int64_t nq_n = (N + nq - 1) / nq;",
             "  nc = std::max<int64_t>(nc, (nq_n + tn - 1) / tn * nq);  // the widest block"]
