@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import torch
 
+from vtc.codegen.kernel_ir import acc_rounded
 from vtc.index.expr import _terms, free_vars, lift
 from vtc.index.mapping import linear_offset
 
@@ -283,7 +284,7 @@ def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P"
     em.forget()
     values = [st.value for st in k.stores]
     half = any(st.buffer.dtype == torch.float16 for st in k.stores)
-    rounded = _acc_rounded(values) if half else None
+    rounded = acc_rounded(values) if half else None
     values = rounded or values
     row = half and isinstance(cap, int) and cap <= MAX_ROW and len(k.stores) == 1 and _along_pixels(em, k.stores[0])
     inner = ind + "    "
@@ -317,31 +318,6 @@ def _epilogue(em, k, ind: str, ldc: str = "P", first: str = "", count: str = "P"
 
 
 MAX_ROW = 4096  # elements of a float16 epilogue's float32 row at most (on the stack)
-
-
-def _acc_rounded(values: list) -> list | None:
-    """`values` with each rounding of the accumulator to float16 (``cast(acc, float16)``) read as a float16 acc (the
-    kernel rounds the block in place first), or None where a value also reads the float32 acc itself."""
-    from vtc.codegen import kernel_ir as K
-    from vtc.codegen.kernel_ir import scalars_under
-
-    memo: dict = {}
-
-    def sub(s):
-        hit = memo.get(id(s))
-        if hit is not None:
-            return hit
-        if s.op == "cast" and s.dtype == torch.float16 and s.args[0].op == "acc":
-            out = K.Scalar.make("acc", s.args[0].args, torch.float16)
-        else:
-            args = tuple(sub(a) if isinstance(a, K.Scalar) else a for a in s.args)
-            out = s if all(a is b for a, b in zip(args, s.args)) else K.Scalar.make(s.op, args, s.dtype)
-        memo[id(s)] = out
-        return out
-
-    out = [sub(v) for v in values]
-    accs = [x for x in scalars_under(out) if x.op == "acc"]
-    return out if accs and all(x.dtype == torch.float16 for x in accs) else None
 
 
 def _along_pixels(em, st) -> bool:

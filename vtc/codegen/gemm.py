@@ -529,7 +529,8 @@ SKINNY_PACKED_PATH = "skinny_packed"  # kernel_path where 1..SKINNY_M rows run v
 def _packed_path(low, k: Kernel, shapes: dict) -> str:
     """The path gemm kernel k runs where the call plan passes it its weight packed once (``_weight_packing``): a
     constant of the graph (or a view of one) as the kernel's B, packed as ``generate`` asks: SKINNY_PACKED_PATH
-    (vtc_skinny_packed) or "panels" (the micro-kernel's panels, B not packed per call); "" where nothing is."""
+    (vtc_skinny_packed), "panels" (the micro-kernel's panels, B not packed per call) or "weight_rows" (a float16
+    W^T widened as rows, ``_f16_weight_rows``); "" where nothing is."""
     from vtc.codegen.cpp import _Emitter
 
     g = k.gemm
@@ -547,7 +548,7 @@ def _packed_path(low, k: Kernel, shapes: dict) -> str:
     whole, st = _of_a_constant(low, spec.buffer)
     if not whole and st is None:
         return ""  # a runtime B: the kernel reads it as without a packed copy
-    return SKINNY_PACKED_PATH if spec is skinny else "panels"
+    return SKINNY_PACKED_PATH if spec is skinny else "weight_rows" if spec.layout is widened_rows else "panels"
 
 
 def _index_loads(*scalars: Scalar) -> set[str]:
@@ -1000,21 +1001,22 @@ static inline void vtc_stream_rows(const float* __restrict src, int64_t lds, flo
 }
 
 // dst[p * VTC_NR + j] = src[j * lds + p] for j < cols <= VTC_NR, p < kb, zero for cols <= j < VTC_NR: an A^T
-// panel (NR rows of A side by side) from row-major rows, 16 x 16 blocks transposed in registers
-static inline void vtc_pack_at(const float* __restrict src, int64_t lds, int64_t cols, int64_t kb, float* __restrict dst) {
+// panel (NR rows of A side by side) from row-major rows (float16 ones widened), 16 x 16 blocks transposed in registers
+template <typename T>
+static inline void vtc_pack_at(const T* __restrict src, int64_t lds, int64_t cols, int64_t kb, float* __restrict dst) {
   for (int64_t j0 = 0; j0 < VTC_NR; j0 += 16) {
     const int64_t n = std::max<int64_t>(0, std::min<int64_t>(16, cols - j0));
     int64_t p0 = 0;
     for (; p0 + 16 <= kb; p0 += 16) {
       __m512 r[16];
       #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) r[i] = i < n ? _mm512_loadu_ps(src + (j0 + i) * lds + p0) : _mm512_setzero_ps();
+      for (int i = 0; i < 16; ++i) r[i] = i < n ? vtc_widen16(src + (j0 + i) * lds + p0) : _mm512_setzero_ps();
       vtc_transpose16_regs(r);
       #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p0 + i) * VTC_NR + j0, r[i]);
     }
     for (; p0 < kb; ++p0)
-      for (int64_t i = 0; i < 16; ++i) dst[p0 * VTC_NR + j0 + i] = i < n ? src[(j0 + i) * lds + p0] : 0.0f;
+      for (int64_t i = 0; i < 16; ++i) dst[p0 * VTC_NR + j0 + i] = i < n ? vtc_widen1(src + (j0 + i) * lds + p0) : 0.0f;
   }
 }
 
@@ -1302,6 +1304,8 @@ def _panels_pad_less(m: int) -> bool:
 
 WT_SPLIT_NR = True  # weight_rows' M split over the threads in multiples of NR (its A^T panels), not of MR
 WT_GROUP = 48  # C columns staged before they are streamed out: 4 strips of 12, 3 cache lines per row
+WT_GROUP_F16 = 96  # a float16 result's columns staged before its epilogue (_weight_rows): 8 strips of 12, 3 lines of
+#                    float16 per row (64 and 128 ran as fast; 32 and 48, with streaming stores, slower)
 
 
 def _plain(s: Scalar, g: GemmOperands, shapes: dict) -> dict[str, int] | None:
@@ -1366,20 +1370,31 @@ def _wt_operands(g: GemmOperands, shapes: dict) -> bool:
             and _plain(g.a, g, shapes) is not None)
 
 
-def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[str]:
+def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool, row0: str, rows_packed: bool,
+                 epilogue: list[str]) -> list[str]:
     """The "weight_rows" loops (``kernel_path``) of an M block, ending the KC slice (``continue``), where the
     kernel's ``wt_rows`` holds: A^T packed into NR-column panels (once per thread and slice: skipped while
     the batch, M block and slice are those of the last pack), then per 12-row strip of W (C's columns) the
     transposed micro-kernel over the A^T panels; C staged and streamed where ``wt_stream`` holds (`stream`:
     the kernel has no epilogue to read C back).  The tests are on M at run time, so a size-generic kernel
-    (vtc.runtime.generic) has the same text on both sides of WT_MAX_M.  Nothing where the operands do not
-    allow the path."""
-    if not _wt_operands(g, em.shapes):
+    (vtc.runtime.generic) has the same text on both sides of WT_MAX_M.  `row0`: the block's first row in C
+    (``generate``'s).  `rows_packed` (a float16 GEMM, ``_f16_weight_rows``): W is the caller's widened copy
+    (``wpk``, ``widened_rows``) and A is widened as it is packed.  `epilogue` (a ``narrowed`` kernel's in one
+    reduction slice): the tiles of each group of WT_GROUP_F16 columns are staged and the epilogue run over the
+    group while it is in L1 / L2, storing through the caches (strips_done then skips the block's).  Nothing where the operands do not allow the
+    path."""
+    if not (rows_packed or _wt_operands(g, em.shapes)):
         return []
     _, mv, nv = g.vars
-    abuf, aoff, ca, _ = _strided(g.a, g, em)
-    bbuf, boff, cb, _ = _strided(g.b, g, em)
-    sm, sk, ldw = ca.get(mv, 0), ca.get("r", 0), cb[nv]
+    a = _unwidened(g.a)
+    abuf, aoff, ca, _ = _strided(a, g, em)
+    sm, sk = ca.get(mv, 0), ca.get("r", 0)
+    if rows_packed:
+        wsrc, ldw = "wpk + n0 * K + k0", g.k
+    else:
+        bbuf, boff, cb, _ = _strided(g.b, g, em)
+        wsrc, ldw = f"{em.ptr[bbuf]} + {boff} + n0 * {cb[nv]} + k0", cb[nv]
+    elem, widen = _elem(a)
     src = f"{em.ptr[abuf]} + {aoff} + m0 * {sm} + k0 * {sk}"
     if sk == 1:
         pack = [f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
@@ -1388,38 +1403,48 @@ def _weight_rows(em, g: GemmOperands, ind: str, bt: str, stream: bool) -> list[s
         pack = [f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
                 f"{ind}      for (int64_t pp = 0; pp < kb; ++pp)",
                 f"{ind}        for (int64_t j = 0; j < VTC_NR; ++j)",
-                f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? src[(ir + j) * {sm} + pp * {sk}] : 0.0f;"]
-    def tile(staged: bool) -> list[str]:
+                f"{ind}          ap[ir * kb + pp * VTC_NR + j] = ir + j < mb ? {widen(f'src[(ir + j) * {sm} + pp * {sk}]')} : 0.0f;"]
+    def tile(group: int = 0) -> list[str]:
         return [f"{ind}      vtc_ukr_wt_edge<{ldw}, {1 if g.m <= SKINNY_M else 2}>((int)std::min<int64_t>(VTC_MR, "
-                f"{'jg + gb' if staged else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
-                f"{ind}          {f'stage + ir * {WT_GROUP} + jr - jg, {WT_GROUP}' if staged else 'ct + ir * LDC + jr, LDC'}, "
+                f"{'jg + gb' if group else 'nb'} - jr), std::min<int64_t>(VTC_NR, mb - ir), kb, w + jr * {ldw}, ap + ir * kb,",
+                f"{ind}          {f'stage + ir * {group} + jr - jg, {group}' if group else 'ct + ir * LDC + jr, LDC'}, "
                 f"k0 > 0, ir == 0 && jr + 2 * VTC_MR <= nb ? w + (jr + VTC_MR) * {ldw} : nullptr);"]
+
+    def staged(group: int, done: list[str]) -> list[str]:
+        return [f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {group});",
+                f"{ind}  for (int64_t jg = 0; jg < nb; jg += {group}) {{  // strips of W, a group's C tiles staged",
+                f"{ind}    const int64_t gb = std::min<int64_t>({group}, nb - jg);",
+                f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
+                f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
+                *["  " + x for x in tile(group)],
+                *done,
+                f"{ind}  }}"]
     loops = [f"{ind}  for (int64_t jr = 0; jr < nb; jr += VTC_MR)  // a strip of W in L1, the A^T panels from L2",
              f"{ind}    for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-             *tile(False)]
+             *tile()]
     if stream:  # C written by full lines, bypassing the caches: a large C is not read for ownership
         loops = [f"{ind}  if (wt_stream) {{",
-                 f"{ind}  float* __restrict stage = vtc_gemm_scratch(2, mb * {WT_GROUP});",
-                 f"{ind}  for (int64_t jg = 0; jg < nb; jg += {WT_GROUP}) {{  // strips of W, a group's C tiles staged",
-                 f"{ind}    const int64_t gb = std::min<int64_t>({WT_GROUP}, nb - jg);",
-                 f"{ind}    for (int64_t jr = jg; jr < jg + gb; jr += VTC_MR)",
-                 f"{ind}      for (int64_t ir = 0; ir < mb; ir += VTC_NR)",
-                 *["  " + x for x in tile(True)],
-                 f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);",
-                 f"{ind}  }}",
+                 *staged(WT_GROUP, [f"{ind}    vtc_stream_rows(stage, {WT_GROUP}, ct + jg, LDC, mb, gb);"]),
                  f"{ind}  }} else",
                  *loops]
+    elif epilogue:  # (the group's rows stored through the caches: c_large's streaming stores ran ~5% slower here)
+        cached = " const bool c_large = false;" if any("c_large" in x for x in epilogue) else ""
+        loops = [*staged(WT_GROUP_F16, [f"{ind}    {{ const int64_t n0g = n0 + jg;  // the group through the epilogue",
+                                        f"{ind}      {{ const int64_t n0 = n0g, nb = gb, LDC = {WT_GROUP_F16}; float* __restrict const ct = stage;{cached}",
+                                        *epilogue,
+                                        f"{ind}    }} }}"]),
+                 f"{ind}  strips_done = true;"]
     return [f"{ind}#if defined(__AVX512F__)",
             f"{ind}if (wt_rows) {{",
             f"{ind}for (int64_t mi = mlo; mi < mhi; ++mi) {{",
             f"{ind}  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-            f"{ind}  float* __restrict ct = cg + m0 * LDC;",
+            f"{ind}  float* __restrict ct = cg + {row0} * LDC;",
             f"{ind}  if (({bt} * tm + mi) * K + k0 != a_key) {{  // A^T of this block and slice not packed yet",
             f"{ind}    a_key = ({bt} * tm + mi) * K + k0;",
-            f"{ind}    const float* __restrict src = {src};",
+            f"{ind}    const {elem}* __restrict src = {src};",
             *pack,
             f"{ind}  }}",
-            f"{ind}  const float* __restrict w = {em.ptr[bbuf]} + {boff} + n0 * {ldw} + k0;",
+            f"{ind}  const float* __restrict w = {wsrc};",
             *loops,
             f"{ind}}}",
             f"{ind}continue;",
@@ -1434,7 +1459,8 @@ def _weight_packing(em, g: GemmOperands) -> tuple:
     None where the weight_rows path runs (it packs no B); weight_rows rows on a constant W of at most
     WT_PACKED_MAX_BYTES: the panels on W packed once where they pad M less (the C tests the pointer, so a
     size-generic kernel or a runtime W still reads W in place); 1..SKINNY_M rows: vtc_skinny_packed where
-    ``_skinny_packed_rows``."""
+    ``_skinny_packed_rows``; a float16 W^T at weight_rows rows (``_f16_weight_rows``): W widened as rows
+    (``widened_rows``) for the weight_rows path."""
     wt = _wt_operands(g, em.shapes)
     lazy = _lazy_b(em, g) if LAZY_B else None  # (None at M <= SKINNY_M, where the dot / direct paths run)
     spec = _packed_spec(em, g, lazy)
@@ -1444,6 +1470,8 @@ def _weight_packing(em, g: GemmOperands) -> tuple:
     packed_weight = None if spec is None or (wt and WT_MIN_M <= m <= WT_MAX_M and not wt_packed) else spec
     if skinny is not None and _skinny_packed_rows(m, g.k * g.n * 4, f16=_unwidened(g.b) is not g.b):
         packed_weight = skinny
+    if spec is not None and _f16_weight_rows(g, em.shapes):
+        packed_weight = spec._replace(layout=widened_rows)
     return lazy, spec, skinny, packed_weight
 
 
@@ -1473,11 +1501,16 @@ def generate(k: Kernel) -> str:
     # the epilogue rounds into the output
     nar = narrowed(k)
     c = "cacc" if nar else em.ptr[out.name]
-    wt = _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
-    # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
-    stream = wt and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
-    bt = bv or "bt"
     lazy, spec, skinny, packed_weight = _weight_packing(em, g)
+    # a float16 W^T widened as rows by the caller: the weight_rows loops on it, the panels (packing W per block)
+    # where the copy is not passed
+    rows_packed = packed_weight is not None and packed_weight.layout is widened_rows
+    wt = rows_packed or _wt_operands(g, em.shapes)  # the weight_rows loops are in the kernel, taken where wt_rows holds
+    # a large C that nothing reads back in the kernel (no epilogue): stored past the caches where wt_stream holds
+    stream = wt and not nar and g.out_layout is None and k.stores[0].value.op == "acc" and len(k.stores) == 1
+    # a float16 result in one reduction slice: its epilogue run over each staged group of columns (_weight_rows)
+    group_epi = rows_packed and nar and NARROWED_STRIPS and g.k <= WT_KC
+    bt = bv or "bt"
     ms_not, ms_or = (" && !m_split", " || m_split") if spec is not None and PACKED_M_SPLIT else ("", "")
     if packed_weight is None:
         g.__dict__.pop("packed_weight", None)
@@ -1495,7 +1528,7 @@ def generate(k: Kernel) -> str:
         f"  if (M <= {SKINNY_M}) {{ nc = 4 * VTC_NR; kc = {SKINNY_KC}; }}  // skinny: long contiguous runs of B per panel",
         *_wide_rows_blocking(em, g),
         *([] if not wt else [
-            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && !wpk' if spec is not None or skinny is not None else ''};  // the weight_rows path (kernel_path)",
+            f"  const bool wt_rows = M >= {WT_MIN_M} && M <= {WT_MAX_M}{' && wpk' if rows_packed else ' && !wpk' if spec is not None or skinny is not None else ''};  // the weight_rows path (kernel_path)",
             *([f"  const bool wt_stream = wt_rows && K <= {WT_KC} && BATCH * M * N * 4 >= {WT_STREAM_BYTES}LL;"]
               if stream else []),
             "#if defined(__AVX512F__)",
@@ -1504,7 +1537,8 @@ def generate(k: Kernel) -> str:
         "  kc = (K + (K + kc - 1) / kc - 1) / ((K + kc - 1) / kc);  // equal KC slices: no thin last one",
         *([] if spec is None else [  # (packed_panels: packed_kc's slices, N rounded up to 32)
             "  const int64_t KCP = (K + (K + VTC_KC - 1) / VTC_KC - 1) / ((K + VTC_KC - 1) / VTC_KC), NP = (N + VTC_NR - 1) / VTC_NR * VTC_NR;",
-            "  const float* __restrict bpk = wpk && kc == KCP && VTC_NR == 32 ? wpk : nullptr;  // B's panels packed once"]),
+            "  const float* __restrict bpk = wpk && kc == KCP && VTC_NR == 32 ? wpk : nullptr;  // B's panels packed once"
+            if not rows_packed else "  const float* __restrict bpk = nullptr;  // (wpk: W's rows, for weight_rows)"]),
         *([] if skinny is None else [  # (packed_panels at the skinny kc: SKINNY_KC's equal slices, N rounded up to 32)
             f"  const int64_t KCS = (K + (K + {SKINNY_KC} - 1) / {SKINNY_KC} - 1) / ((K + {SKINNY_KC} - 1) / {SKINNY_KC}), NP = (N + 31) / 32 * 32;",
             "  const float* __restrict bpk = wpk && kc == KCS && nc % 32 == 0 ? wpk : nullptr;  // W's panels packed once"]),
@@ -1530,7 +1564,8 @@ def generate(k: Kernel) -> str:
         "      tn = (tn + nt - 1) / nt * nt; nc = ((N + tn - 1) / tn + nr - 1) / nr * nr; tn = (N + nc - 1) / nc;",
         "    }",
         "  }",
-        *(_balanced_blocks(wt and stream) if BALANCED_BLOCKS else []),
+        *(_balanced_blocks("wt_stream" if wt and stream else "wt_rows" if group_epi else "",
+                           WT_GROUP_F16 if group_epi else WT_GROUP) if BALANCED_BLOCKS else []),
         *_ksplit_head(em, g),
         *(_narrowed_c() if nar else []),
         "  const int64_t units = BATCH * tn * tm;",
@@ -1559,9 +1594,10 @@ def generate(k: Kernel) -> str:
     ]
     block = ["for (int64_t mi = mlo; mi < mhi; ++mi) {",
              "  const int64_t m0 = mi * mc, mb = std::min<int64_t>(mc, M - m0);",
-             f"  float* __restrict ct = cg + {'(mi - mlo) * mc' if nar else 'm0'} * LDC;"]
+             f"  float* __restrict ct = cg + {'(mi - mlo) * mc' if nar else 'm0'} * LDC;"]  # (_weight_rows' too)
     ind = "        "
-    lines += _weight_rows(em, g, ind, bt, stream)
+    lines += _weight_rows(em, g, ind, bt, stream, "(mi - mlo) * mc" if nar else "m0", rows_packed,
+                          _epilogue(em, k, ind + "      ") if group_epi else [])
     dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
     if skinny is not None:  # W packed once (passed where 2 <= M < WT_MIN_M): its panels read as streams
         lines += [f"{ind}#if defined(__AVX512F__)",
@@ -1641,15 +1677,16 @@ EQUAL_BLOCKS = True  # M and N blocks of equal size (rounded to the micro-tile),
 BALANCED_BLOCKS = True  # column blocks of whole steps of nq columns differing by one step at most (_balanced_blocks)
 
 
-def _balanced_blocks(stream: bool) -> list[str]:
+def _balanced_blocks(staged: str, group: int) -> list[str]:
     """The C lines, after the thread split, that set the column blocks' step: block jb of tn covers steps
     [jb * nq_n / tn, (jb + 1) * nq_n / tn) of nq columns, so the threads' column ranges differ by one step at
     most; blocks of nc with a short last one gave one of 2 threads 25600 of the 50257 columns of GPT-2's logits
     (the other 24657) and 16384 of Llama's 32000.  nq: the split's step nr (whole B panels; weight_rows: whole
-    12-row strips of W), where C is streamed whole staged groups of WT_GROUP columns (on cache lines of C)."""
+    12-row strips of W), where the C condition `staged` holds whole staged groups of `group` columns (on cache
+    lines of C: ``_weight_rows``)."""
     return ["  int64_t nq = nr;  // a column block starts on a multiple of nq",
-            *([] if not stream else ["#if defined(__AVX512F__)",
-                                     f"  if (wt_stream) nq = {WT_GROUP};  // whole staged groups, on cache lines of C",
+            *([] if not staged else ["#if defined(__AVX512F__)",
+                                     f"  if ({staged}) nq = {group};  // whole staged groups, on cache lines of C",
                                      "#endif"]),
             "  const int64_t nq_n = (N + nq - 1) / nq;",
             "  nc = std::max<int64_t>(nc, (nq_n + tn - 1) / tn * nq);  // the widest block"]
@@ -1692,6 +1729,30 @@ def packed_panels(w: torch.Tensor, offset: int, lda: int, rows: int, cols: int, 
         if n % 32:
             blk[n // 32, :, : n % 32] = b[k0:k0 + kb, n // 32 * 32:]
     return out
+
+
+def widened_rows(w: torch.Tensor, offset: int, lda: int, rows: int, cols: int) -> torch.Tensor:
+    """The weight rows ``W[i, j] = w.flatten()[offset + i * lda + j]`` (i < rows, j < cols) as float32, row-major
+    and contiguous: a float16 B = W^T as the weight_rows path reads it in place (``_f16_weight_rows``)."""
+    rows_ = w.detach().as_strided((rows, cols), (lda, 1), w.storage_offset() + offset)
+    return rows_.to(torch.float32).contiguous().reshape(-1)
+
+
+def _f16_weight_rows(g: GemmOperands, shapes: dict) -> bool:
+    """True where a float16 GEMM (operands widened, ``narrowed``) runs the weight_rows path on its W^T widened
+    once by the call plan (``widened_rows``, where ``_packed_spec`` gives a spec): A and W plain strided float16
+    loads as ``_wt_operands`` asks of float32's, WT_MIN_M..WT_MAX_M rows that the panels do not pad less (as
+    float32's on W packed once).  Before, every float16 GEMM ran the panels, 128 x 512 -> 32000 (Llama's logits)
+    ~2 ms behind float32's weight_rows (docs/low_precision.md, helper head16)."""
+    a, b = _unwidened(g.a), _unwidened(g.b)
+    if not F16_WEIGHT_ROWS or g.pack_b is not None or a is g.a or b is g.b or not WT_MIN_M <= g.m <= WT_MAX_M:
+        return False
+    cb = _plain(b, g, shapes)
+    return (cb is not None and cb.get("r", 0) == 1 and abs(cb.get(g.vars[2], 0)) > 1
+            and _plain(a, g, shapes) is not None and not _panels_pad_less(g.m))
+
+
+F16_WEIGHT_ROWS = True  # a float16 W^T at weight_rows rows: widened as rows once, the weight_rows path (_f16_weight_rows)
 
 
 def _packed_spec(em, g: GemmOperands, lazy: tuple[str, int, int] | None) -> packed.WeightSpec | None:
@@ -2300,8 +2361,6 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     (a residual add or SiLU * up on the GEMM's float16 result), the row of C is rounded in place first; the
     value of each column goes into C unrounded (as the pushed stores read it) and the row is narrowed into the
     output.  Opens the row loop, as ``block_values``; None where the store is not such a row."""
-    from vtc.codegen.conv_t import _acc_rounded
-
     first, (_, mv, nv) = k.stores[0], k.gemm.vars
     if first.when is not None or not nv:
         return None
@@ -2310,7 +2369,7 @@ def _narrowed_rows(em, k: Kernel, ind: str) -> list[str] | None:
     if len(along) != 1 or along[0][0].op != "var" or along[0][1] != 1:
         return None
     value = first.value
-    rounded = None if value.op == "acc" else _acc_rounded([value])
+    rounded = None if value.op == "acc" else K.acc_rounded([value])
     to_row = [f"{ind}  {{ {_loop_var(nv, 'n0', '')[0]} "
               f"(c_large ? vtc_to_f16_n_stream : vtc_to_f16_n)"
               f"(&{em.ptr[first.buffer.name]}[{em.linear(first.buffer.name, first.index)}], ct + ii * LDC, nb); }}"]

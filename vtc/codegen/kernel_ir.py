@@ -149,6 +149,29 @@ def acc(name: str, dtype: torch.dtype) -> Scalar:
     return Scalar.make("acc", (name,), dtype)
 
 
+def acc_rounded(values: list) -> list | None:
+    """`values` with each rounding of the accumulator to float16 (``cast(acc, float16)``) read as a float16 acc (the
+    kernel rounds the block in place first: the float16 GEMM's and convolution's epilogues, vtc.codegen.gemm and
+    vtc.codegen.conv_t), or None where a value also reads the float32 acc itself."""
+    memo: dict = {}
+
+    def sub(s):
+        hit = memo.get(id(s))
+        if hit is not None:
+            return hit
+        if s.op == "cast" and s.dtype == torch.float16 and s.args[0].op == "acc":
+            out = Scalar.make("acc", s.args[0].args, torch.float16)
+        else:
+            args = tuple(sub(a) if isinstance(a, Scalar) else a for a in s.args)
+            out = s if all(a is b for a, b in zip(args, s.args)) else Scalar.make(s.op, args, s.dtype)
+        memo[id(s)] = out
+        return out
+
+    out = [sub(v) for v in values]
+    accs = [x for x in scalars_under(out) if x.op == "acc"]
+    return out if accs and all(x.dtype == torch.float16 for x in accs) else None
+
+
 @dataclass
 class Buffer:
     """A physical tensor a kernel reads or writes."""
