@@ -560,7 +560,9 @@ WRAP_ROWS_MARK = "    { // the wrap's two pieces of this row: the first"
 # index alone is decided (``kernel_ir.decided_ranges``; RoPE's rotate_half, ``d < D / 2``, two ranges), the
 # ranges of a row one after another: loops without the choice's branch, which gcc vectorises (one loop with the
 # choice's loads under a branch ran scalar in float16, each widening and rounding a call; docs/low_precision.md,
-# session 25); False: one loop with the choice, for A / B.  Only where the pieces run row by row (not streamed).
+# session 25); False: one loop with the choice, for A / B.  Only where the pieces run row by row (not streamed, no
+# piece reading across rows through tiles) and not in size-generic kernels (MERGE_INNER_DIMS off: whether a piece
+# takes the tiles depends on its size, so the text would change with the sizes, as the wrap split's merges would).
 INNER_PIECES = True
 MAX_INNER_PIECES = 4
 INNER_PIECES_MARK = "    { // the row's ranges of the inner index, each choice on it decided: the first"
@@ -663,8 +665,10 @@ def _inner_piece_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
     """Pointwise kernel k with its inner loop split into the ranges of its index over which every piece choice
     on that index alone is decided (``INNER_PIECES``), the ranges of each row one after another; None where
     there is one range or the pieces do not run row by row."""
+    if not INNER_PIECES or not MERGE_INNER_DIMS.get():
+        return None
     d = len(k.domain) - 1
-    ranges = decided_ranges(k.roots(), f"i{d}", k.domain[d], MAX_INNER_PIECES) if INNER_PIECES else []
+    ranges = decided_ranges(k.roots(), f"i{d}", k.domain[d], MAX_INNER_PIECES)
     if len(ranges) < 2:
         return None
     return _piece_rows([_pointwise_kernel(p, em, split=False) for p in _dim_pieces(k, d, ranges)],
