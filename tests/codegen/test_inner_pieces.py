@@ -1,7 +1,8 @@
 """A pointwise kernel whose piece choices depend on the inner index alone runs its inner loop as one loop per
 range of that index over which every such choice is decided (``vtc.codegen.cpp.INNER_PIECES``,
 ``kernel_ir.decided_ranges``): RoPE's rotate_half (``d < D / 2 ? -x[d + D / 2] : x[d - D / 2]``) as two loops
-without a branch, a pad along the last dim as three, the ranges of a row one after another.
+without a branch, a pad along the last dim as three, the ranges of a row one after another; in float32 only
+where every range is at least ``MIN_INNER_PIECE`` long (gcc vectorises its one loop with the choice).
 
 Against eager on random inputs in float32 and float16 (eager rounds every float16 op's result, as the kernel
 does: within one float16 unit of eager's), head dims 1, 3, 17, 64, 127.  The form checks (``_pieces``) fail on
@@ -53,8 +54,11 @@ def test_rope_runs_one_loop_per_half(d, dtype):
     cos, sin = rand((1, 1, 9, d), g, dtype), rand((1, 1, 9, d), g, dtype)
     compiled = check(rope, (x, cos, sin), **TOL[dtype])
     assert_all_generated(compiled)
-    if d > 1:  # d = 1: the rotated half is the whole row, no choice
-        assert _pieces(_src(compiled), 2), _src(compiled)
+    src = _src(compiled)
+    if d > 1 and (dtype == torch.float16 or d // 2 >= cpp.MIN_INNER_PIECE):  # d = 1: no choice (one half)
+        assert _pieces(src, 2), src
+    else:
+        assert cpp.INNER_PIECES_MARK not in src, src
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -70,14 +74,25 @@ def test_rope_on_permuted_heads(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 def test_pad_of_the_last_dim_runs_three_loops(dtype):
     g = gen(6)
-    x, y = rand((3, 17, 127), g, dtype), rand((3, 17, 131), g, dtype)
-    compiled = check(lambda x, y: torch.nn.functional.pad(x, (3, 1)) * y, (x, y), **TOL[dtype])
+    x, y = rand((3, 17, 127), g, dtype), rand((3, 17, 160), g, dtype)
+    compiled = check(lambda x, y: torch.nn.functional.pad(x, (16, 17)) * y, (x, y), **TOL[dtype])
     assert _pieces(_src(compiled), 3), _src(compiled)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_short_ranges_split_in_float16_only(dtype):
+    g = gen(10)
+    x, y = rand((300, 3), g, dtype), rand((300, 5), g, dtype)
+    src = _src(check(lambda x, y: torch.cat((x, y), dim=-1) * 2, (x, y), **TOL[dtype]))
+    if dtype == torch.float16:
+        assert _pieces(src, 2), src
+    else:
+        assert cpp.INNER_PIECES_MARK not in src and _choices(src), src
 
 
 def test_more_ranges_than_the_limit_keep_one_loop():
     g = gen(7)
-    xs = tuple(rand((5, 3), g) for _ in range(cpp.MAX_INNER_PIECES + 1))
+    xs = tuple(rand((5, 16), g) for _ in range(cpp.MAX_INNER_PIECES + 1))
     compiled = check(lambda *xs: torch.cat(xs, dim=-1) + 1, xs, **POINTWISE_TOL)
     src = _src(compiled)
     assert cpp.INNER_PIECES_MARK not in src and _choices(src), src
