@@ -22,6 +22,9 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
 - a pointwise kernel reading a dim through a roll (``(i + s) mod n``) runs that
   dim as two ranges split at the wrap point, in one parallel region, so the
   later dims merge into long inner loops (``_wrap_split_kernel``);
+- a pointwise kernel whose piece choices depend on the inner index alone (RoPE's rotate_half, a cat or pad
+  along the last dim) runs each row's inner loop as one loop per range of it over which they are decided, so
+  that no loop holds a branch (``_inner_piece_kernel``);
 - index-tensor loads that do not change along the inner loop (a gather's row
   index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 
