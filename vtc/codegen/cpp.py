@@ -22,6 +22,9 @@ the executor, since OpenMP's setting is per calling thread).  Loop structure:
 - a pointwise kernel reading a dim through a roll (``(i + s) mod n``) runs that
   dim as two ranges split at the wrap point, in one parallel region, so the
   later dims merge into long inner loops (``_wrap_split_kernel``);
+- a pointwise kernel whose piece choices depend on the inner index alone (RoPE's rotate_half, a cat or pad
+  along the last dim) runs each row's inner loop as one loop per range of it over which they are decided, so
+  that no loop holds a branch (``_inner_piece_kernel``);
 - index-tensor loads that do not change along the inner loop (a gather's row
   index) are read once before it (``_Emitter.hoist_index_loads``), so it vectorises.
 
@@ -39,7 +42,7 @@ from typing import Iterable
 import torch
 
 from vtc.codegen import depthwise
-from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, scalars_under, substitute
+from vtc.codegen.kernel_ir import Buffer, Kernel, Scalar, decided_ranges, scalars_under, substitute
 from vtc.codegen.ops import C_TYPES, LOW_PRECISION
 from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE, PRELUDE as VECMATH_PRELUDE
 from vtc.codegen.tiles import PRELUDE as TILES_PRELUDE, tiled_transpose_kernel, transposed_loads
@@ -556,6 +559,20 @@ WRAP_SPLIT = True  # split a pointwise kernel's dim at a roll's wrap point (Fals
 # short run) where both walk the same rows and neither streams; False: two loops one after the other (for A/B).
 WRAP_ROWS = True
 WRAP_ROWS_MARK = "    { // the wrap's two pieces of this row: the first"
+# A pointwise kernel's inner loop runs as one loop per range of its index over which every piece choice on that
+# index alone is decided (``kernel_ir.decided_ranges``; RoPE's rotate_half, ``d < D / 2``, two ranges), the
+# ranges of a row one after another: loops without the choice's branch, which gcc vectorises (one loop with the
+# choice's loads under a branch ran scalar in float16, each widening and rounding a call; docs/low_precision.md,
+# session 25); False: one loop with the choice, for A / B.  Only where the pieces run row by row (not streamed, no
+# piece reading across rows through tiles) and not in size-generic kernels (MERGE_INNER_DIMS off: whether a piece
+# takes the tiles depends on its size, so the text would change with the sizes, as the wrap split's merges would).
+INNER_PIECES = True
+MAX_INNER_PIECES = 4
+# A kernel computing in float32 or wider splits only where every range is at least this long: gcc vectorises its
+# one loop with the choice (masked loads), and a shorter range ran as lanes of those vectors where its own loop
+# runs scalar (cat of 3 + 5 float32 columns: 10.7 -> 14.4 us split; in float16, 218 -> 136 us)
+MIN_INNER_PIECE = 16
+INNER_PIECES_MARK = "    { // the row's ranges of the inner index, each choice on it decided: the first"
 
 
 def _wraps(k: Kernel) -> dict[int, int]:
@@ -580,15 +597,16 @@ def _wraps(k: Kernel) -> dict[int, int]:
     return {d: next(iter(v)) for d, v in found.items() if len(v) == 1}
 
 
-def _wrap_pieces(k: Kernel, d: int, s: int) -> list[Kernel]:
-    """k over dim d split at the wrap of ``(i_d + s) mod n``: i_d in [0, n - s) (read as i_d + s) and in
-    [n - s, n) (read as i_d + s - n), each a kernel over its part of the dim whose variable i_d counts from 0."""
+def _dim_pieces(k: Kernel, d: int, ranges: list[tuple[int, int]]) -> list[Kernel]:
+    """k over dim d split into `ranges` [lo, hi), each a kernel over its part of the dim whose variable i_d
+    counts from 0 (a piece choice that this decides replaced by its side, ``kernel_ir.substitute``)."""
     import dataclasses
 
     from vtc.index.expr import subs, var
 
-    n, name, out = k.domain[d], f"i{d}", []
-    for lo, size in ((0, n - s), (n - s, s)):
+    name, out = f"i{d}", []
+    for lo, hi in ranges:
+        size = hi - lo
         env = {name: var(name, size) + lo}
         memo: dict = {}
         stores = [dataclasses.replace(st, index=tuple(subs(e, env) for e in st.index), value=substitute(st.value, env, memo),
@@ -608,7 +626,8 @@ def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
     if not wraps:
         return None
     d = max(wraps)
-    pieces = _wrap_pieces(k, d, wraps[d])
+    cut = k.domain[d] - wraps[d]  # (i_d + s) mod n: i_d in [0, n - s) reads i_d + s, in [n - s, n) i_d + s - n
+    pieces = _dim_pieces(k, d, [(0, cut), (cut, k.domain[d])])
     if d != len(k.domain) - 1 and _merged_inner_dims(pieces[0], em) <= len(k.domain) - 1 - d:
         return None  # the later dims would not merge across d: nothing gained
     if any(transposed_loads(p, em.shapes) or (len(p.domain) >= 2 and min(p.domain[-2:]) > TILE
@@ -616,7 +635,7 @@ def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
         return None
     n = math.prod(k.domain)
     nests = [_pointwise_kernel(p, em, split=False) for p in pieces]
-    if WRAP_ROWS and (rows := _wrap_rows(nests, n)):
+    if WRAP_ROWS and (rows := _piece_rows(nests, n, WRAP_ROWS_MARK)):
         return rows
     body, fenced = [], False
     for j, lines in enumerate(nests):
@@ -632,19 +651,39 @@ def _wrap_split_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
             + (["  vtc_stream_fence();"] if fenced else []) + ["  }"])
 
 
-def _wrap_rows(nests: list[list[str]], n: int) -> list[str] | None:
-    """The two pieces of a wrap split (their loop nests from ``_pointwise_kernel``) as one parallel loop over
-    the rows they share, each row running the first piece's inner loop, then the second's (each in a block of
-    its own: their index names repeat).  A row's ends are still in cache for its short run, where two loops
-    one after the other came back to every row (``bench/roll_split_variants.cpp``); n: the whole kernel's
-    size (whether it runs in parallel).  None where the pieces walk different rows or stream."""
+def _piece_rows(nests: list[list[str]], n: int, mark: str) -> list[str] | None:
+    """The pieces of a split dim (their loop nests from ``_pointwise_kernel``) as one parallel loop over the
+    rows they share, each row running the first piece's inner loop, then the next's (each in a block of its
+    own, the first opened by `mark`: their index names repeat).  A row's ends are still in cache for its
+    short run, where a wrap split's two loops one after the other came back to every row
+    (``bench/roll_split_variants.cpp``); n: the whole kernel's size (whether it runs in parallel).  None where
+    the pieces walk different rows or stream."""
     if any(not ls[0].startswith("  #pragma omp parallel for ") or ls[1] != nests[0][1] or ls[-1] != "  }"
            or not ls[1].startswith("  for (int64_t o = 0; o < ") for ls in nests):
         return None
-    return [f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})", nests[0][1], WRAP_ROWS_MARK, *nests[0][2:-1], "    }", "    {", *nests[1][2:-1], "    }", "  }"]
+    lines = [f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})", nests[0][1], mark,
+             *nests[0][2:-1]]
+    for ls in nests[1:]:
+        lines += ["    }", "    {", *ls[2:-1]]
+    return lines + ["    }", "  }"]
+
+
+def _inner_piece_kernel(k: Kernel, em: _Emitter) -> list[str] | None:
+    """Pointwise kernel k with its inner loop split into the ranges of its index over which every piece choice
+    on that index alone is decided (``INNER_PIECES``), the ranges of each row one after another; None where
+    there is one range, a range below ``MIN_INNER_PIECE`` in float32, or the pieces do not run row by row."""
+    if not INNER_PIECES or not MERGE_INNER_DIMS.get():
+        return None
+    d = len(k.domain) - 1
+    ranges = decided_ranges(k.roots(), f"i{d}", k.domain[d], MAX_INNER_PIECES)
+    if len(ranges) < 2 or (not low_precision(k) and min(hi - lo for lo, hi in ranges) < MIN_INNER_PIECE):
+        return None
+    return _piece_rows([_pointwise_kernel(p, em, split=False) for p in _dim_pieces(k, d, ranges)],
+                       math.prod(k.domain), INNER_PIECES_MARK)
 
 
 def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
+    em.index_temps.clear()  # an earlier nest's (a split's piece, or a split tried and not taken): out of scope
     shape = k.domain
     n = math.prod(shape)
     if not shape:
@@ -653,6 +692,8 @@ def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
     par = f"  #pragma omp parallel for num_threads(nthreads) if({n} >= {PARALLEL_MIN_WORK})"
     loads = transposed_loads(k, em.shapes) if not low_precision(k) else []
     if split and not loads and (pieces := _wrap_split_kernel(k, em)):  # a roll: two loop nests, longer rows
+        return pieces
+    if split and not loads and (pieces := _inner_piece_kernel(k, em)):  # a piece choice on the inner index
         return pieces
     if loads:  # reads across rows through 16 x 16 register transposes (vtc.codegen.tiles)
         return tiled_transpose_kernel(k, em, loads, par, _decompose, _store)

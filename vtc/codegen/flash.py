@@ -67,8 +67,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vtc.codegen.kernel_ir import Scalar, scalars_under
-from vtc.index.expr import add, affine, free_vars, mul, subs, var
+from vtc.codegen.kernel_ir import Scalar, decided_ranges, scalars_under
+from vtc.index.expr import add, affine, mul, subs, var
 from vtc.index.mapping import linear_offset
 
 LANES = 16  # floats per AVX-512 register (the vector-extension type below; AVX2 splits it in two)
@@ -332,15 +332,9 @@ SAFE_MAX = "-8.50705917e37f"
 
 def head_dim_pieces(q: Scalar, dd: int) -> list[tuple[int, int]]:
     """Ranges [lo, hi) of the head dim d, in order, over each of which every piece choice of q that depends
-    on d alone is decided (``Q_PIECES``); the whole range where there is none, or more than MAX_Q_PIECES."""
-    preds = [s.args[0] for s in scalars_under([q]) if s.op == "pick" and free_vars(s.args[0]) == {"d"}]
-    if not Q_PIECES or not preds:
-        return [(0, dd)]
-    sides = [[subs(p, {"d": x}) for p in preds] for x in range(dd)]
-    if not all(e.is_const for row in sides for e in row):
-        return [(0, dd)]
-    cuts = [0, *(x for x in range(1, dd) if [e.value for e in sides[x]] != [e.value for e in sides[x - 1]]), dd]
-    return list(zip(cuts, cuts[1:])) if len(cuts) - 1 <= MAX_Q_PIECES else [(0, dd)]
+    on d alone is decided (``Q_PIECES``, ``kernel_ir.decided_ranges``); the whole range where there is none,
+    or more than MAX_Q_PIECES."""
+    return decided_ranges([q], "d", dd, MAX_Q_PIECES) if Q_PIECES else [(0, dd)]
 
 
 def additive_mask(score: Scalar) -> Scalar | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vtc.index.expr import Expr, subs
+from vtc.index.expr import Expr, add, evaluate, free_vars, loads, subs, var
 from vtc.ir.graph import _itemsize
 
 # weak: a scalar that no kernel IR holds any more is forgotten (a strong table grew by ~85 scalars, their keys and
@@ -250,3 +250,27 @@ def scalars_under(roots, stop=None):
             continue
         yield s
         stack.extend(a for a in s.args if isinstance(a, Scalar))
+
+
+DECIDED_EXTENT = 1 << 16  # the longest range of an index that ``decided_ranges`` splits (it evaluates every point)
+
+
+def decided_ranges(roots, name: str, extent: int, most: int) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) of index variable `name` (over [0, extent)), in order, over each of which every piece
+    choice under `roots` whose predicate reads `name` alone is decided: ``substitute`` of `name` by ``name + lo``
+    over [0, hi - lo) replaces each such choice by its side (RoPE's rotate_half, ``d < D / 2``: two ranges).  A
+    loop per range runs without the choice's branch, which gcc vectorises where one loop with the choice's loads
+    under a branch ran scalar.  The whole range where there is no such choice, more than `most` ranges, or an
+    extent above ``DECIDED_EXTENT``."""
+    preds = {s.args[0] for s in scalars_under(roots) if s.op == "pick" and free_vars(s.args[0]) == {name}
+             and not loads(s.args[0])}
+    if not preds or extent > DECIDED_EXTENT:
+        return [(0, extent)]
+    at = torch.arange(extent)
+    values = torch.stack([evaluate(p, {name: at}).expand(extent) for p in preds])
+    cuts = [0, *((values[:, 1:] != values[:, :-1]).any(0).nonzero().flatten() + 1).tolist(), extent]
+    ranges = list(zip(cuts, cuts[1:]))
+    if len(ranges) > most or not all(subs(p, {name: add(var(name, hi - lo), lo)}).is_const
+                                     for p in preds for lo, hi in ranges):
+        return [(0, extent)]
+    return ranges
