@@ -47,14 +47,3 @@ def test_libraries_use_every_core_and_respect_the_size_limit():
     many = ["x"] * (3 * KERNELS_PER_LIBRARY + 1)
     units = libraries(many, list(range(len(many))), jobs=1)
     assert len(units) == 4 and max(len(u) for u in units) <= KERNELS_PER_LIBRARY
-
-
-def test_libraries_beyond_the_size_limit_come_in_a_whole_number_per_core_the_longest_first():
-    """57 kernels on 2 cores (Swin-T's): 3 units before, the third built alone after the other two."""
-    texts = ["x" * (40 if k % 3 == 0 else 1) for k in range(57)]
-    units = libraries(texts, list(range(57)), jobs=2)
-    assert len(units) == 4 and max(len(u) for u in units) <= KERNELS_PER_LIBRARY
-    assert sorted(k for u in units for k in u) == list(range(57))
-    lengths = [sum(len(texts[k]) for k in u) for u in units]
-    assert lengths == sorted(lengths, reverse=True) and lengths[0] - lengths[-1] <= 40
-    assert len(libraries(texts, list(range(49)), jobs=2)) == 4 and len(libraries(texts, list(range(48)), jobs=2)) == 2

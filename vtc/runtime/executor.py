@@ -315,22 +315,18 @@ def build_kernels(steps: list) -> list[CompiledKernel]:
 
 def libraries(texts: list[str], kernels: list[int], jobs: int) -> list[list[int]]:
     """`kernels` (indices into `texts`) grouped into translation units: at least one per compiler job (up to
-    one per kernel), so that they build in parallel, at most KERNELS_PER_LIBRARY kernels each, and where that
-    limit asks for more units than jobs, a whole number of units per job (3 units on 2 cores built the third
-    alone: Swin-T); balanced by source length (the longest first, each into the shortest unit that has room);
-    in index order within one, the longest unit first (the order ``build_many`` starts them in)."""
+    one per kernel), so that they build in parallel, at most KERNELS_PER_LIBRARY kernels each, balanced by
+    source length (the longest first, each into the shortest unit that has room); in index order within one."""
     if not kernels:
         return []
-    jobs = max(1, jobs)
-    needed = -(-len(kernels) // KERNELS_PER_LIBRARY)
-    n = min(len(kernels), jobs * -(-needed // jobs))
+    n = max(-(-len(kernels) // KERNELS_PER_LIBRARY), min(len(kernels), max(1, jobs)))
     units: list[list[int]] = [[] for _ in range(n)]
     length = [0] * n
     for k in sorted(kernels, key=lambda k: (-len(texts[k]), k)):
         u = min((u for u in range(n) if len(units[u]) < KERNELS_PER_LIBRARY), key=lambda u: (length[u], u))
         units[u].append(k)
         length[u] += len(texts[k])
-    return sorted((sorted(u) for u in units), key=lambda u: (-sum(len(texts[k]) for k in u), u))
+    return [sorted(u) for u in units]
 
 
 def distinct_sources(texts: list[str], names: list[str]) -> list[int]:
