@@ -15,8 +15,10 @@ in the first call.  Systems are measured alternately (cold runs of every system,
 runs, the order reversed on every other repeat) so that all see the same load, and the
 summary gives medians and each system's ratio to torch.compile's.  ``--baseline DIR``
 adds ``vtc-baseline``: vtc imported from another checkout (e.g. the main branch), to compare
-a change with what it changes in the same conditions.  The vtc runs also time their stages (capture, plan, lowering, kernel
-build and load, report) by wrapping the stage functions, and every run records
+a change with what it changes in the same conditions.  The vtc runs also time their stages
+(capture, plan, and within it ``machine``, the measurement of the machine that a fresh cache
+directory makes, lowering, kernel build and load, report) by wrapping the stage functions, and
+every run records its CPU seconds (``total_cpu_s``, the C++ compiler runs included) and
 ``setup_s``, the seconds before compiling (importing torch, transformers and vtc, building
 the model).  Results go to ``bench/results/compile_time.json`` with the command, the
 machine's load (``uptime``) before and after, and the thread count.
@@ -66,12 +68,16 @@ def _child(system: str, workload: str, threads: int) -> dict:
                     stages[name] = stages.get(name, 0.0) + time.perf_counter() - t0
             return wrapper
 
+        import vtc.plan.cost as cost
+
         C.export_graph = timed("capture", C.export_graph)
         C.make_plan = timed("plan", C.make_plan)
+        cost._machine = timed("machine", cost._machine)  # inside plan: measuring the machine (a fresh cache)
         L.lower = timed("lower", L.lower)
         E.build_kernels = timed("build_kernels", E.build_kernels)
         C.build_report = timed("report", C.build_report)
     setup_s = time.perf_counter() - t_start
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
     if system in ("vtc", "vtc-baseline"):
         compiled = vtc.compile(model, inputs)
@@ -85,7 +91,14 @@ def _child(system: str, workload: str, threads: int) -> dict:
         compiled(*inputs)
     first_call_s = time.perf_counter() - t1
     return dict(compile_s=compile_s, first_call_s=first_call_s, total_s=compile_s + first_call_s,
-                setup_s=setup_s, stages=stages, kernels=kernels, capture=capture)
+                total_cpu_s=_cpu_s() - cpu0, setup_s=setup_s, stages=stages, kernels=kernels, capture=capture)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for (vtc's C++ compiler runs; not the
+    worker processes Inductor keeps running)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _measure(system: str, workload: str, threads: int, env: dict, root: Path = BENCH_DIR.parent) -> dict:
@@ -142,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                     result["runs"].setdefault(system, {"cold": [], "warm": []})[state].append(run)
                     stages = {k: round(v, 2) for k, v in run["stages"].items()}
                     print(f"{system:12s} {state}: compile {run['compile_s']:.2f} s + first call "
-                          f"{run['first_call_s']:.2f} s = {run['total_s']:.2f} s  (setup {run['setup_s']:.1f} s, "
+                          f"{run['first_call_s']:.2f} s = {run['total_s']:.2f} s, {run['total_cpu_s']:.1f} s CPU "
+                          f"(setup {run['setup_s']:.1f} s, "
                           f"load {load})  {stages or ''}", flush=True)
     result["summary"] = _summary(result["runs"])
     result["uptime_after"] = _uptime()
@@ -163,12 +177,14 @@ def _summary(runs: dict) -> dict:
         for state, rs in states.items():
             if not rs:
                 continue
-            med = {k: statistics.median(r[k] for r in rs) for k in ("compile_s", "first_call_s", "total_s")}
+            med = {k: statistics.median(r[k] for r in rs)
+                   for k in ("compile_s", "first_call_s", "total_s", "total_cpu_s")}
             stages = {k: round(statistics.median(r["stages"].get(k, 0.0) for r in rs), 3) for k in rs[0]["stages"]}
             ind = runs.get("inductor", {}).get(state)
             ratio = med["total_s"] / statistics.median(r["total_s"] for r in ind) if ind else None
             out.setdefault(system, {})[state] = {**med, "stages": stages, "over_inductor": ratio, "runs": len(rs)}
-            out["lines"].append(f"{system:12s} {state}: total {med['total_s']:.2f} s (compile {med['compile_s']:.2f})"
+            out["lines"].append(f"{system:12s} {state}: total {med['total_s']:.2f} s (compile {med['compile_s']:.2f}, "
+                                f"CPU {med['total_cpu_s']:.1f} s)"
                                 + (f", {ratio:.2f}x torch.compile's" if ratio is not None else "") + f" {stages}")
     return out
 

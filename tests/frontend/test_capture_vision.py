@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
+from vtc.frontend import fx_capture
+
 from .capture_checks import check_capture
 
 
@@ -33,6 +35,7 @@ def test_swin():
     cfg = tf.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=2)
     graph = check_capture(tf.SwinForImageClassification(cfg), (torch.randn(1, 3, 32, 32),))
     assert graph.out_spec.type is tf.models.swin.modeling_swin.SwinImageClassifierOutput
+    assert graph.meta["capture"] == fx_capture.CAPTURE  # its pooler's as_strided_ (was: torch.export, slower)
 
 
 def test_convnet_and_multi_output_ops():

@@ -216,3 +216,41 @@ def test_a_forward_replaced_on_the_instance_takes_the_fast_capture_and_leaves_th
     assert graph.meta["capture"] == fx_capture.CAPTURE  # was: bound to the module, not its copy: torch.export
     torch.testing.assert_close(run_graph(graph, [x])[0], m(x))
     assert (m.forward, m.l, m.l.weight) == before and type(m.l.weight) is torch.nn.Parameter
+
+
+class _Pooled(torch.nn.Module):
+    """Swin's head: layer norm, then ``AdaptiveAvgPool1d(1)`` over the tokens, whose decomposition leaves an
+    ``as_strided_`` on its mean after functionalization."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.pool = torch.nn.AdaptiveAvgPool1d(1)
+
+    def forward(self, x):
+        y = self.norm(x)
+        return y, torch.flatten(self.pool(y.transpose(1, 2)), 1)
+
+
+def test_an_in_place_view_of_a_computed_tensor_takes_the_fast_capture_as_torch_export_captures_it():
+    """(Refused before as state mutation, so torch.export captured Swin-T: a second, slower trace.)"""
+    torch.manual_seed(0)
+    model, x = _Pooled().eval(), torch.randn(1, 8, 16)
+    fast = _fast_graph(model, (x,))
+    with torch.no_grad():
+        exported = _graph_of(core_export.one_pass(model, (x,), None))
+    assert "aten.as_strided.default" in [n.op for n in fast.nodes]
+    assert _canonical_text(fast, model) == _canonical_text(_as_fast_capture_makes_it(exported), model)
+    graph = check_capture(model, (x,))  # eager comparison on fresh inputs
+    assert graph.meta["capture"] == fx_capture.CAPTURE
+
+
+class _InputTransposedInPlace(torch.nn.Module):
+    def forward(self, x):
+        x.t_()
+        return x + 1
+
+
+def test_an_in_place_view_of_an_input_is_still_refused():
+    with pytest.raises(fx_capture.Refused, match="state mutation"):
+        fx_capture.capture(_InputTransposedInPlace(), (torch.randn(2, 3),), None)

@@ -20,7 +20,12 @@ s, most of a warm ``vtc.compile``.  ``capture`` runs the model once:
   the code paths they take under torch.export;
 - dead nodes are removed (export's graph is dead-code free) and, as in
   ``core_export``, a ``lift_fresh_copy`` becomes the ``clone`` the core table
-  makes of it; an ``alias`` (a no-op view in a functional graph) is dropped.
+  makes of it; an ``alias`` (a no-op view in a functional graph) is dropped;
+- an in-place view op that functionalization leaves (it removes data
+  mutations only) on a tensor computed in the trace, such as the
+  ``as_strided_`` of ``adaptive_avg_pool1d``'s decomposition (Swin's pooler),
+  becomes its view op, read by the later users of that tensor: the node
+  torch.export's functionalization makes of it.
 
 The graph is torch.export's up to node names, the order of lifted constants,
 a tied tensor held once and an eval-mode dropout that is its input instead
@@ -32,7 +37,8 @@ it refuses, and ``export_graph`` runs torch.export instead (``Refused`` says
 why; ``graph.meta["capture"]`` records which path made the graph):
 
 - state mutation: an in-place op left in the graph (a mutated input,
-  buffer or constant is written back with ``copy_``), a parameter, buffer,
+  buffer or constant is written back with ``copy_``; an in-place view op
+  on one of them), a parameter, buffer,
   submodule or tensor attribute assigned in ``forward``.  Every module's
   attributes, parameters, buffers and submodules are put back as they were
   after the trace, whatever forward did;
@@ -220,6 +226,7 @@ def capture(model: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple[f
     if changed or reassigned:
         raise Refused(f"forward changes the model's state: {sorted(set(changed + reassigned))[:5]}")
     _outputs_for_input_mutations(gm, n)
+    _inplace_views_as_views(gm)
     mutating = [f"{nd.name} ({nd.target})" for nd in gm.graph.nodes
                 if nd.op == "call_function" and isinstance(nd.target, torch._ops.OpOverload)
                 and nd.target._schema.is_mutable]
@@ -253,6 +260,41 @@ def _outputs_for_input_mutations(gm: fx.GraphModule, n_state: int) -> None:
         out.args = ([*out.args[0], *values],)
         gm.recompile()
     gm.meta["input_mutations"] = tuple(written)
+
+
+def _inplace_views_as_views(gm: fx.GraphModule) -> None:
+    """Each in-place view op (``torch.Tag.inplace_view``: ``as_strided_``, ``transpose_``, ...) on a tensor the
+    graph computes, replaced by its view op, which the users of that tensor after it read instead (torch.export
+    makes the same node of it); one on a placeholder (an input, a parameter) is left for the caller to refuse."""
+    order = {nd: k for k, nd in enumerate(gm.graph.nodes)}
+    changed = False
+    for nd in list(gm.graph.nodes):
+        view = _view_op_of(nd.target) if nd.op == "call_function" else None
+        base = nd.args[0] if nd.args else None
+        if view is None or not isinstance(base, fx.Node) or base.op == "placeholder":
+            continue
+        with gm.graph.inserting_before(nd):
+            out = gm.graph.call_function(view, nd.args, nd.kwargs)
+        out.meta = dict(nd.meta)
+        nd.replace_all_uses_with(out)
+        base.replace_all_uses_with(out, delete_user_cb=lambda user: user is not out and order.get(user, -1) > order[nd])
+        gm.graph.erase_node(nd)
+        changed = True
+    if changed:
+        gm.recompile()
+
+
+def _view_op_of(target: Any) -> Any:
+    """The view op (same overload) of an in-place view op such as ``aten.as_strided_.default``, else None."""
+    if not isinstance(target, torch._ops.OpOverload) or torch.Tag.inplace_view not in target.tags:
+        return None
+    name = target._schema.name.split("::")[-1]
+    packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+    view = getattr(packet, target._overloadname, None)
+    returns = view._schema.returns if isinstance(view, torch._ops.OpOverload) else ()
+    if len(returns) == 1 and returns[0].alias_info is not None and not returns[0].alias_info.is_write:
+        return view
+    return None
 
 
 def _tidy(gm: fx.GraphModule) -> None:
