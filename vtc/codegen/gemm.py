@@ -585,9 +585,6 @@ RUNTIME = r"""
 // blocking: an A block (MC x KC) and a B block (KC x NC) together fit in a 2 MB L2, a B micro-panel
 // (KC x NR) in L1 while the A micro-panels stream past it
 #define VTC_KC 256
-#ifndef VTC_DOT_PF
-#define VTC_DOT_PF 0
-#endif
 #ifndef VTC_SKINNY_R
 #define VTC_SKINNY_R 8  // rows of A per pass of vtc_skinny_packed (at most 8; 7-8 rows in one pass of one panel)
 #endif
@@ -1037,7 +1034,7 @@ static inline __m512 vtc_reduce16(const __m512* s) {
 
 // c[r * ldc + j] = (add ? c : 0) + sum_p a[r * kc + p] * w[j * ldw + p] for r < R, j < J: skinny GEMMs
 // against a row-major weight (B = W^T) read in place
-template <int R, int J, typename TW>
+template <int PF, int R, int J, typename TW>  // PF: floats ahead along each weight row prefetched (0: none)
 static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                                 float* __restrict c, int64_t ldc, bool add) {
   const int64_t kf = kc / 16 * 16;
@@ -1053,8 +1050,8 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW*
     for (int r = 0; r < R; ++r) x[r] = _mm512_loadu_ps(a + r * kc + p);
     #pragma GCC unroll 4
     for (int j = 0; j < J; ++j) {
-      if constexpr (R > 1 && VTC_DOT_PF > 0)  // (one row: measured slower with it)
-        _mm_prefetch((const char*)(w + j * ldw + p + VTC_DOT_PF), _MM_HINT_T0);
+      if constexpr (R > 1 && PF > 0)  // (one row: measured slower with it)
+        _mm_prefetch((const char*)(w + j * ldw + p + PF), _MM_HINT_T0);
       const __m512 wv = vtc_widen16(w + j * ldw + p);
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) s[r][j] = _mm512_fmadd_ps(x[r], wv, s[r][j]);
@@ -1085,25 +1082,25 @@ static inline void vtc_dot_rows(int64_t kc, const float* __restrict a, const TW*
 }
 
 // rows of a four at a time (16 accumulators: 8 loads per 16 FMAs), then two, then one
-template <int J, typename TW>
+template <int PF, int J, typename TW>
 static inline void vtc_dot(int64_t m, int64_t kc, const float* __restrict a, const TW* __restrict w, int64_t ldw,
                            float* __restrict c, int64_t ldc, bool add) {
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) vtc_dot_rows<4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
-  if (m - i >= 2) { vtc_dot_rows<2, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add); i += 2; }
-  if (m - i >= 1) vtc_dot_rows<1, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
+  for (; i + 4 <= m; i += 4) vtc_dot_rows<PF, 4, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
+  if (m - i >= 2) { vtc_dot_rows<PF, 2, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add); i += 2; }
+  if (m - i >= 1) vtc_dot_rows<PF, 1, J>(kc, a + i * kc, w, ldw, c + i * ldc, ldc, add);
 }
 
 // columns [0, n) of a skinny tile, VTC_DOT_J weight rows at a time
-template <typename TW>  // float, or float16 widened as it is read (a float16 GEMM's weight)
+template <int PF, typename TW>  // TW: float, or float16 widened as it is read (a float16 GEMM's weight)
 __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t kc, const float* a, const TW* w,
                                                    int64_t ldw, float* c, int64_t ldc, bool add) {
   int64_t j = 0;
-  for (; j + 4 <= n; j += 4) vtc_dot<4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
+  for (; j + 4 <= n; j += 4) vtc_dot<PF, 4>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add);
   switch (n - j) {
-    case 3: vtc_dot<3>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
-    case 2: vtc_dot<2>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
-    case 1: vtc_dot<1>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 3: vtc_dot<PF, 3>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 2: vtc_dot<PF, 2>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
+    case 1: vtc_dot<PF, 1>(m, kc, a, w + j * ldw, ldw, c + j, ldc, add); break;
   }
 }
 
@@ -1598,7 +1595,7 @@ def generate(k: Kernel) -> str:
     ind = "        "
     lines += _weight_rows(em, g, ind, bt, stream, "(mi - mlo) * mc" if nar else "m0", rows_packed,
                           _epilogue(em, k, ind + "      ") if group_epi else [])
-    dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a)) if g.pack_b is None else []
+    dot = (_dot_path(em, g, ind, block) or gemm_dot.path_lines(em, g, ind, block, _pack_a, DOT_PF)) if g.pack_b is None else []
     if skinny is not None:  # W packed once (passed where 2 <= M < WT_MIN_M): its panels read as streams
         lines += [f"{ind}#if defined(__AVX512F__)",
                   f"{ind}if (bpk) {{",
@@ -1668,7 +1665,7 @@ def generate(k: Kernel) -> str:
     if epi:
         lines += [*(["      if (!strips_done)"] if strips else []), *["      " + x for x in block], *epi, "      }"]
     lines += ["    }", "  }", *_ksplit_finish(em, k)]
-    head = (f"#define VTC_DOT_PF {DOT_PF}\n" if DOT_PF else "") + PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
+    head = PRELUDE + RUNTIME + gemm_pack.RUNTIME + g.runtime
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(lines) + "\n}\n"
 
 
@@ -1930,7 +1927,7 @@ def _dot_path(em, g: GemmOperands, ind: str, block: list[str]) -> list[str]:
     return [f"{ind}#if defined(__AVX512F__)",
             *[ind + x for x in block],
             *_pack_a(em, g, ind + "  ", rows=True),
-            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, {src}, {sn}, ct, LDC, k0 > 0);",
+            f"{ind}  vtc_dot_cols<{DOT_PF}>(mb, nb, kb, ap, {src}, {sn}, ct, LDC, k0 > 0);",
             f"{ind}}}",
             f"{ind}continue;",
             f"{ind}#endif"]

@@ -50,10 +50,11 @@ def unit_stride_along(load, v: str, shapes: dict) -> bool:
     return len(with_v) == 1 and with_v[0][0].op == "var" and with_v[0][1] == 1
 
 
-def path_lines(em, g, ind: str, block: list[str], pack_a) -> list[str]:
+def path_lines(em, g, ind: str, block: list[str], pack_a, prefetch: int) -> list[str]:
     """The packed-dot loops of a KC slice (ending it with ``continue``) where ``applies`` holds, else nothing:
     B^T packed into bp as nb rows of kb (zero-free: the micro-kernels take any n), then per M block A packed
-    as rows (`pack_a(em, g, ind, rows=True)`) and ``vtc_dot_cols`` over the block."""
+    as rows (`pack_a(em, g, ind, rows=True)`) and ``vtc_dot_cols`` over the block, prefetching ``prefetch``
+    floats ahead along B's rows (``gemm.DOT_PF``)."""
     if not applies(g, em.shapes):
         return []
     nv = g.vars[2]
@@ -73,7 +74,7 @@ def path_lines(em, g, ind: str, block: list[str], pack_a) -> list[str]:
             *pack_b,
             *[ind + x for x in block],
             *pack_a(em, g, ind + "  ", rows=True),
-            f"{ind}  vtc_dot_cols(mb, nb, kb, ap, bp, kb, ct, LDC, k0 > 0);",
+            f"{ind}  vtc_dot_cols<{prefetch}>(mb, nb, kb, ap, bp, kb, ct, LDC, k0 > 0);",
             f"{ind}}}",
             f"{ind}continue;",
             f"{ind}#endif"]
