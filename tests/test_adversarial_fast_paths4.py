@@ -6,17 +6,18 @@ Each case is drawn from its seed (``Case``), compiled by vtc and compared with t
   256 pixels, groups or 8-15 output channels), conv_bcast (one group, 16+ output channels, up to 196 / 256 pixels),
   Winograd (3x3 "same", 16..64 channels), 1x1, and transposed convolutions (``conv_transpose2d``: stride,
   padding, output_padding, dilation, groups; torch's kernel behind vtc's ops); odd channels (1, 3, 17, 127),
-  stride / dilation / padding of two sizes, padding modes reflect / replicate / circular at times; a bias, a batch norm, an activation (ReLU, ReLU6, SiLU, hardswish,
-  GELU, sigmoid), a residual input; and in front at times a movement op (a pad (also negative: a crop), a channel
-  shuffle, a cat of two inputs along the channels, a strided or narrowed slice) or a drawn chain; float32 mostly,
-  float16 at times;
+  stride / dilation / padding of two sizes, padding modes reflect / replicate / circular at times; a bias, a batch
+  norm, an activation (ReLU, ReLU6, SiLU, hardswish, GELU, sigmoid), a residual input; and in front at times a
+  movement op (a pad (also negative: a crop), a channel shuffle, a cat of two inputs along the channels, a strided
+  or narrowed slice, a channel slice) or a drawn chain; float32 mostly, float16 at times; gemm auto or "vtc";
 - ``half``: float16 and bfloat16 models: pointwise chains with a broadcast second input, reductions (sum, mean,
   amax, var, softmax, log_softmax, logsumexp, layer_norm, Llama's RMSNorm through float32), Linears / matmul /
   bmm on odd shapes, convolutions with a batch norm, attention with transformers' eager
   ``softmax(dtype=float32).to(dtype)`` (a causal or additive mask, GQA) and ``F.scaled_dot_product_attention``;
 - ``threads``: one compiled model (an MLP block with a LayerNorm, causal attention, a Conv1d over a sequence) in
-  float32, float16 or bfloat16 called from 3-4 Python threads at once, each call against eager, and at changing sequence lengths: new lengths,
-  back to old ones, new lengths first seen inside the threads, and ``vtc.compile(dynamic=True)`` the same way;
+  float32, float16 or bfloat16 called from 3-4 Python threads at once, each call against eager, and at changing
+  sequence lengths: new lengths, back to old ones, new lengths first seen inside the threads, and
+  ``vtc.compile(dynamic=True)`` the same way;
 - ``onnx16``: ``half``'s models in float16, exported to ONNX (the TorchScript or dynamo exporter), compiled by
   vtc's ONNX frontend and compared with onnxruntime (and with eager).
 Inputs: tests.adversarial.rand (magnitudes in [0.25, 2), random signs, never zero).
