@@ -5,7 +5,11 @@ A chain is drawn through ``Draw``, which asks hypothesis for every choice (so a 
 short chain on small sizes) and keeps the choices' description for ``note``."""
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import time
+import traceback
 import warnings
 from typing import Callable, Sequence
 
@@ -286,3 +290,46 @@ def check_outputs(fn, inputs, tol=F32_TOL, what="", torch_compile=False, **optio
             warnings.simplefilter("ignore")
             close_outputs(torch.compile(fn, backend="vtc")(*inputs), want, tol, what + " (torch.compile)")
     return compiled
+
+
+def run_campaign(doc: str, kinds: Sequence[str], make_case: Callable, run_case: Callable, log: str,
+                 notes: Callable = lambda case, done: case.paths, skipped: tuple = ()) -> int:
+    """The command line of a fuzz campaign of drawn cases (tests/test_adversarial_fast_paths3.py, ..._4.py):
+    ``--kind K --seed S --cases N [--start I]``, or ``--case I -v`` to run one again.  Each case is
+    ``make_case(kind, seed, i)``, run by ``run_case``; its kind, seed, model, status (``ok`` and ``notes(case,
+    done)``) and seconds are appended to ``--log`` as a JSON line.  Every exception but those of `skipped`
+    (not vtc's: e.g. no exporter takes the model) is a finding.  Returns 1 when a case failed."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kind", choices=kinds, default=kinds[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cases", type=int, default=50)
+    ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--case", type=int)
+    ap.add_argument("--log", default=log)
+    ap.add_argument("-v", action="store_true")
+    args = ap.parse_args()
+    numbers = [args.case] if args.case is not None else range(args.start, args.start + args.cases)
+    failed = 0
+    for i in numbers:
+        t0 = time.time()
+        case = make_case(args.kind, args.seed, i)
+        if args.v:
+            print(case.describe(), flush=True)
+        record = dict(kind=args.kind, seed=args.seed, case=i, model=case.describe())
+        try:
+            record["done"] = run_case(case)
+            record["paths"] = case.paths
+            status = "ok " + ",".join(map(str, notes(case, record["done"])))
+        except skipped as e:
+            status = f"skipped: {str(e)[:200]}"
+        except Exception as e:  # noqa: BLE001 - every exception is a finding to look at
+            failed += 1
+            status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            record["error"] = traceback.format_exc()
+        record["status"], record["s"] = status, round(time.time() - t0, 1)
+        with open(args.log, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(f"{args.kind}:{args.seed}:{i} {record['s']:6.1f}s {status}"
+              f"{'' if status.startswith('ok') else '  ' + case.describe()}", flush=True)
+    print(f"{len(numbers)} cases, {failed} failed")
+    return 1 if failed else 0

@@ -32,12 +32,8 @@ The campaign, by hand (not collected by pytest):
 CI runs ``CI_CASES`` seeds of each kind."""
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import sys
-import time
-import traceback
 import warnings
 from typing import Callable
 from unittest.mock import patch
@@ -47,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import vtc
-from tests.adversarial import draw_chain_into, rand, run_chain
+from tests.adversarial import draw_chain_into, rand, run_campaign, run_chain
 from tests.codegen.util import kernels, torch_threads
 from tests.fuzz_campaign import Rand
 from vtc.codegen import gemm
@@ -488,38 +484,7 @@ def test_drawn_case(kind, case):
 
 # -- the campaign ---------------------------------------------------------------------------------------------
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--kind", choices=KINDS, default="conv")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--cases", type=int, default=50)
-    ap.add_argument("--start", type=int, default=0)
-    ap.add_argument("--case", type=int)
-    ap.add_argument("--log", default="/tmp/vtc-fuzz3.jsonl")
-    ap.add_argument("-v", action="store_true")
-    args = ap.parse_args()
-    numbers = [args.case] if args.case is not None else range(args.start, args.start + args.cases)
-    failed = 0
-    for i in numbers:
-        t0 = time.time()
-        case = Case(args.kind, args.seed, i)
-        if args.v:
-            print(case.describe(), flush=True)
-        record = dict(kind=args.kind, seed=args.seed, case=i, model=case.describe())
-        try:
-            record["done"] = run_case(case)
-            record["paths"] = case.paths
-            status = "ok " + ",".join(map(str, case.paths))
-        except Exception as e:  # noqa: BLE001 - every exception is a finding to look at
-            failed += 1
-            status = f"FAIL {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-            record["error"] = traceback.format_exc()
-        record["status"], record["s"] = status, round(time.time() - t0, 1)
-        with open(args.log, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(f"{args.kind}:{args.seed}:{i} {record['s']:6.1f}s {status}"
-              f"{'' if status.startswith('ok') else '  ' + case.describe()}", flush=True)
-    print(f"{len(numbers)} cases, {failed} failed")
-    return 1 if failed else 0
+    return run_campaign(__doc__, KINDS, Case, run_case, "/tmp/vtc-fuzz3.jsonl")
 
 
 if __name__ == "__main__":
