@@ -17,9 +17,10 @@ never the values of const tensors (weights).  So the key is the sha256 of
   package (a changed planner or cost model never reads an old entry).
 
 The timed figures are in the entry instead: it is a hit only where each of them
-is within ``cost.TIMED_SPREAD`` of the current figure (the spread of quiet
-measurements of one machine).  Measured while other processes kept the cores
-busy, they are provisional and a later process measures them again
+that the plan reads (``timed_read``) is within ``cost.TIMED_SPREAD`` of the
+current figure (the spread of quiet measurements of one machine).  Measured
+while other processes kept the cores busy, they are provisional and a later
+process measures them again
 (``cost._measure_timed_again``), in the middle of a warm compile; keyed on their
 exact values, every such re-measurement missed the plan and made it again
 (7.2 s of a 16.0 s warm compile of a 4-layer Llama, docs/compile_time.md).  A
@@ -53,6 +54,7 @@ from pathlib import Path
 import torch
 
 from vtc.ir.graph import Graph
+from vtc.plan.cost import TIMED_FIGURES
 from vtc.plan.virtualize import Plan, plan_keeping
 
 PLAN_CACHE_FORMAT = 2
@@ -75,10 +77,17 @@ def cacheable(options: dict) -> bool:
     return options.get("plan", "greedy") == "greedy" and not options.get("measure_budget_s")
 
 
+def timed_read(options: dict) -> tuple[str, ...]:
+    """The timed machine figures a cacheable plan under `options` depends on: the bandwidth prices every movement
+    term; the GEMM rate only the compute nodes (``CostModel.node``), the part of the latency no plan changes
+    (``Estimator.compute``), which no saving reads and only objective="memory" (its latency budget) does."""
+    return TIMED_FIGURES if options.get("objective", "latency") == "memory" else ("bandwidth_gbs",)
+
+
 def plan_key(graph: Graph, options: dict) -> str | None:
     """The cache key of `graph` planned under `options`, or None when the graph cannot be keyed."""
     from vtc.ir.printer import print_graph
-    from vtc.plan.cost import TIMED_FIGURES, CostModel, machine
+    from vtc.plan.cost import CostModel, machine
 
     if not all(isinstance(n.target, torch._ops.OpOverload) for n in graph.nodes):
         return None
@@ -113,7 +122,7 @@ def load(graph: Graph, options: dict) -> tuple[Plan | None, str | None]:
         return None, None
     try:
         entry = json.loads(_path(key).read_text())
-        if not same_timed_figures(entry["timed"], asdict(machine())):
+        if not same_timed_figures(entry["timed"], asdict(machine()), timed_read(options)):
             raise ValueError("entry made from other timed machine figures")
         plan = _plan_from(graph, entry)
     except (OSError, ValueError, KeyError, TypeError):
@@ -126,7 +135,7 @@ def load(graph: Graph, options: dict) -> tuple[Plan | None, str | None]:
 def store(key: str, plan: Plan) -> None:
     """Writes `plan` under `key` (atomically), with the timed machine figures it was made from; a failure to write
     only costs the next compile a plan."""
-    from vtc.plan.cost import TIMED_FIGURES, machine
+    from vtc.plan.cost import machine
 
     entry = {"timed": {k: getattr(machine(), k) for k in TIMED_FIGURES},
              "mode": plan.mode, "kept": plan.kept, "pushed": plan.pushed, "objective": plan.objective,

@@ -93,10 +93,10 @@ TIMED_FIGURES = ("bandwidth_gbs", "gemm_gflops")  # the figures measured again w
 TIMED_SPREAD = 1.3
 
 
-def same_timed_figures(a: dict, b: dict) -> bool:
-    """Whether the 2-thread figures (``TIMED_FIGURES``) of two sets of Machine figures are within TIMED_SPREAD of
-    each other."""
-    return all(max(a[f], b[f]) <= TIMED_SPREAD * min(a[f], b[f]) for f in TIMED_FIGURES)
+def same_timed_figures(a: dict, b: dict, names: tuple[str, ...] = TIMED_FIGURES) -> bool:
+    """Whether the 2-thread figures `names` (of ``TIMED_FIGURES``) of two sets of Machine figures are within
+    TIMED_SPREAD of each other."""
+    return all(max(a[f], b[f]) <= TIMED_SPREAD * min(a[f], b[f]) for f in names)
 
 
 _measuring = False  # machine() is measuring (it compiles a GEMM, whose planning asks for machine())
