@@ -20,12 +20,12 @@ The timed figures are in the entry instead: it is a hit only where each of them
 that the plan reads (``timed_read``) is within ``cost.TIMED_SPREAD`` of the
 current figure (the spread of quiet measurements of one machine).  Measured
 while other processes kept the cores busy, they are provisional and a later
-process measures them again
-(``cost._measure_timed_again``), in the middle of a warm compile; keyed on their
-exact values, every such re-measurement missed the plan and made it again
-(7.2 s of a 16.0 s warm compile of a 4-layer Llama, docs/compile_time.md).  A
-plan made from figures beyond the spread (a quiet figure after busy ones) is
-still made again, and overwrites the entry.
+process measures them again (``cost._measure_timed_again``), in the middle of a
+warm compile; keyed on their exact values, every such re-measurement missed the
+plan and made it again (7.2 s of a 16.0 s warm compile of a 4-layer Llama,
+docs/compile_time.md).  A plan made from figures beyond the spread (a quiet
+figure after busy ones) is still made again, and overwrites the entry.  A hit's
+decisions keep the estimated savings they were made with.
 
 A changed model therefore misses: new weights do not change the plan (and are
 not part of it), other code or other shapes change the text.  Plans that time
