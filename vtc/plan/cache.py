@@ -10,10 +10,22 @@ never the values of const tensors (weights).  So the key is the sha256 of
   ATen/custom ``OpOverload``, is not cached), and which outputs the model writes
   back into its inputs (``graph.meta["input_mutations"]``: such scatters are pushed);
 - the plan options (``plan``, ``backend``, ``objective``, ``max_slowdown``,
-  ``gemm``), the machine figures (``vtc.plan.cost.machine()``), the prices of
+  ``gemm``), the machine figures (``vtc.plan.cost.machine()``) but its two
+  timed 2-thread figures (bandwidth, GEMM rate), the prices of
   ``vtc.plan.cost.CostModel`` (its numeric class attributes), the torch
   version, ``PLAN_CACHE_FORMAT`` and a digest of every ``.py`` file of the vtc
   package (a changed planner or cost model never reads an old entry).
+
+The timed figures are in the entry instead: it is a hit only where each of them
+that the plan reads (``timed_read``) is within ``cost.TIMED_SPREAD`` of the
+current figure (the spread of quiet measurements of one machine).  Measured
+while other processes kept the cores busy, they are provisional and a later
+process measures them again (``cost._measure_timed_again``), in the middle of a
+warm compile; keyed on their exact values, every such re-measurement missed the
+plan and made it again (7.2 s of a 16.0 s warm compile of a 4-layer Llama,
+docs/compile_time.md).  A plan made from figures beyond the spread (a quiet
+figure after busy ones) is still made again, and overwrites the entry.  A hit's
+decisions keep the estimated savings they were made with.
 
 A changed model therefore misses: new weights do not change the plan (and are
 not part of it), other code or other shapes change the text.  Plans that time
@@ -42,9 +54,10 @@ from pathlib import Path
 import torch
 
 from vtc.ir.graph import Graph
+from vtc.plan.cost import TIMED_FIGURES
 from vtc.plan.virtualize import Plan, plan_keeping
 
-PLAN_CACHE_FORMAT = 1
+PLAN_CACHE_FORMAT = 2
 KEY_OPTIONS = ("plan", "backend", "objective", "max_slowdown", "gemm", "push")
 stats: Counter = Counter()  # "hit", "miss", "store", "uncacheable" in this process
 
@@ -64,6 +77,13 @@ def cacheable(options: dict) -> bool:
     return options.get("plan", "greedy") == "greedy" and not options.get("measure_budget_s")
 
 
+def timed_read(options: dict) -> tuple[str, ...]:
+    """The timed machine figures a cacheable plan under `options` depends on: the bandwidth prices every movement
+    term; the GEMM rate only the compute nodes (``CostModel.node``), the part of the latency no plan changes
+    (``Estimator.compute``), which no saving reads and only objective="memory" (its latency budget) does."""
+    return TIMED_FIGURES if options.get("objective", "latency") == "memory" else ("bandwidth_gbs",)
+
+
 def plan_key(graph: Graph, options: dict) -> str | None:
     """The cache key of `graph` planned under `options`, or None when the graph cannot be keyed."""
     from vtc.ir.printer import print_graph
@@ -76,7 +96,8 @@ def plan_key(graph: Graph, options: dict) -> str | None:
     except ValueError:  # an argument the text form cannot print
         return None
     prices = sorted((k, v) for k, v in vars(CostModel).items() if isinstance(v, (int, float)))
-    blob = json.dumps([PLAN_CACHE_FORMAT, torch.__version__, code_digest(), asdict(machine()), prices,
+    figures = {k: v for k, v in asdict(machine()).items() if k not in TIMED_FIGURES}
+    blob = json.dumps([PLAN_CACHE_FORMAT, torch.__version__, code_digest(), figures, prices,
                        [[k, options.get(k)] for k in KEY_OPTIONS], text, graph.meta.get("input_mutations", ())],
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -91,13 +112,18 @@ def _path(key: str) -> Path:
 
 
 def load(graph: Graph, options: dict) -> tuple[Plan | None, str | None]:
-    """(the cached plan of `graph`, its key); (None, key) on a miss, (None, None) when not cacheable."""
+    """(the cached plan of `graph`, its key); (None, key) on a miss, (None, None) when not cacheable.  An entry
+    made from timed figures beyond TIMED_SPREAD of the current ones is a miss."""
+    from vtc.plan.cost import machine, same_timed_figures
+
     key = plan_key(graph, options) if cacheable(options) else None
     if key is None:
         stats["uncacheable"] += 1
         return None, None
     try:
         entry = json.loads(_path(key).read_text())
+        if not same_timed_figures(entry["timed"], asdict(machine()), timed_read(options)):
+            raise ValueError("entry made from other timed machine figures")
         plan = _plan_from(graph, entry)
     except (OSError, ValueError, KeyError, TypeError):
         stats["miss"] += 1
@@ -107,8 +133,12 @@ def load(graph: Graph, options: dict) -> tuple[Plan | None, str | None]:
 
 
 def store(key: str, plan: Plan) -> None:
-    """Writes `plan` under `key` (atomically); a failure to write only costs the next compile a plan."""
-    entry = {"mode": plan.mode, "kept": plan.kept, "pushed": plan.pushed, "objective": plan.objective,
+    """Writes `plan` under `key` (atomically), with the timed machine figures it was made from; a failure to write
+    only costs the next compile a plan."""
+    from vtc.plan.cost import machine
+
+    entry = {"timed": {k: getattr(machine(), k) for k in TIMED_FIGURES},
+             "mode": plan.mode, "kept": plan.kept, "pushed": plan.pushed, "objective": plan.objective,
              "notes": list(plan.notes),
              "decisions": [asdict(d) for d in plan.decisions]}
     try:

@@ -86,7 +86,17 @@ MEASURE_RUNS = 7  # timed calls per figure
 BUSY_WAITED = 0.1
 REMEASURE_AFTER_S = 60.0
 REMEASURES = 4
-_TIMED = ("bandwidth_gbs", "gemm_gflops")  # the figures measured again while provisional
+TIMED_FIGURES = ("bandwidth_gbs", "gemm_gflops")  # the figures measured again while provisional
+# Measurements of one 2-thread figure on this machine while it was quiet (no call waited for a core) spread by a
+# factor up to 1.27 (docs/call_cost.md, session 21: bandwidth 41.9-53.0 GB/s, GEMM 155-193 GFLOP/s): figures closer
+# than TIMED_SPREAD are one figure measured twice, and a plan made from the one stands for the other (vtc.plan.cache)
+TIMED_SPREAD = 1.3
+
+
+def same_timed_figures(a: dict, b: dict, names: tuple[str, ...] = TIMED_FIGURES) -> bool:
+    """Whether the 2-thread figures `names` (of ``TIMED_FIGURES``) of two sets of Machine figures are within
+    TIMED_SPREAD of each other."""
+    return all(max(a[f], b[f]) <= TIMED_SPREAD * min(a[f], b[f]) for f in names)
 
 
 _measuring = False  # machine() is measuring (it compiles a GEMM, whose planning asks for machine())
@@ -114,7 +124,7 @@ def _machine() -> Machine:
         data = json.loads(path.read_text())
         if data.get("key") == key:
             record = {"key": key, "machine": asdict(Machine(**data["machine"])),
-                      "waited": {f: float(data["waited"][f]) for f in _TIMED},
+                      "waited": {f: float(data["waited"][f]) for f in TIMED_FIGURES},
                       "measurements": int(data["measurements"]), "measured_at": float(data["measured_at"])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
@@ -178,7 +188,7 @@ def _measure_timed_again(record: dict) -> dict:
     measured again too: they were measured with the provisional figures, on a machine whose other processes can
     move even a 1-thread CPU-time ratio (the few-rows ratio read 0.49 under a test run, 0.57-0.72 quiet)."""
     figures, waited = dict(record["machine"]), dict(record["waited"])
-    new = dict(zip(_TIMED, (_measure_bandwidth(), _measure_gemm())))
+    new = dict(zip(TIMED_FIGURES, (_measure_bandwidth(), _measure_gemm())))
     for name, (value, share) in new.items():
         old = (figures[name], waited[name])
         quiet_old, quiet_new = old[1] <= BUSY_WAITED, share <= BUSY_WAITED
