@@ -107,7 +107,8 @@ def test_float32_mask_keeps_the_hidden_check_alone():
 
 
 def test_bounded_term_refuses_chains_it_cannot_bound():
-    """The chain must be monotone in the dot product, read once (a soft-cap's tanh, a square: no check)."""
+    """The chain must be monotone in the dot product, read once (a square, a soft-cap's tanh, 2 / it, a cast to
+    bool: no check)."""
     from vtc.codegen.kernel_ir import Scalar, const
 
     acc = Scalar.make("acc", ("score",), torch.float32)
@@ -120,4 +121,7 @@ def test_bounded_term_refuses_chains_it_cannot_bound():
     assert flash.bounded_term(chain(scaled)) is Scalar.make("cast", (scaled,), H)
     assert flash.bounded_term(chain(Scalar.make("binary", ("mul", acc, acc), torch.float32))) is None
     assert flash.bounded_term(chain(Scalar.make("unary", ("tanh", acc), torch.float32))) is None
-    assert flash.bounded_term(chain(Scalar.make("binary", ("div", const(2.0, torch.float32), acc), torch.float32))) is None
+    inverse = Scalar.make("binary", ("div", const(2.0, torch.float32), acc), torch.float32)
+    assert flash.bounded_term(chain(inverse)) is None
+    as_bool = Scalar.make("cast", (Scalar.make("cast", (acc,), torch.bool),), torch.float32)
+    assert flash.bounded_term(chain(as_bool)) is None

@@ -388,8 +388,9 @@ def bounded_term(score: Scalar) -> Scalar | None:
     """The term x of a score chain ``x + m`` where ``bounded_block_check`` applies, else None: an additive
     float16 mask m (its finfo.min, -65504, is above HIDDEN) added in float16 or float32, only casts to float32
     above the add (the score is x + m rounded once), and x made of the dot product (read once), constants,
-    casts and add / sub / mul of a term without it or a division of it: monotone in the dot product and the
-    same for every key, so that its values at -B and B bound it for every dot product in [-B, B]."""
+    floating casts and add / sub / mul of a term without it or a division of it (in floating point): monotone
+    in the dot product and the same for every key, so that its values at -B and B bound it for every dot
+    product in [-B, B]."""
     s = score
     while s.op == "cast" and s.dtype == torch.float32:
         s = s.args[0]
@@ -398,8 +399,8 @@ def bounded_term(score: Scalar) -> Scalar | None:
             or mask not in s.args[1:] or s.dtype not in (torch.float16, torch.float32)):
         return None
     x = s.args[2] if s.args[1] is mask else s.args[1]
-    if any(y.op not in ("acc", "const", "cast") and not (y.op == "binary" and y.args[0] in _MONOTONE)
-           for y in scalars_under([x])):
+    if any(y.op not in ("acc", "const") and not (y.dtype.is_floating_point and (
+            y.op == "cast" or (y.op == "binary" and y.args[0] in _MONOTONE))) for y in scalars_under([x])):
         return None
     y = x
     while y.op != "acc":  # one path to the dot product; a division only of it
