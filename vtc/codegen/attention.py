@@ -542,9 +542,15 @@ def emit_attention(k: AttentionKernel, em) -> list[str]:
         if mask is not None:
             forget(True)
             mask = (em.hoist([mask], "      ", within_temps=False), em.scalar(mask))
+        term, bounded = flash.bounded_term(k.score), None
+        if term is not None:  # the score's term x at the dot product's bound b_ (flash.bounded_block_check)
+            em.forget()
+            em.temps.update({id(x): "b_" for x in scalars_under([term]) if x.op == "acc"})
+            bounded = (em.hoist([term], "      ", within_temps=False), em.scalar(term))
         em.forget()
         key_rows = list(zip(ptrs, strides, types))
-        return flash.emit_tiled(k, em, q_pieces, *texts, mask=mask, lanes=lanes, key_rows=key_rows, around=around)
+        return flash.emit_tiled(k, em, q_pieces, *texts, mask=mask, lanes=lanes, key_rows=key_rows, around=around,
+                                bounded=bounded)
     shared = k.shared_rows
     # the key block does not shrink with a short row (its loops stop at the last key): the same kernel text,
     # sizes aside, for every key count, so that it can take them as arguments (vtc.runtime.generic)

@@ -375,6 +375,108 @@ def hidden_block_check(pre_m: list[str], mx: str, outer: list[str], inner: list[
         f"{ind}}}"]
 
 
+# Where a row's running max mu exceeds a key's score by EXP_ZERO_GAP or more, the kernel's exp(score - mu) is 0:
+# vtc_exp returns 0 below -87.5 (its clamp), expf with denormals below -103.98.
+EXP_ZERO_GAP = 128.0
+# x + m <= mu - MASK_MARGIN leaves the score, x + m rounded to float16 (half an ulp: at most 16), EXP_ZERO_GAP below mu
+MASK_MARGIN = 256.0
+BOUNDED_SKIP = True  # float16 masks: skip a key block whose scores lie EXP_ZERO_GAP below each row's max
+_MONOTONE = ("add", "sub", "mul", "div")
+
+
+def bounded_term(score: Scalar) -> Scalar | None:
+    """The term x of a score chain ``x + m`` where ``bounded_block_check`` applies, else None: an additive
+    float16 mask m (its finfo.min, -65504, is above HIDDEN) added in float16 or float32, only casts to float32
+    above the add (the score is x + m rounded once), and x made of the dot product (read once), constants,
+    floating casts and add / sub / mul of a term without it or a division of it (in floating point): monotone
+    in the dot product and the same for every key, so that its values at -B and B bound it for every dot
+    product in [-B, B]."""
+    s = score
+    while s.op == "cast" and s.dtype == torch.float32:
+        s = s.args[0]
+    mask = additive_mask(score)
+    if (not BOUNDED_SKIP or mask is None or mask.dtype != torch.float16 or s.op != "binary" or s.args[0] != "add"
+            or mask not in s.args[1:] or s.dtype not in (torch.float16, torch.float32)):
+        return None
+    x = s.args[2] if s.args[1] is mask else s.args[1]
+    if any(y.op not in ("acc", "const") and not (y.dtype.is_floating_point and (
+            y.op == "cast" or (y.op == "binary" and y.args[0] in _MONOTONE))) for y in scalars_under([x])):
+        return None
+    y = x
+    while y.op != "acc":  # one path to the dot product; a division only of it
+        side = [z for z in (y.args[:1] if y.op == "cast" else y.args[1:]) if _reads_acc(z)]
+        if len(side) != 1 or (y.op == "binary" and y.args[0] == "div" and side[0] is not y.args[1]):
+            return None
+        y = side[0]
+    return x
+
+
+def _reads_acc(x: Scalar) -> bool:
+    return any(y.op == "acc" for y in scalars_under([x]))
+
+
+def key_block_bounds(pre_k: list[str], kx: str, dd: int, n: int, groups: int, g: int) -> tuple[list[str], list[str]]:
+    """C lines before and after a tiled kernel's loop over the tiles that hold in ``kbm_[group * nb + block]``
+    the largest sum_d |k_d| of the key block's keys (NaN kept), for ``bounded_block_check``."""
+    nb = -(-n // KEY_BLOCK)
+    return [
+        f"  float* kbm_ = (float*)std::malloc(sizeof(float) * {groups * nb});  // per key block: max_key sum_d |k_d|",
+        f"  for (int64_t grp = 0; grp < {groups}; ++grp) {{",
+        f"    const int64_t i0 = grp * {g}, i1 = 0;  // K rows do not depend on the query",
+        f"    for (int64_t r = 0; r < {n}; ++r) {{",
+        "      float kl1_ = 0.0f;",
+        "      #pragma omp simd reduction(+:kl1_)",
+        f"      for (int64_t d = 0; d < {dd}; ++d) {{", *[f"    {x}" for x in pre_k],
+        f"        kl1_ += std::fabs({kx});",
+        "      }",
+        f"      float& m_ = kbm_[grp * {nb} + r / {KEY_BLOCK}];",
+        f"      m_ = r % {KEY_BLOCK} == 0 || kl1_ > m_ || kl1_ != kl1_ ? kl1_ : m_;",
+        "    }",
+        "  }"], ["  std::free(kbm_);"]
+
+
+def bounded_block_check(term: tuple[list[str], str], pre_m: list[str], m: str, nb: int, g: int, ind: str) -> list[str]:
+    """C lines that skip a key block (``continue``) whose every key's probability the kernel computes as
+    exactly 0 for every query of the tile (``bounded_term``: a float16 mask).
+
+    |dot product| <= max_d |q_d| * sum_d |k_d| <= B (``mq[q]`` times the block's ``kbm_``, each rounded up by a
+    factor 1.001, enough for head dims up to ~6700, plus 1e-30 for underflow); `term` (lines, expression of
+    the chain's term x with the dot product ``b_``) at -B and B bounds x by xm.  Where the running max mx and
+    xm are finite and every mask value (`pre_m`, `m`) of the block is at most mx - xm - MASK_MARGIN (float
+    rounding of that: < 0.01), each score, x + m rounded once, lies EXP_ZERO_GAP or more below mx: the block
+    max leaves mx as it is, the correction is exp(0) = 1 and each probability exp(score - mx) is 0, so
+    skipping the block changes nothing, bit for bit.  A NaN on the way fails the compares (the block is
+    computed).  Keys are checked in order, stopping at the first one that may count."""
+    return [
+        f"{ind}{{  // every score of the block >= {EXP_ZERO_GAP} below its row's max: probabilities exactly 0",
+        f"{ind}  const float kb_ = kbm_[(i0 / {g}) * {nb} + r0 / {KEY_BLOCK}] * 1.001f;",
+        f"{ind}  alignas(64) float th_[{QUERY_TILE}];  // per query: the largest mask value that hides a key",
+        f"{ind}  #pragma omp simd",
+        f"{ind}  for (int64_t q = 0; q < nr; ++q) {{",
+        f"{ind}    const float bq_ = mq[q] * kb_ + 1e-30f;",
+        f"{ind}    float hi_, lo_;",
+        f"{ind}    {{", f"{ind}      const float b_ = bq_;", *[f"{ind}  {x}" for x in term[0]],
+        f"{ind}      hi_ = {term[1]};", f"{ind}    }}",
+        f"{ind}    {{", f"{ind}      const float b_ = -bq_;", *[f"{ind}  {x}" for x in term[0]],
+        f"{ind}      lo_ = {term[1]};", f"{ind}    }}",
+        f"{ind}    const float xm_ = hi_ > lo_ ? hi_ : lo_;",
+        f"{ind}    const bool finite_ = hi_ > -INFINITY && hi_ < INFINITY && lo_ > -INFINITY && lo_ < INFINITY",
+        f"{ind}                         && mx[q] > -INFINITY && mx[q] < INFINITY;",
+        f"{ind}    th_[q] = finite_ ? mx[q] - xm_ - {MASK_MARGIN}f : NAN;  // NaN: hides nothing",
+        f"{ind}  }}",
+        f"{ind}  int seen = 0;",
+        f"{ind}  for (int64_t t = 0; t < nk && !seen; ++t) {{",
+        f"{ind}    const int64_t r = r0 + t;",
+        f"{ind}    #pragma omp simd reduction(|:seen)",
+        f"{ind}    for (int64_t q = 0; q < nr; ++q) {{",
+        f"{ind}      const int64_t i0 = li0[q], i1 = li1[q];", *[f"{ind}  {x.strip()}" for x in pre_m],
+        f"{ind}      seen |= !({m} <= th_[q]);",
+        f"{ind}    }}",
+        f"{ind}  }}",
+        f"{ind}  if (!seen) continue;",
+        f"{ind}}}"]
+
+
 def _is_minus_inf(s: Scalar) -> bool:
     return s.op == "const" and s.args[0] == float("-inf")
 
@@ -504,14 +606,16 @@ def _stage_key_rows(rows: list[tuple[str, int, str]], ind: str) -> list[str]:
 
 
 def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lanes=([], []),
-               key_rows: list[tuple[str, int, str]] = (), around=([], [])) -> list[str]:
+               key_rows: list[tuple[str, int, str]] = (), around=([], []), bounded=None) -> list[str]:
     """The body of a tiled attention kernel (see the module docstring); the scalars come as
     (hoisted lines, C expression) of k, score, v and the additive mask (or None) from ``emit_attention``, q
     as (lo, hi, hoisted lines, C expression) per range of the head dim (``head_dim_pieces``: d counts from lo);
     `lanes`: (declarations, lines that set lane q's entries) of the per-query terms that the score and mask
     expressions read as ``lq<j>[q]``, filled once per task; `key_rows`: (pointer, key stride, C type of the
     row bases) of the loads that they read as ``kt<j>[t][q]`` (``key_row_loads``; lane q's row base in
-    ``lk<j>[q]``, among `lanes`); `around`: C lines before and after the loop over the tiles (``transposed_rows``)."""
+    ``lk<j>[q]``, among `lanes`); `around`: C lines before and after the loop over the tiles (``transposed_rows``);
+    `bounded`: (hoisted lines, C expression) of ``bounded_term``'s x with the dot product ``b_`` (a float16
+    mask: ``bounded_block_check``), or None."""
     from vtc.codegen.cpp import PARALLEL_MIN_WORK
 
     heads, per_head = k.domain
@@ -533,6 +637,7 @@ def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lane
     # mask: any block; a predicate's bounds: a block that crosses one for a query of the tile); else the
     # bookkeeping costs more than it saves (attn_causal at 1024 tokens: 7.4 -> 8.1 ms with it everywhere)
     trim = PV_KEY_RANGE and bool(mask or lows or highs)
+    bound_k = key_block_bounds(pre_k, kx, dd, n, heads // g, g) if bounded else None
     # K and V rows read in place where they are strided views (else packed per key block through the mapping)
     krows = in_place(k.k, em, "d", dd, n)
     vrows = in_place(k.v, em, "e", ee, n)
@@ -583,6 +688,7 @@ def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lane
     kg = ACCUMULATORS  # keys per step of the one-vector micro-kernel (a multiple of the others' steps)
     lines = [
         *around[0],
+        *(bound_k[0] if bounded else []),
         f"  #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) if({work} >= {PARALLEL_MIN_WORK})",
         f"  for (int64_t blk = 0; blk < {heads // g} * {chunks}; ++blk) {{",
         f"    const int64_t i0 = blk / {chunks} * {g};  // the group's first head",
@@ -624,6 +730,16 @@ def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lane
         f"        for (int64_t d0 = 0; d0 < {ddp}; d0 += {LANES}) vtc_flash_transpose16(&qr[0][d0], {ddp}, &qt[d0][q0], {qt_n});",
         "      }",
         "    }",
+        *([f"    alignas(64) float mq[{qt_n}];  // per query: max_d |q_d| (NaN kept), for bounded_block_check",
+           "    for (int64_t q = 0; q < qn; ++q) mq[q] = 0.0f;",
+           f"    for (int64_t d = 0; d < {dd}; ++d) {{",
+           "      #pragma omp simd",
+           "      for (int64_t q = 0; q < qn; ++q) {",
+           "        const float a_ = std::fabs(qt[d][q]);",
+           "        mq[q] = a_ > mq[q] || a_ != a_ ? a_ : mq[q];",
+           "      }",
+           "    }",
+           "    for (int64_t q = 0; q < qn; ++q) mq[q] *= 1.001f;"] if bounded else []),
         *(["    for (bool skip_ok = true;; skip_ok = false) {  // again without skipping: a row saw only hidden keys",
            "    bool skipped = false;"] if mask else []),
         f"    for (int64_t q = 0; q < {qt_n}; ++q) {{",
@@ -639,6 +755,7 @@ def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lane
         *(hidden_block_check(mask[0], mask[1], ["for (int64_t t = 0; t < nk && !seen; ++t) {", "const int64_t r = r0 + t;"],
                              ["for (int64_t q = 0; q < nr; ++q) {", "const int64_t i0 = li0[q], i1 = li1[q];"], "      ")
           if mask else []),
+        *(bounded_block_check(bounded, *mask, -(-n // kb), g, "      ") if bounded else []),
         "      bool v_bad = false;  // a value row of the block holds inf or NaN",
         "      {",
         "        const int64_t i1 = 0;  // K and V rows do not depend on the query",
@@ -721,6 +838,7 @@ def emit_tiled(k, em, q_pieces, pre_k, kx, pre_s, sx, pre_v, vx, mask=None, lane
         f"{em.ptr[out.buffer.name]}[{em.linear(out.buffer.name, out.index)}] = {k.stored('ov[q][e] * inv')};",
         "    }",
         "  }",
+        *(bound_k[1] if bounded else []),
         *around[1],
     ]
     # queries beyond nr in a PV step read rows of ov / st that exist (qt_n is a multiple of qg)
