@@ -217,20 +217,19 @@ products or broadcast tiles with the weight read in place or packed once;
 kernel outputs that only kernels read live in a per-call arena.  How torch's
 float32 GEMM compares with the generated one is measured once per machine.
 Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
-units).  Since the last run (vm-2026-12-01-200218): values that compute ops
-make from the model's tensors alone (RoPE cos/sin from inv_freq, weight
-normalisation, W * s, a LoRA merge, T5's bias) are folded once into constant
-copies, under vtc.dynamic too (docs/robustness.md, sessions 23-24); a
-movement op whose index range check no kernel would run (a gather from a
-0-d tensor) is kept; the float16 work of sessions 23-24 (conversion
-instructions, float16 attention and GEMM narrowing) does not run in these
-float32 workloads.  Where vtc loses here: shufflenet_v2_model, vtc-greedy
-0.95x of ONNX Runtime (4.3 vs 4.07 ms; vtc-all 3.65 ms, wide spread:
-3.26-5.64 ms), and swin_t_model, 0.98x of OpenVINO (58.4 vs 57.0 ms).
-On shufflenet_v2_model and the attn_gqa_decode workloads greedy's plan
-is vtc-all's, kernel for kernel, so their gap is load (docs/chains.md,
-session 25); runs from session 25 on record each plan's digest and
-count such workloads 1.00x in the planner row (this run predates it).
+units).  Since the last run (vm-2026-12-02-061946): the float16 work of
+session 25 (float16 GEMMs on weight_rows, masked key blocks skipped,
+pointwise piece loops) does not run in these float32 workloads, except
+the pointwise emitter's split of piece choices on the inner index into
+one loop per range (rotate_half, pads, cats of 16 columns or more); the
+dot path's prefetch no longer depends on which kernels share a GEMM's
+translation unit; each vtc variant's plan digest is recorded, and the
+planner row counts a workload whose plan is vtc-all's 1.00x (greedy's
+"losses" of the last run were load: docs/chains.md, session 25).
+Where vtc loses here: swin_t_model, 0.87x of OpenVINO (58.0 vs 50.6 ms;
+vtc as in the last run, 58.4, OpenVINO 57.0 then), efficientvit_b1
+4.22 vs ONNX Runtime's 4.21 ms (a tie; 1.05x in the last run) and
+micro_permute_softmax_64mb, 0.98x of ONNX Runtime (11.1 vs 10.9 ms).
 The prefill units stay GEMM-bound near OpenVINO.  On a loaded machine the
 libgomp threads' spin-wait between kernels costs vtc more than OpenVINO's
 TBB pool (docs/prefill.md, session 16); each timed block records how long
