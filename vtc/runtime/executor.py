@@ -118,7 +118,8 @@ class Executor:
         return steps
 
     def _schedule_cpu(self) -> list[Step]:
-        """Steps from the code generator's lowering; every kernel built (in parallel) before returning."""
+        """Steps from the code generator's lowering; every kernel built (in parallel) before returning (in a
+        ``kernels_built_together`` block: at its end)."""
         from vtc.codegen.lower import lower
 
         self.lowering, lowered = lower(self.graph, self.plan, gemm=self.gemm)
