@@ -111,16 +111,23 @@ def test_prices_follow_the_access():
 
 
 def test_machine_fallback_and_cache(tmp_path, monkeypatch):
-    """VTC_NO_MEASURE=1 gives the fixed figures; a measurement is cached in the vtc cache dir and reused."""
+    """VTC_NO_MEASURE=1 gives the fixed figures; a measurement is cached in the vtc cache dir and reused.  The
+    GEMMs the measurement compiles are built in one parallel build (cbuild.build_many; one each before)."""
+    from vtc.runtime import cbuild
+
     assert cost.machine() == FALLBACK
     monkeypatch.setenv("VTC_NO_MEASURE", "0")
     monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cost, "MEASURE_BYTES", 1 << 20)
+    builds = []
+    build_many = cbuild.build_many
+    monkeypatch.setattr(cbuild, "build_many",
+                        lambda sources, **kw: builds.append(len(sources)) or build_many(sources, **kw))
     cost.machine.cache_clear()
     try:
         m = cost.machine()
         assert m.measured and m.bandwidth_gbs > 0 and m.cache_line == 64 and m.vector_bytes in (16, 32, 64)
-        assert m.gemm_gflops > 0
+        assert m.gemm_gflops > 0 and m.library_gemm_ratio > 0 and len(builds) == 1 and builds[0] >= 2
         files = list((tmp_path / "cache").rglob("machine.json"))
         assert len(files) == 1 and json.loads(files[0].read_text())["machine"]["bandwidth_gbs"] == m.bandwidth_gbs
         monkeypatch.setattr(cost, "_measure_bandwidth", lambda: pytest.fail("measured twice"))

@@ -44,8 +44,8 @@ def _measure_fakes(monkeypatch, bandwidth_share: float = 0.0):
     monkeypatch.setenv("VTC_NO_MEASURE", "0")
     monkeypatch.setattr(cost, "_measure_bandwidth", lambda: (30.0, bandwidth_share))
     monkeypatch.setattr(cost, "_measure_gemm", lambda: (150.0, 0.0))
-    monkeypatch.setattr(cost, "_measure_library_ratio", lambda dtype=torch.float32: 0.9)
-    monkeypatch.setattr(cost, "_measure_few_rows_ratio", lambda: 0.6)
+    monkeypatch.setattr(cost, "_library_ratio_timer", lambda dtype=torch.float32: lambda: 0.9)
+    monkeypatch.setattr(cost, "_few_rows_ratio_timer", lambda: lambda: 0.6)
 
 
 def _fresh_machine() -> cost.Machine:
@@ -349,7 +349,7 @@ def test_no_bf16_ratio_is_measured_without_the_bf16_kernel(monkeypatch):
 
     monkeypatch.setattr(gemm_bf16, "support", lambda: "no AVX512_BF16")
     monkeypatch.setattr(cost, "_cpu_time_ratio", lambda *a: pytest.fail("measured"))
-    assert cost._measure_library_ratio(dtype=torch.bfloat16) == 0.0
+    assert cost._library_ratio_timer(dtype=torch.bfloat16)() == 0.0
 
 
 @pytest.mark.parametrize("strides,shape,blas", [

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import vtc
+from vtc.plan import measure
 from vtc.plan.memory import peak_of
 from vtc.plan.virtualize import plan_all
 from vtc.runtime.executor import Executor
@@ -103,9 +104,28 @@ def test_a_view_holds_its_source_until_its_last_reader():
     assert peak_of(g, plan, "cpu").bytes == Executor(g, plan, backend="cpu").peak_bytes == 3 * 64 * 1024
 
 
-def test_measured_mode_records_measurements_within_the_budget():
+def _one_second_per_measurement(monkeypatch) -> None:
+    """The measuring budget's clock (vtc.plan.measure.clock) a fake one on which each measurement of a choice
+    (building and timing both variants) takes 1 s, whatever the machine's load."""
+    now = [0.0]
+    time_pair = measure.time_pair
+
+    def one_second(*args, **kwargs):
+        try:
+            return time_pair(*args, **kwargs)
+        finally:
+            now[0] += 1.0
+
+    monkeypatch.setattr(measure, "clock", lambda: now[0])
+    monkeypatch.setattr(measure, "time_pair", one_second)
+
+
+def test_measured_mode_records_measurements_within_the_budget(monkeypatch):
     """plan="measured" times the choices the model is unsure of (non-Type-I reads) and records the measured
-    saving; the Type-I ones keep the model's call.  The result is correct whatever the timings say."""
+    saving; the Type-I ones keep the model's call.  The result is correct whatever the timings say.  The budget
+    bounds the measuring: with 1 s per measurement, 2 s measure both uncertain choices, 1 s only the first (the
+    budget is on a fake clock: under load a wall-clock 2 s covered one choice)."""
+    _one_second_per_measurement(monkeypatch)
     inputs = repeat_kv_inputs()
     c, plan = compiled(repeat_kv_attention, inputs, plan="measured", measure_budget_s=2.0, gemm="torch")
     clones = {node(c.graph, "clone").name, node(c.graph, "clone", 1).name}
@@ -114,7 +134,11 @@ def test_measured_mode_records_measurements_within_the_budget():
     for op in clones:
         d = pulls[op]
         assert "measured " in d.reason and d.chosen == (d.measured > 0) == (op not in plan.kept)
-    assert plan.notes[0].startswith("measured 2 of 2 uncertain choices")
+    assert plan.notes[0].startswith("measured 2 of 2 uncertain choices in 2.0 s (budget 2 s)")
+    _, p1 = compiled(repeat_kv_attention, inputs, plan="measured", measure_budget_s=1.0, gemm="torch")
+    measured = [d for d in p1.decisions if d.op in clones and d.measured is not None]
+    spent = [d for d in p1.decisions if d.op in clones and d.reason.endswith("; not measured (budget spent)")]
+    assert len(measured) == len(spent) == 1 and p1.notes[0].startswith("measured 1 of 2 uncertain choices in 1.0 s")
     # no budget: nothing measured; the greedy default measures nothing unless given a budget
     _, p0 = compiled(repeat_kv_attention, inputs, plan="measured", measure_budget_s=0)
     _, pg = compiled(repeat_kv_attention, inputs)

@@ -33,8 +33,8 @@ def _busy_machine(tmp_path, monkeypatch, timed: list) -> list:
     now = [1000.0]
     monkeypatch.setattr(cost, "_measure_bandwidth", lambda: timed[0][0])
     monkeypatch.setattr(cost, "_measure_gemm", lambda: timed.pop(0)[1])
-    monkeypatch.setattr(cost, "_measure_library_ratio", lambda dtype=torch.float32: 0.9)
-    monkeypatch.setattr(cost, "_measure_few_rows_ratio", lambda: 0.6)
+    monkeypatch.setattr(cost, "_library_ratio_timer", lambda dtype=torch.float32: lambda: 0.9)
+    monkeypatch.setattr(cost, "_few_rows_ratio_timer", lambda: lambda: 0.6)
     monkeypatch.setattr(cost.time, "time", lambda: now[0])
     return now
 

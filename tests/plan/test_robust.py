@@ -209,8 +209,8 @@ def _fake_measurements(monkeypatch, timed: list, now: list) -> list:
     monkeypatch.setenv("VTC_NO_MEASURE", "0")
     monkeypatch.setattr(cost, "_measure_bandwidth", bandwidth)
     monkeypatch.setattr(cost, "_measure_gemm", lambda: pending[1])
-    monkeypatch.setattr(cost, "_measure_library_ratio", lambda dtype=torch.float32: done.append("all") or 0.9)
-    monkeypatch.setattr(cost, "_measure_few_rows_ratio", lambda: 0.6)
+    monkeypatch.setattr(cost, "_library_ratio_timer", lambda dtype=torch.float32: done.append("all") or (lambda: 0.9))
+    monkeypatch.setattr(cost, "_few_rows_ratio_timer", lambda: lambda: 0.6)
     monkeypatch.setattr(cost.time, "time", lambda: now[0])
     return done
 
@@ -241,7 +241,7 @@ def test_figures_measured_under_load_are_provisional_and_a_later_quiet_measureme
     now[0] += cost.REMEASURE_AFTER_S / 2  # too soon: the file's figures as they are
     assert _process(path)[0] == m and len(done) == 3
     now[0] += cost.REMEASURE_AFTER_S
-    monkeypatch.setattr(cost, "_measure_few_rows_ratio", lambda: 0.7)  # the quiet machine's ratio
+    monkeypatch.setattr(cost, "_few_rows_ratio_timer", lambda: lambda: 0.7)  # the quiet machine's ratio
     m2, record = _process(path)
     assert done[3:] == ["timed", "all", "all"] and not cost.provisional(record) and record["measurements"] == 2
     # the quiet GEMM rate replaces the busy one; the bandwidth, quiet both times, is the faster of the two; the

@@ -255,6 +255,23 @@ def test_build_many_in_parallel(cache, monkeypatch):
     assert len(cache) == 4 and cbuild.build_many([]) == []
 
 
+def test_build_many_starts_the_longest_source_first(cache, monkeypatch):
+    """On one job the sources build longest first (the longest is not left to build alone at the end on several);
+    the libraries come back in the sources' order."""
+    started = []
+    run = cbuild._run_compiler
+
+    def recording(cmd):
+        started.extend(Path(c).read_text() for c in cmd if c.endswith(".cpp"))
+        return run(cmd)
+
+    monkeypatch.setattr(cbuild, "_run_compiler", recording)
+    sources = [ret("1", "short"), ret("2", "the longest of the three"), ret("3", "middling one")]
+    libs = cbuild.build_many(sources, jobs=1)
+    assert [lib.ret() for lib in libs] == [1, 2, 3]
+    assert started == [sources[1], sources[2], sources[0]]
+
+
 def test_threads_building_one_kernel_compile_once(cache):
     src = ret("5", "threads")
     results: list = [None] * 6

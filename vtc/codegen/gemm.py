@@ -1012,8 +1012,13 @@ static inline void vtc_pack_at(const T* __restrict src, int64_t lds, int64_t col
       #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p0 + i) * VTC_NR + j0, r[i]);
     }
-    for (; p0 < kb; ++p0)
-      for (int64_t i = 0; i < 16; ++i) dst[p0 * VTC_NR + j0 + i] = i < n ? vtc_widen1(src + (j0 + i) * lds + p0) : 0.0f;
+    if (p0 < kb) {  // the last kb - p0 < 16: masked loads (a scalar loop here cost g++ ~1 s per kernel to vectorise)
+      __m512 r[16];
+      #pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) r[i] = i < n ? vtc_widen16_tail(src + (j0 + i) * lds + p0, kb - p0) : _mm512_setzero_ps();
+      vtc_transpose16_regs(r);
+      for (int64_t i = 0; i < kb - p0; ++i) _mm512_storeu_ps(dst + (p0 + i) * VTC_NR + j0, r[i]);
+    }
   }
 }
 

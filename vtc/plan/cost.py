@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -170,16 +171,30 @@ def _measure(key: dict, cap: str) -> dict:
 
 
 def _measure_ratios() -> dict:
-    """The Machine figures that compare torch's GEMM with the generated one (each compiles a GEMM, whose planning
-    asks for machine(): FALLBACK meanwhile)."""
+    """The Machine figures that compare torch's GEMM with the generated one: each compiles a GEMM (whose planning
+    asks for machine(): FALLBACK meanwhile), their kernels built in one parallel build, then each is timed."""
+    from vtc.runtime.cbuild import KernelBuildError
+    from vtc.runtime.executor import kernels_built_together
+
     global _measuring
     _measuring = True
     try:
-        return {"library_gemm_ratio": _measure_library_ratio(),
-                "library_bf16_ratio": _measure_library_ratio(dtype=torch.bfloat16),
-                "library_few_rows_ratio": _measure_few_rows_ratio()}
+        with _one_thread(), torch.no_grad():
+            try:
+                with kernels_built_together():
+                    timers = _ratio_timers()
+            except KernelBuildError:  # one does not build: each compiled and built alone, its ratio 0.0
+                timers = _ratio_timers()
+            return {name: timer() for name, timer in timers.items()}
     finally:
         _measuring = False
+
+
+def _ratio_timers() -> dict:
+    """The GEMM ratios' timers (each compiled now, timed when called)."""
+    return {"library_gemm_ratio": _library_ratio_timer(),
+            "library_bf16_ratio": _library_ratio_timer(dtype=torch.bfloat16),
+            "library_few_rows_ratio": _few_rows_ratio_timer()}
 
 
 def _measure_timed_again(record: dict) -> dict:
@@ -287,10 +302,10 @@ def _measure_gemm(n: int = 384) -> tuple[float, float]:
     return 2 * n ** 3 / min(seconds, _one_thread_s(lambda: torch.mm(a, b))) / 1e9, waited
 
 
-def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> float:
-    """torch.mm's rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product in `dtype` (float32, or
-    bfloat16: vtc.codegen.gemm_bf16), timed by ``_cpu_time_ratio``; 0.0 where the kernel cannot be built (no
-    AVX512_BF16 for bf16: vtc then runs torch's GEMMs anyway).
+def _library_ratio_timer(n: int = 384, dtype: torch.dtype = torch.float32) -> Callable[[], float]:
+    """The timer of torch.mm's rate over vtc's generated GEMM's (gemm="vtc") on an n^3 product in `dtype`
+    (float32, or bfloat16: vtc.codegen.gemm_bf16), ``_cpu_time_ratio``'s; 0.0 where the kernel cannot be built
+    (no AVX512_BF16 for bf16: vtc then runs torch's GEMMs anyway).
     torch's float32 GEMM (MKL) runs as fast as the generated one on the Intel CPUs the rates of
     vtc.codegen.gemm were measured on, and at half its speed on an AMD EPYC (Zen 5: 1024^3 at 1 thread 20.2 vs
     9.75 ms, ONNX Runtime 9.5 ms); torch's bf16 GEMM runs on AMX tiles where the CPU has them (~11x the
@@ -299,7 +314,7 @@ def _measure_library_ratio(n: int = 384, dtype: torch.dtype = torch.float32) -> 
     from vtc.codegen import gemm_bf16
 
     if dtype == torch.bfloat16 and gemm_bf16.support():
-        return 0.0
+        return lambda: 0.0
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     return _cpu_time_ratio(lambda x, y: x @ y, (a, b), lambda: torch.mm(a, b))
 
@@ -311,39 +326,42 @@ FEW_ROWS_SHAPE = (48, 768, 3072)
 FEW_ROWS_MAX = 127  # rows up to which a GEMM over more than vtc.codegen.gemm.SKINNY_M rows takes the few-rows ratio
 
 
-def _measure_few_rows_ratio() -> float:
-    """torch's float32 Linear of FEW_ROWS_SHAPE on its weight packed once (as the call plan runs it: vtc.runtime
-    .packed; torch's plain mm where MKL's packed GEMM is not available) over the generated kernel's rate, timed
-    by ``_cpu_time_ratio``."""
+def _few_rows_ratio_timer() -> Callable[[], float]:
+    """The timer of torch's float32 Linear of FEW_ROWS_SHAPE on its weight packed once (as the call plan runs it:
+    vtc.runtime.packed; torch's plain mm where MKL's packed GEMM is not available) over the generated kernel's
+    rate, ``_cpu_time_ratio``'s."""
     rows, k, n = FEW_ROWS_SHAPE
     linear = torch.nn.Linear(k, n)
     return _cpu_time_ratio(linear, (torch.randn(rows, k),), None)
 
 
-def _cpu_time_ratio(fn, inputs: tuple, library) -> float:
-    """Seconds of fn compiled with gemm="vtc" over seconds of `library()` (None: fn compiled with gemm="torch"):
-    1 thread, the calling thread's CPU time (a ratio that other jobs on the machine do not move), calls
-    alternating, median of 2 * MEASURE_RUNS each; 0.0 where the generated kernel cannot be built."""
+def _cpu_time_ratio(fn, inputs: tuple, library) -> Callable[[], float]:
+    """fn compiled now with gemm="vtc" (and with gemm="torch" where `library` is None); returns the timer of the
+    ratio: seconds of the generated over seconds of `library()` (else of fn compiled with gemm="torch"), on the
+    1 thread of ``_measure_ratios``, the calling thread's CPU time (a ratio that other jobs on the machine do not
+    move), calls alternating, median of 2 * MEASURE_RUNS each; 0.0 where the generated kernel cannot be built."""
     import vtc
     from vtc.runtime.cbuild import KernelBuildError
 
     try:
-        with _one_thread(), torch.no_grad():
-            generated = vtc.compile(fn, inputs, plan="all", gemm="vtc")
-            if library is None:
-                compiled = vtc.compile(fn, inputs, plan="all", gemm="torch")
-                library = lambda: compiled(*inputs)  # noqa: E731
-            fns = (library, lambda: generated(*inputs))
-            times: tuple[list[float], list[float]] = ([], [])
-            for i in range(2 * MEASURE_RUNS + 1):
-                for f, ts in zip(fns, times):
-                    t0 = time.thread_time()
-                    f()
-                    if i:  # the first round warms up
-                        ts.append(time.thread_time() - t0)
+        generated = vtc.compile(fn, inputs, plan="all", gemm="vtc")
+        if library is None:
+            compiled = vtc.compile(fn, inputs, plan="all", gemm="torch")
+            library = lambda: compiled(*inputs)  # noqa: E731
     except KernelBuildError:
-        return 0.0
-    return statistics.median(times[1]) / statistics.median(times[0])
+        return lambda: 0.0
+
+    def ratio() -> float:
+        fns = (library, lambda: generated(*inputs))
+        times: tuple[list[float], list[float]] = ([], [])
+        for i in range(2 * MEASURE_RUNS + 1):
+            for f, ts in zip(fns, times):
+                t0 = time.thread_time()
+                f()
+                if i:  # the first round warms up
+                    ts.append(time.thread_time() - t0)
+        return statistics.median(times[1]) / statistics.median(times[0])
+    return ratio
 
 
 # relative band around the assumed library / generated GEMM ratio counted as equal: a Zen 4 EPYC measured 0.90-0.93

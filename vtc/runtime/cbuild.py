@@ -376,14 +376,18 @@ def build_jobs() -> int:
 
 def build_many(sources: Sequence[str], *, name: str = "kernel", flags: Sequence[str] = (),
                jobs: int | None = None) -> list[ctypes.CDLL]:
-    """Builds independent sources in parallel (one compiler process per thread, `build_jobs()` at most)."""
+    """Builds independent sources in parallel (one compiler process per thread, `build_jobs()` at most), the
+    longest started first (so that the longest is not left to build alone at the end); libraries in the
+    order of `sources`."""
     if not sources:
         return []
     if _preferred_info() is None:
         compiler_info()  # probe once, before the threads start
     jobs = max(1, min(jobs or build_jobs(), len(sources)))
+    longest_first = sorted(range(len(sources)), key=lambda i: -len(sources[i]))
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="vtc-cbuild") as pool:
-        return list(pool.map(lambda s: build(s, name=name, flags=flags), sources))
+        built = dict(zip(longest_first, pool.map(lambda i: build(sources[i], name=name, flags=flags), longest_first)))
+    return [built[i] for i in range(len(sources))]
 
 
 def vectorized_loops(source: str, flags: Sequence[str] = ()) -> list[str]:

@@ -18,6 +18,8 @@ Calls share no mutable state but the pool of large kernel output buffers
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import re
 from dataclasses import dataclass
@@ -116,7 +118,8 @@ class Executor:
         return steps
 
     def _schedule_cpu(self) -> list[Step]:
-        """Steps from the code generator's lowering; every kernel built (in parallel) before returning."""
+        """Steps from the code generator's lowering; every kernel built (in parallel) before returning (in a
+        ``kernels_built_together`` block: at its end)."""
         from vtc.codegen.lower import lower
 
         self.lowering, lowered = lower(self.graph, self.plan, gemm=self.gemm)
@@ -290,27 +293,66 @@ class CompiledKernel:
 
 
 KERNELS_PER_LIBRARY = 24
+# each graph's kernels that build_kernels leaves to the end of a kernels_built_together block (None outside one)
+_waiting: contextvars.ContextVar[list[list[CompiledKernel]] | None] = contextvars.ContextVar("vtc_waiting",
+                                                                                           default=None)
 
 
 def build_kernels(steps: list) -> list[CompiledKernel]:
-    """Generates, compiles (in parallel, cached on disk) and loads the kernels of `steps`.
+    """Generates, compiles (in parallel, cached on disk) and loads the kernels of `steps` (in a
+    ``kernels_built_together`` block: at the end of the block).
 
     Kernels whose sources are the same text but for their name (the layers of a model) are compiled
     once: the later ones call the first one's function (``distinct_sources``)."""
+    waiting = _waiting.get()
+    if waiting is not None:
+        kernels = [CompiledKernel(s, None) for s in steps]
+        waiting.append(kernels)
+        return kernels
+    return _build_graphs([steps])[0]
+
+
+def _build_graphs(graphs: list[list]) -> list[list[CompiledKernel]]:
+    """``build_kernels`` of each graph's kernel steps, all in one ``cbuild.build_many``: each graph's kernels in
+    translation units of their own (two graphs' kernels can have the same name)."""
     from vtc.codegen.cpp import PRELUDE, generate
     from vtc.runtime import cbuild
 
-    texts = [generate(s.kernel).replace(PRELUDE, "") for s in steps]
-    first = distinct_sources(texts, [s.kernel.name for s in steps])
-    chunks = libraries(texts, sorted(set(first)), cbuild.build_jobs())
-    libs = cbuild.build_many([PRELUDE + "".join(texts[i] for i in chunk) for chunk in chunks], name="vtc")
-    lib_of = {i: lib for chunk, lib in zip(chunks, libs) for i in chunk}
+    units, sources = [], []
+    for steps in graphs:
+        texts = [generate(s.kernel).replace(PRELUDE, "") for s in steps]
+        first = distinct_sources(texts, [s.kernel.name for s in steps])
+        chunks = libraries(texts, sorted(set(first)), cbuild.build_jobs())
+        units.append((first, chunks, len(sources)))
+        sources += [PRELUDE + "".join(texts[i] for i in chunk) for chunk in chunks]
+    libs = cbuild.build_many(sources, name="vtc")
     out = []
-    for s, i in zip(steps, first):
-        fn = getattr(lib_of[i], steps[i].kernel.name)
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
-        out.append(CompiledKernel(s, fn))
+    for steps, (first, chunks, start) in zip(graphs, units):
+        lib_of = {i: lib for chunk, lib in zip(chunks, libs[start:]) for i in chunk}
+        kernels = []
+        for s, i in zip(steps, first):
+            fn = getattr(lib_of[i], steps[i].kernel.name)
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
+            kernels.append(CompiledKernel(s, fn))
+        out.append(kernels)
     return out
+
+
+@contextlib.contextmanager
+def kernels_built_together():
+    """Within the block ``build_kernels`` builds nothing: the kernels of every executor made in it are built when
+    the block ends, all in one parallel build (``cbuild.build_many``), as one graph's kernels are (the GEMMs of
+    ``vtc.plan.cost._measure_ratios``' small graphs).  An executor made in the block runs only after
+    it; a kernel that does not build raises ``KernelBuildError`` at the end of the block."""
+    waiting: list[list[CompiledKernel]] = []
+    token = _waiting.set(waiting)
+    try:
+        yield
+    finally:
+        _waiting.reset(token)
+    for kernels, built in zip(waiting, _build_graphs([[k.step for k in ks] for ks in waiting])):
+        for kernel, b in zip(kernels, built):
+            kernel.fn = b.fn
 
 
 def libraries(texts: list[str], kernels: list[int], jobs: int) -> list[list[int]]:
