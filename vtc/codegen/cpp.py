@@ -50,7 +50,7 @@ from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
 from vtc.codegen.low_tiles import staged_loads
-from vtc.codegen import row_stage, stream
+from vtc.codegen import low_vector, row_stage, stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
@@ -727,8 +727,12 @@ def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
             plain = lambda lo, hi, ind: _store_loop(em, k.stores, names[-1], lo, hi, ind)
             return stream.fenced(lines + stream.streamed_loop(em, k.stores, names[-1], "0", str(last), "    ", plain)
                                  + ["  }"])
+        vector = low_precision(k) and low_vector.vector_loop(em, k.stores, names[-1], "0", str(last), "    ", _LOW,
+                                                             _EXACT_LOW, _UNARY_FMT)
+        if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
+            lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
-        close, indent = ["    }", "  }"], "      "
+        close, indent = ["    }", *(["#endif"] if vector else []), "  }"], "      "
     lines += em.hoist([s.value for s in k.stores], indent)
     lines += [_store(em, s, indent) for s in k.stores]
     return lines + close
@@ -920,12 +924,16 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines += stream.streamed_loop(em, per_r, "r", "0", str(k.r_extent), "    ",
                                       lambda lo, hi, ind: _store_loop(em, per_r, "r", lo, hi, ind))
     elif per_r:
+        vector = low_precision(k) and low_vector.vector_loop(em, per_r, "r", "0", str(k.r_extent), "    ", _LOW,
+                                                             _EXACT_LOW, _UNARY_FMT)
+        if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
+            lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    {rloop}"]
         if stored:
             lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
         lines += em.hoist([s.value for s in per_r], "      ")
         lines += [_store(em, s, "      ") for s in per_r]
-        lines.append("    }")
+        lines += ["    }", *(["#endif"] if vector else [])]
     once = [s for s in k.stores if not s.per_r]
     em.forget()
     if per_r:  # the per-row temps are in scope (and a new temp must not take one of their names)
