@@ -1,4 +1,4 @@
-"""A bfloat16 / float16 pointwise loop written as vector code: 16 elements a step in AVX-512 registers.
+"""A float16 pointwise loop written as vector code: 16 elements a step in AVX-512 registers.
 
 gcc vectorises a float16 loop of scalar code only through the CPU conversions' ``simd`` clones
 (vecmath.LOW_PRECISION_PRELUDE), out-of-line calls that it does not inline: each widening, rounding and narrowing
@@ -9,9 +9,11 @@ instead: each scalar of the loop body once, as a ``__m512`` of 16 lanes (``vtc_v
 vector operators, any other float op by its scalar C over the 16 lanes in an ``omp simd`` loop of its own.  The
 same ops on the same float32 values, rounded where the scalar loop rounds: bit for bit its results.
 
-Only where every load and store moves along the loop contiguously (or not at all: a broadcast), every value is a
-float (float16, bfloat16 or float32) and no piece choice or ``where`` is left; else ``None`` and the caller keeps
-its scalar loop, which is also the portable form the source keeps for targets without AVX-512 and F16C.
+Only in kernels that read or write float16, where every load and store moves along the loop contiguously (or not
+at all: a broadcast), every value is a float16 or float32 and no piece choice or ``where`` is left; else ``None``
+and the caller keeps its scalar loop, which is also the portable form the source keeps for targets without
+AVX-512 and F16C.  Not bfloat16: its scalar conversions are inline integer ops that gcc vectorises, and the same
+ops written here measured no faster (docs/low_precision.md, session 26).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from vtc.index.mapping import linear_offset
 VECTOR_LOOPS = True  # False: the scalar loop only (A / B)
 TARGET = "VTC_V16"  # defined by vecmath.LOW_PRECISION_PRELUDE where the target has the instructions
 _WIDTH = 16
-_FLOATS = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+_FLOATS = {torch.float16: "f16", torch.float32: "f32"}
 _VECTOR_OP = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 
 
@@ -123,7 +125,7 @@ def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, 
     """The loop over var in [lo, hi) making `stores` as vector code (module doc), its lines at `indent`; None
     where it does not apply.  `em`: the kernel's scalar emitter (its temps: values computed before the loop);
     low / exact / unary_fmt: the scalar emitter's rounding rules and op texts (vtc.codegen.cpp)."""
-    if not VECTOR_LOOPS:
+    if not VECTOR_LOOPS or torch.float16 not in {b.dtype for b in [*em.k.inputs, *(st.buffer for st in em.k.stores)]}:
         return None
     uses: dict[int, int] = {}
 

@@ -332,7 +332,7 @@ static inline void vtc_to_f16_n(uint16_t* __restrict dst, const float* __restric
   for (int64_t j = 0; j < n; ++j) dst[j] = vtc_to_f16(src[j]);
 #endif
 }
-// 16 lanes of a bfloat16 / float16 / float32 pointwise loop as one vector (vtc.codegen.low_vector): masked loads
+// 16 lanes of a float16 / float32 pointwise loop as one vector (vtc.codegen.low_vector): masked loads
 // that widen, roundings and narrowing masked stores, each the same conversion as the scalar ones above on every lane
 #if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VTC_V16 1
@@ -341,26 +341,10 @@ static inline __mmask16 vtc_v16_mask(int64_t n) { return (__mmask16)(n >= 16 ? 0
 static inline __m512 vtc_v16_load_f32(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
 static inline __m512 vtc_v16_load_f16(__mmask16 m, const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-static inline __m512 vtc_v16_load_bf16(__mmask16 m, const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16)); }
 static inline __m512 vtc_v16_round_f16(__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, VTC_V16_NEAREST)); }
-static inline __m512i vtc_v16_bf16_up(__m512 x) {  // vtc_to_bf16's sum: the bits rounded to nearest even at bit 16
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
-}
-static inline __m512 vtc_v16_round_bf16(__m512 x) {
-  const __m512 r = _mm512_castsi512_ps(_mm512_and_si512(vtc_v16_bf16_up(x), _mm512_set1_epi32((int)0xffff0000u)));
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), r, x);
-}
 static inline void vtc_v16_store_f32(__mmask16 m, float* p, __m512 x) { _mm512_mask_storeu_ps(p, m, x); }
 static inline void vtc_v16_store_f16(__mmask16 m, uint16_t* p, __m512 x) {
   _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(x, VTC_V16_NEAREST)); }
-static inline void vtc_v16_store_bf16(__mmask16 m, uint16_t* p, __m512 x) {
-  const __m512i r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                                            _mm512_srli_epi32(vtc_v16_bf16_up(x), 16), _mm512_set1_epi32(0x7fc0));
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(r));
-}
 #endif
 // vtc_to_f16_n by streaming stores where dst is 32-byte aligned (a large float16 result that is not read back
 // soon: its lines are not read for ownership; vtc.codegen.gemm ``_narrowed_rows``), fenced before it returns
