@@ -752,6 +752,9 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
     `store_term`: an element of an output that the term is also written to (``vtc.codegen.reuse``)."""
     acc, t = f"acc_{red.name}", ctype(red.dtype)
     em.forget()
+    lanes = _lanes_bytes(r_extent) // red.dtype.itemsize
+    vector = (red.combine == "sum" and store_term is None and t == "float" and low_precision(em.k)
+              and low_vector.vector_sums(em, red.value, "r", "rb_", lanes, f"{acc}_part", _LOW, _EXACT_LOW, _UNARY_FMT))
     body = em.hoist([red.value], "      ")
     v = em.scalar(red.value)
     if store_term is not None:
@@ -759,9 +762,9 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
         body.append(f"      {store_term} = term_;")
         v = "term_"
     if red.combine == "sum":
-        return _lane_sum_loop(acc, body, v, r_extent, _lanes_bytes(r_extent) // red.dtype.itemsize)
+        return _lane_sum_loop(acc, body, v, r_extent, lanes, vector or None)
     if red.combine in ("max", "min") and red.dtype.is_floating_point and r_extent >= LONG_ROW:
-        return _lane_extreme_loop(red, acc, body, v, r_extent, _lanes_bytes(r_extent) // red.dtype.itemsize)
+        return _lane_extreme_loop(red, acc, body, v, r_extent, lanes)
     if red.combine in _ASSOC:
         op = _ASSOC[red.combine]
         return [f"    #pragma omp simd reduction({op}:{acc})", f"    {rloop}", *body,
@@ -815,9 +818,11 @@ def _lane_extreme_loop(red, acc: str, body: list[str], v: str, r_extent: int, la
                     f"    if ({nan}[0]) {acc} = ({t})NAN;"]
 
 
-def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int) -> list[str]:
+def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int,
+                   vector: list[str] | None = None) -> list[str]:
     """A sum over r as `lanes` partial sums, one per r modulo `lanes` (a vector register the loop adds to),
-    folded by halves at the end (log2(lanes) vector adds), then added to `acc`.
+    folded by halves at the end (log2(lanes) vector adds), then added to `acc`; `vector`: a block's adds as
+    float16 vector code (``low_vector.vector_sums``) where the target has it.
 
     The loop ``#pragma omp simd reduction(+:acc)`` emits sums its lanes one after another after the loop:
     gcc's omp simd epilogue is 15 dependent scalar adds for 16 floats, ~60 cycles per reduction, as much as
@@ -833,8 +838,9 @@ def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int)
     # polynomial of the sizes, vtc.runtime.generic): the tail loop is there even when it runs no time
     lines = [f"    alignas(64) decltype({acc}) {part}[{lanes}] = {{}};",
              f"    for (int64_t rb_ = 0; rb_ + {lanes} <= {r_extent}; rb_ += {lanes}) {{",
+             *([f"#if defined({low_vector.TARGET})", *[f"      {line}" for line in vector], "#else"] if vector else []),
              "      #pragma omp simd", f"      for (int64_t r = rb_; r < rb_ + {lanes}; ++r) {{", *inner,
-             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", "    }",
+             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", *(["#endif"] if vector else []), "    }",
              *([f"    decltype({acc}) {tail} = 0;"] if SUM_TAIL_APART else []),
              f"    for (int64_t r = {full}; r < {r_extent}; ++r) {{", *body,
              f"      {tail} = {tail} + {v};" if SUM_TAIL_APART else f"      {part}[r - {full}] = {part}[r - {full}] + {v};",

@@ -120,13 +120,13 @@ class _VectorBody:
         return self._new(f"_mm512_loadu_ps(r{n}_)")
 
 
-def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, exact: set,
-                unary_fmt: dict) -> list[str] | None:
-    """The loop over var in [lo, hi) making `stores` as vector code (module doc), its lines at `indent`; None
-    where it does not apply.  `em`: the kernel's scalar emitter (its temps: values computed before the loop);
-    low / exact / unary_fmt: the scalar emitter's rounding rules and op texts (vtc.codegen.cpp)."""
-    if not VECTOR_LOOPS or torch.float16 not in {b.dtype for b in [*em.k.inputs, *(st.buffer for st in em.k.stores)]}:
-        return None
+def _applies(em) -> bool:
+    return VECTOR_LOOPS and torch.float16 in {b.dtype for b in [*em.k.inputs, *(st.buffer for st in em.k.stores)]}
+
+
+def _uses(em, roots: list[Scalar]) -> dict[int, int]:
+    """How often each scalar under `roots` is read (those used more than once are the scalar loop's temps,
+    rounded to their dtype: ``_Emitter.hoist``)."""
     uses: dict[int, int] = {}
 
     def count(s: Scalar) -> None:
@@ -136,9 +136,19 @@ def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, 
                 if isinstance(x, Scalar):
                     count(x)
 
-    for st in stores:
-        count(st.value)
-    body = _VectorBody(em, var, uses, low, exact, unary_fmt)
+    for r in roots:
+        count(r)
+    return uses
+
+
+def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, exact: set,
+                unary_fmt: dict) -> list[str] | None:
+    """The loop over var in [lo, hi) making `stores` as vector code (module doc), its lines at `indent`; None
+    where it does not apply.  `em`: the kernel's scalar emitter (its temps: values computed before the loop);
+    low / exact / unary_fmt: the scalar emitter's rounding rules and op texts (vtc.codegen.cpp)."""
+    if not _applies(em):
+        return None
+    body = _VectorBody(em, var, _uses(em, [st.value for st in stores]), low, exact, unary_fmt)
     writes = []
     try:
         for st in stores:
@@ -154,3 +164,23 @@ def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, 
     return [f"{indent}for (int64_t {var} = {lo}; {var} < {hi}; {var} += {_WIDTH}) {{",
             f"{inner}const __mmask16 vm_ = vtc_v16_mask({hi} - {var});",
             *[inner + line for line in body.lines + writes], f"{indent}}}"]
+
+
+def vector_sums(em, value: Scalar, var: str, base: str, lanes: int, part: str, low: dict, exact: set,
+                unary_fmt: dict) -> list[str] | None:
+    """Lines adding `value` at var = base + j into the partial sum ``part[j]``, j < lanes (a row kernel's sum,
+    ``cpp._lane_sum_loop``), 16 lanes a vector: the same adds, lane by lane, as its scalar loop; None where
+    the vector form does not apply."""
+    if not _applies(em) or lanes % _WIDTH:
+        return None
+    lines = []
+    for j in range(0, lanes, _WIDTH):
+        body = _VectorBody(em, var, _uses(em, [value]), low, exact, unary_fmt)
+        try:
+            v = body.value(value)
+        except _Unsupported:
+            return None
+        lines += ["{", f"  const int64_t {var} = {base} + {j};", "  const __mmask16 vm_ = (__mmask16)0xFFFFu;",
+                  *[f"  {line}" for line in body.lines],
+                  f"  _mm512_store_ps({part} + {j}, _mm512_load_ps({part} + {j}) + {v});", "}"]
+    return lines
