@@ -1,4 +1,5 @@
-"""A float16 pointwise loop written as vector code: 16 elements a step in AVX-512 registers.
+"""A float16 pointwise loop, and a float16 row kernel's store pass and sums, written as vector code: 16 elements a
+step in AVX-512 registers.
 
 gcc vectorises a float16 loop of scalar code only through the CPU conversions' ``simd`` clones
 (vecmath.LOW_PRECISION_PRELUDE), out-of-line calls that it does not inline: each widening, rounding and narrowing
