@@ -140,3 +140,32 @@ def test_switch_off_keeps_the_scalar_loop():
         assert not any(_vector_blocks(generate(k)) for k in kernels(compile_cpu(lambda x, y: x * y + x, (x, y))))
     finally:
         low_vector.VECTOR_LOOPS = True
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "scalar"])
+def test_targets_without_avx512_build_the_scalar_loop(march, tmp_path):
+    """The kernel's source built for a target without AVX-512 (no ``VTC_V16``): the scalar loop, the same
+    results bit for bit as the host's build."""
+    import ctypes
+    import subprocess
+
+    from vtc.codegen.cpp import buffer_order
+    from vtc.runtime import cbuild
+
+    g = gen(12)
+    x, y = rand((5, 37), g, torch.float16), rand((5, 37), g, torch.float16)
+    compiled = compile_cpu(lambda x, y: F.gelu(x + y) * y - x * 0.5, (x, y))
+    (k,) = kernels(compiled)
+    assert _vector(compiled)
+    info = cbuild.compiler_info()
+    src, so = tmp_path / "k.cpp", tmp_path / f"k-{march}.so"
+    src.write_text(generate(k))
+    flags = [f for f in info.flags if not f.startswith("-march")] + [f"-march={march}"]
+    subprocess.run([*info.command, str(src), "-o", str(so), *flags], check=True, capture_output=True)
+    fn = getattr(ctypes.CDLL(str(so)), k.name)
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], None
+    env = dict(zip([v.name for v in compiled.graph.inputs], (x, y)))
+    out = torch.empty(k.stores[0].buffer.shape, dtype=torch.float16)
+    tensors = [env[b.name] if b.name in env else out for b in buffer_order(k)]
+    fn((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 1)
+    assert torch.equal(out, compiled(x, y))
