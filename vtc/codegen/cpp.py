@@ -50,7 +50,7 @@ from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
 from vtc.codegen.low_tiles import staged_loads
-from vtc.codegen import row_stage, stream
+from vtc.codegen import low_vector, row_stage, stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
@@ -727,8 +727,12 @@ def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
             plain = lambda lo, hi, ind: _store_loop(em, k.stores, names[-1], lo, hi, ind)
             return stream.fenced(lines + stream.streamed_loop(em, k.stores, names[-1], "0", str(last), "    ", plain)
                                  + ["  }"])
+        vector = low_precision(k) and low_vector.vector_loop(em, k.stores, names[-1], "0", str(last), "    ", _LOW,
+                                                             _EXACT_LOW, _UNARY_FMT)
+        if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
+            lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
-        close, indent = ["    }", "  }"], "      "
+        close, indent = ["    }", *(["#endif"] if vector else []), "  }"], "      "
     lines += em.hoist([s.value for s in k.stores], indent)
     lines += [_store(em, s, indent) for s in k.stores]
     return lines + close
@@ -748,6 +752,9 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
     `store_term`: an element of an output that the term is also written to (``vtc.codegen.reuse``)."""
     acc, t = f"acc_{red.name}", ctype(red.dtype)
     em.forget()
+    lanes = _lanes_bytes(r_extent) // red.dtype.itemsize
+    vector = (red.combine == "sum" and store_term is None and t == "float" and low_precision(em.k)
+              and low_vector.vector_sums(em, red.value, "r", "rb_", lanes, f"{acc}_part", _LOW, _EXACT_LOW, _UNARY_FMT))
     body = em.hoist([red.value], "      ")
     v = em.scalar(red.value)
     if store_term is not None:
@@ -755,9 +762,9 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
         body.append(f"      {store_term} = term_;")
         v = "term_"
     if red.combine == "sum":
-        return _lane_sum_loop(acc, body, v, r_extent, _lanes_bytes(r_extent) // red.dtype.itemsize)
+        return _lane_sum_loop(acc, body, v, r_extent, lanes, vector or None)
     if red.combine in ("max", "min") and red.dtype.is_floating_point and r_extent >= LONG_ROW:
-        return _lane_extreme_loop(red, acc, body, v, r_extent, _lanes_bytes(r_extent) // red.dtype.itemsize)
+        return _lane_extreme_loop(red, acc, body, v, r_extent, lanes)
     if red.combine in _ASSOC:
         op = _ASSOC[red.combine]
         return [f"    #pragma omp simd reduction({op}:{acc})", f"    {rloop}", *body,
@@ -811,9 +818,11 @@ def _lane_extreme_loop(red, acc: str, body: list[str], v: str, r_extent: int, la
                     f"    if ({nan}[0]) {acc} = ({t})NAN;"]
 
 
-def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int) -> list[str]:
+def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int,
+                   vector: list[str] | None = None) -> list[str]:
     """A sum over r as `lanes` partial sums, one per r modulo `lanes` (a vector register the loop adds to),
-    folded by halves at the end (log2(lanes) vector adds), then added to `acc`.
+    folded by halves at the end (log2(lanes) vector adds), then added to `acc`; `vector`: a block's adds as
+    float16 vector code (``low_vector.vector_sums``) where the target has it.
 
     The loop ``#pragma omp simd reduction(+:acc)`` emits sums its lanes one after another after the loop:
     gcc's omp simd epilogue is 15 dependent scalar adds for 16 floats, ~60 cycles per reduction, as much as
@@ -829,8 +838,9 @@ def _lane_sum_loop(acc: str, body: list[str], v: str, r_extent: int, lanes: int)
     # polynomial of the sizes, vtc.runtime.generic): the tail loop is there even when it runs no time
     lines = [f"    alignas(64) decltype({acc}) {part}[{lanes}] = {{}};",
              f"    for (int64_t rb_ = 0; rb_ + {lanes} <= {r_extent}; rb_ += {lanes}) {{",
+             *([f"#if defined({low_vector.TARGET})", *[f"      {line}" for line in vector], "#else"] if vector else []),
              "      #pragma omp simd", f"      for (int64_t r = rb_; r < rb_ + {lanes}; ++r) {{", *inner,
-             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", "    }",
+             f"        {part}[r - rb_] = {part}[r - rb_] + {v};", "      }", *(["#endif"] if vector else []), "    }",
              *([f"    decltype({acc}) {tail} = 0;"] if SUM_TAIL_APART else []),
              f"    for (int64_t r = {full}; r < {r_extent}; ++r) {{", *body,
              f"      {tail} = {tail} + {v};" if SUM_TAIL_APART else f"      {part}[r - {full}] = {part}[r - {full}] + {v};",
@@ -920,12 +930,16 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
         lines += stream.streamed_loop(em, per_r, "r", "0", str(k.r_extent), "    ",
                                       lambda lo, hi, ind: _store_loop(em, per_r, "r", lo, hi, ind))
     elif per_r:
+        vector = low_precision(k) and low_vector.vector_loop(em, per_r, "r", "0", str(k.r_extent), "    ", _LOW,
+                                                             _EXACT_LOW, _UNARY_FMT)
+        if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
+            lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    {rloop}"]
         if stored:
             lines.append(f"      const {ctype(stored.reduction.value.dtype)} term_ = {stored_at};")
         lines += em.hoist([s.value for s in per_r], "      ")
         lines += [_store(em, s, "      ") for s in per_r]
-        lines.append("    }")
+        lines += ["    }", *(["#endif"] if vector else [])]
     once = [s for s in k.stores if not s.per_r]
     em.forget()
     if per_r:  # the per-row temps are in scope (and a new temp must not take one of their names)

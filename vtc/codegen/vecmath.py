@@ -332,6 +332,20 @@ static inline void vtc_to_f16_n(uint16_t* __restrict dst, const float* __restric
   for (int64_t j = 0; j < n; ++j) dst[j] = vtc_to_f16(src[j]);
 #endif
 }
+// 16 lanes of a float16 / float32 pointwise loop as one vector (vtc.codegen.low_vector): masked loads
+// that widen, roundings and narrowing masked stores, each the same conversion as the scalar ones above on every lane
+#if defined(__F16C__) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VTC_V16 1
+#define VTC_V16_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static inline __mmask16 vtc_v16_mask(int64_t n) { return (__mmask16)(n >= 16 ? 0xFFFFu : (1u << n) - 1u); }
+static inline __m512 vtc_v16_load_f32(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 vtc_v16_load_f16(__mmask16 m, const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+static inline __m512 vtc_v16_round_f16(__m512 x) { return _mm512_cvtph_ps(_mm512_cvtps_ph(x, VTC_V16_NEAREST)); }
+static inline void vtc_v16_store_f32(__mmask16 m, float* p, __m512 x) { _mm512_mask_storeu_ps(p, m, x); }
+static inline void vtc_v16_store_f16(__mmask16 m, uint16_t* p, __m512 x) {
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtps_ph(x, VTC_V16_NEAREST)); }
+#endif
 // vtc_to_f16_n by streaming stores where dst is 32-byte aligned (a large float16 result that is not read back
 // soon: its lines are not read for ownership; vtc.codegen.gemm ``_narrowed_rows``), fenced before it returns
 static inline void vtc_to_f16_n_stream(uint16_t* __restrict dst, const float* __restrict src, int64_t n) {
