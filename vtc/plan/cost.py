@@ -360,9 +360,9 @@ def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.floa
     A float32 GEMM of `rows` rows, more than vtc.codegen.gemm.SKINNY_M and at most FEW_ROWS_MAX, or of any
     rows where torch runs it on its weight packed once (`packed`: vtc.runtime.packed, the path that ratio is
     measured on), takes the ratio measured on a Linear of few rows (``library_few_rows_ratio``) where there is
-    one; any other the square one (torch.mm on runtime operands).  Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy
-    measurement does not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured
-    (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
+    one; any other the square one (torch.mm on runtime operands).  Measured ratios within LIBRARY_SPEED_NOISE
+    of the assumed one count as 1.0, so a noisy measurement does not flip the choices the fixed rates were
+    tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
     from vtc.codegen import gemm, gemm_bf16
 
     m = m or machine()
