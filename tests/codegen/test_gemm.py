@@ -364,9 +364,10 @@ ZEN4, ZEN4_SQUARE_ONLY, INTEL = (0.88, 0.57), (0.88, 0.0), (1.0, 1.0)
 def test_auto_takes_the_few_rows_ratio_for_a_linear_of_few_rows(monkeypatch, ratios, few_rows_choice):
     """A Linear of 49 rows (Swin-T's stage 4) runs on MKL's packed weight unless the machine's few-rows ratio says
     MKL is slow there: on the Zen 4, 2.8 vs 1.5 ms at 2 threads (49 x 768 -> 3072), where the 384^3 ratio alone
-    (0.88: inside the estimates' margin) left it on MKL.  A Linear of 128 or 256 rows (a prefill's) takes the square
-    ratio whatever the few-rows one is: its choice is the one the square ratio alone gives.  Fails before the
-    few-rows figure (no such Machine field; the 49-row Linear on torch)."""
+    (0.88: inside the estimates' margin) left it on MKL.  A Linear of 128 rows (a prefill's) makes the same choice
+    with the square ratio alone (a Linear on MKL's packed weight takes the few-rows ratio at any rows since session
+    26: test_gemm_packed_ratio.py).  Fails before the few-rows figure (no such Machine field; the 49-row Linear on
+    torch)."""
     from vtc.plan import cost
 
     square, few = ratios

@@ -329,7 +329,7 @@ def choose(low, n: Node, mode: str) -> GemmChoice:
     vtc_us, torch_us = estimate_us(batch, m, nn, kk, copies=tuple(v.nbytes for v in copies) + pushed,
                                    mapped_elems=mapped, b_unit_stride=b_stride, path=path,
                                    torch_b_packed=library == "mkl_packed",
-                                   torch_speed=(speed := library_gemm_speed(rows=m)),
+                                   torch_speed=(speed := library_gemm_speed(rows=m, packed=library == "mkl_packed")),
                                    b_packed=b_packed and PACKED_B)
     # a single-use pointwise producer of a bmm operand: computed in the generated kernel's pack loop (once per
     # NC columns for A, per thread for B), stored and read back on torch's side (vtc.codegen.gemm_inline)

@@ -370,20 +370,22 @@ def _cpu_time_ratio(fn, inputs: tuple, library) -> Callable[[], float]:
 LIBRARY_SPEED_NOISE = 0.05
 
 
-def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.float32, rows: int | None = None) -> float:
+def library_gemm_speed(m: Machine | None = None, dtype: torch.dtype = torch.float32, rows: int | None = None,
+                       packed: bool = False) -> float:
     """How fast torch's GEMM in `dtype` is here relative to the rates its generated twin's cost model assumes
     for it (vtc.codegen.gemm for float32: 1.0 is about as fast as the generated GEMM, 0.5 half as fast;
     vtc.codegen.gemm_bf16 for bfloat16: 1.0 is AMX, ~8x the generated kernel, 0.125 as fast as it).
-    A float32 GEMM of `rows` rows, more than vtc.codegen.gemm.SKINNY_M and at most FEW_ROWS_MAX, takes the
-    ratio measured on a Linear of few rows (``library_few_rows_ratio``) where there is one; any other the
-    square one.  Measured ratios within LIBRARY_SPEED_NOISE of the assumed one count as 1.0, so a noisy
-    measurement does not flip the choices the fixed rates were tuned for; 1.0 where nothing was measured
-    (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
+    A float32 GEMM of `rows` rows, more than vtc.codegen.gemm.SKINNY_M and at most FEW_ROWS_MAX, or of any
+    rows where torch runs it on its weight packed once (`packed`: vtc.runtime.packed, the path that ratio is
+    measured on), takes the ratio measured on a Linear of few rows (``library_few_rows_ratio``) where there is
+    one; any other the square one (torch.mm on runtime operands).  Measured ratios within LIBRARY_SPEED_NOISE
+    of the assumed one count as 1.0, so a noisy measurement does not flip the choices the fixed rates were
+    tuned for; 1.0 where nothing was measured (VTC_NO_MEASURE=1, no compiler, no AVX512_BF16)."""
     from vtc.codegen import gemm, gemm_bf16
 
     m = m or machine()
     ratio, rates = ((m.library_bf16_ratio, gemm_bf16) if dtype == torch.bfloat16 else (m.library_gemm_ratio, gemm))
-    if (dtype != torch.bfloat16 and rows is not None and gemm.SKINNY_M < rows <= FEW_ROWS_MAX
+    if (dtype != torch.bfloat16 and rows is not None and gemm.SKINNY_M < rows and (packed or rows <= FEW_ROWS_MAX)
             and m.library_few_rows_ratio > 0):
         ratio = m.library_few_rows_ratio
     if not m.measured or ratio <= 0:
