@@ -458,6 +458,9 @@ def _ort_run(sess, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     return result
 
 
+_ONNX_DTYPES = {1: torch.float32, 10: H, 16: B}  # onnx.TensorProto's FLOAT, FLOAT16, BFLOAT16
+
+
 def _run_onnx_dyn(case: Case) -> list[str]:
     """The case's model exported with a dynamic dim, compiled by vtc from the ModelProto, called at several sizes of
     the dim and back: each against onnxruntime (where it runs the file) or eager; a size at which the file does not
@@ -496,7 +499,12 @@ def _run_onnx_dyn(case: Case) -> list[str]:
                 continue
             except AssertionError:
                 pass  # where onnxruntime rounds otherwise than eager, vtc is held to eager
-        close(got, m(*xs), what + " (vs eager)", case.ops)
+        want = m(*xs)
+        want = list(want) if isinstance(want, (tuple, list)) else [want]
+        # vtc returns the dtype the file declares, which may not be eager's (TorchScript's bfloat16 sdpa: float32)
+        for g, declared in zip(got, proto.graph.output):
+            assert g.dtype == _ONNX_DTYPES[declared.type.tensor_type.elem_type], f"{what}: {g.dtype}, the file says {declared}"
+        close([g.to(w.dtype) for g, w in zip(got, want)], want, what + " (vs eager)", case.ops)
         done.append(f"{n} vs eager")
     case.paths = _paths(compiled)
     return done
