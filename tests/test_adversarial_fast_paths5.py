@@ -40,7 +40,6 @@ from typing import Callable
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import vtc
 from tests.adversarial import draw_chain_into, rand, run_campaign, run_described
