@@ -292,6 +292,15 @@ def check_outputs(fn, inputs, tol=F32_TOL, what="", torch_compile=False, **optio
     return compiled
 
 
+def run_described(case, run_case: Callable) -> None:
+    """``run_case(case)`` for a CI sample of a fuzz campaign's drawn cases (tests/test_adversarial_fast_paths3.py,
+    ..._4.py, ..._5.py): a wrong result's message led by ``case.describe()``, the model that gave it."""
+    try:
+        run_case(case)
+    except AssertionError as e:
+        raise AssertionError(f"{case.describe()}\n{e}") from None
+
+
 def run_campaign(doc: str, kinds: Sequence[str], make_case: Callable, run_case: Callable, log: str,
                  notes: Callable = lambda case, done: case.paths, skipped: tuple = ()) -> int:
     """The command line of a fuzz campaign of drawn cases (tests/test_adversarial_fast_paths3.py, ..._4.py):

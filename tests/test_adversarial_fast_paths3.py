@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import vtc
-from tests.adversarial import draw_chain_into, rand, run_campaign, run_chain
+from tests.adversarial import draw_chain_into, rand, run_campaign, run_chain, run_described
 from tests.codegen.util import kernels, torch_threads
 from tests.fuzz_campaign import Rand
 from vtc.codegen import gemm
@@ -475,11 +475,7 @@ CI_CASES = {"conv": 4, "attn": 3, "fold": 3, "gemm": 3}
 
 @pytest.mark.parametrize("kind,case", [(k, i) for k, n in CI_CASES.items() for i in range(n)])
 def test_drawn_case(kind, case):
-    c = Case(kind, 0, case)
-    try:
-        run_case(c)
-    except AssertionError as e:
-        raise AssertionError(f"{c.describe()}\n{e}") from None
+    run_described(Case(kind, 0, case), run_case)
 
 
 # -- the campaign ---------------------------------------------------------------------------------------------

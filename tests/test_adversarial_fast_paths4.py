@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 import vtc
-from tests.adversarial import draw_chain_into, rand, run_campaign, run_chain
+from tests.adversarial import draw_chain_into, rand, run_campaign, run_chain, run_described
 from tests.codegen.util import torch_threads
 from tests.fuzz_campaign import ExportSkipped, Rand
 
@@ -582,11 +582,7 @@ CI_CASES = {"conv": 4, "half": 4, "threads": 1, "onnx16": 2}
 
 @pytest.mark.parametrize("kind,case", [(k, i) for k, n in CI_CASES.items() for i in range(n)])
 def test_drawn_case(kind, case):
-    c = Case(kind, 0, case)
-    try:
-        run_case(c)
-    except AssertionError as e:
-        raise AssertionError(f"{c.describe()}\n{e}") from None
+    run_described(Case(kind, 0, case), run_case)
 
 
 # -- the campaign ---------------------------------------------------------------------------------------------

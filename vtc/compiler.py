@@ -270,8 +270,10 @@ class Compiled:
             except CaptureError as e:
                 raise CaptureError(f"vtc: {why} since compiling, so the model is captured again, which "
                                    f"failed: {e}") from e
-            self._first = first
-            self._watch = watch_parameters(self.model, first.graph)
+            watch = watch_parameters(self.model, first.graph)
+            with self._lock:  # one step for the threads that call meanwhile (__call__'s snapshot)
+                self._first, self._watch = first, watch
+                self._fast, self._exact_sig, self._plain, self._cache_io = None, None, None, None
 
     def __call__(self, *args, **kwargs):
         fast = self._fast
@@ -282,11 +284,18 @@ class Compiled:
         watch = self._watch
         if watch is not None and watch.changed():  # a parameter replaced since the capture: capture again
             self._restart(args, kwargs, watch.why())
+        sig = None
         if self._fast is None and not kwargs and self._exact(args):  # the first such call: the fast call
-            graph, single = self._first.graph, self._exact_sig[1]
+            with self._lock:  # one capture's graph, plan and watch, though another thread may capture again
+                first, watch, sig = self._first, self._watch, self._exact_sig
+        if sig is not None and sig[0] is not None:
+            graph, single = first.graph, sig[1]
             post = None if single else (lambda outs, args: unflatten_outputs(graph, outs, args))
-            plan, guard = self._first.executor.call_plan(), self._first.guard
-            self._fast = fast_call(plan, self._exact_sig[0], post, self._watch, guard)[0]
+            plan, guard = first.executor.call_plan(), first.guard
+            fast = fast_call(plan, sig[0], post, watch, guard)[0]
+            with self._lock:
+                if self._first is first:  # (else the model was captured again meanwhile: its own fast call)
+                    self._fast = fast
             if guard is not None:
                 guard(args)
             outs = plan(args, checked=True)
@@ -320,14 +329,15 @@ class Compiled:
 
         The common call, checked in one pass (the per-call Python cost of a small graph is
         microseconds, next to a kernel of tens of them); anything else takes the full path."""
-        if self._exact_sig is None:
+        exact = self._exact_sig  # (read once: another thread's capture again resets it)
+        if exact is None:
             graph = self._first.graph
             inputs = tuple((v.dtype, torch.Size(v.shape)) for v in graph.inputs)
             single = (len(graph.outputs) == 1 and not graph.meta.get("output_consts")
                       and not graph.meta.get("input_mutations")
                       and (graph.out_spec is None or isinstance(graph.out_spec, pytree.TreeSpec) and graph.out_spec.is_leaf()))
-            self._exact_sig = (inputs if self._plain_inputs(len(graph.inputs)) else None, single)
-        sig = self._exact_sig[0]
+            exact = self._exact_sig = (inputs if self._plain_inputs(len(graph.inputs)) else None, single)
+        sig = exact[0]
         if sig is None or len(args) != len(sig):
             return False
         for t, (dt, shape) in zip(args, sig):  # a loop: a third faster than all() over a generator
@@ -337,11 +347,12 @@ class Compiled:
 
     def _plain_inputs(self, n: int) -> bool:
         """Whether the captured inputs are exactly n positional tensors (no kwargs, no constants)."""
-        if self._plain is None:
+        plain = self._plain  # (read once: another thread's capture again resets it)
+        if plain is None:
             graph = self._first.graph
             spec = pytree.tree_structure(((torch.empty(0),) * len(graph.inputs), {}))
-            self._plain = (len(graph.inputs), graph.in_spec == spec and not graph.meta.get("input_consts"))
-        return self._plain[1] and self._plain[0] == n
+            plain = self._plain = (len(graph.inputs), graph.in_spec == spec and not graph.meta.get("input_consts"))
+        return plain[1] and plain[0] == n
 
     def __repr__(self) -> str:
         return f"<vtc.Compiled {type(self.model).__name__}: {self.report.summary()}>"

@@ -68,6 +68,34 @@ def test_a_weight_changed_in_place_after_compiling_is_packed_again():
         torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
 
 
+@needs_mkl
+def test_a_weight_changed_while_it_is_packed_again_is_packed_once_more(monkeypatch):
+    """Another thread's in-place change that lands while a call packs the weight (after the pack has read it):
+    the next call packs it again.  _Packed read the version counter after packing, so it took the packed old
+    values for the new version and kept them for every later call.  Fails without reading the version first."""
+    model = _MLP(17, 33, 5)
+    x = rand((1, 64, 17), G)
+    compiled = compile_cpu(model, (x,), gemm="torch")
+    assert set(_libraries(compiled).values()) == {"mkl_packed"}
+    reorder, armed = torch.ops.mkl._mkl_reorder_linear_weight, []
+
+    def reorder_then_change(w, rows):
+        out = reorder(w, rows)
+        if armed and w.shape == model.up.weight.shape:
+            armed.clear()
+            model.up.weight.mul_(-2.0)  # the other thread's change, just after this pack read the weight
+        return out
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_reorder_linear_weight", reorder_then_change)
+    with torch.no_grad():
+        compiled(x)  # packs the weights
+        model.up.weight.mul_(0.5)
+        armed.append(True)
+        compiled(x)  # packs up's weight again; the change lands meanwhile
+        assert not armed
+        torch.testing.assert_close(compiled(x), model(x), **GEMM_TOL)
+
+
 def _packed_copies_of(weight: torch.Tensor) -> list:
     ptr = weight.untyped_storage().data_ptr()
     return [e for e in list(packed._SHARED.values()) if e.w.untyped_storage().data_ptr() == ptr]

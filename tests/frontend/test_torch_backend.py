@@ -110,3 +110,32 @@ def test_a_tensor_literal_in_forward(graphs):
     compiled = torch.compile(m, backend="vtc")
     torch.testing.assert_close(compiled(x), m(x))
     assert len(graphs) == 1 and graphs[0].consts  # compiled by vtc, the literal a constant of its graph
+
+
+def test_the_machine_figures_measured_inside_the_backend_s_compile(tmp_path, monkeypatch):
+    """The first compile of a process without figures measures them (vtc.plan.cost.machine); the few-rows GEMM
+    ratio compiles a Linear with vtc.compile, that is torch.export.  Inside torch.compile's backend, that export
+    ran in dynamo's tracing context and failed ("sources must not be empty for symbol s76") for these two bfloat16
+    blocks (an nn.Sequential of the same two passed): torch.compile raised BackendCompilerFailed (tests/test_adversarial_fast_paths5.py, swap case 0 of seed
+    0).  Fails without the ``tracing(None)`` of torch_backend._compile_graph."""
+    from tests.test_adversarial_fast_paths5 import TwoBlocks
+    from vtc.plan import cost
+
+    monkeypatch.setenv("VTC_NO_MEASURE", "0")
+    monkeypatch.setenv("VTC_MACHINE_FILE", str(tmp_path / "machine.json"))
+    monkeypatch.setattr(cost, "_measure_bandwidth", lambda: (30.0, 0.0))
+    monkeypatch.setattr(cost, "_measure_gemm", lambda: (150.0, 0.0))
+    torch.manual_seed(0)
+    model = TwoBlocks("mlp", "mlp", 8, 2, graph_break=False).eval().to(torch.bfloat16)
+    x = torch.randn(1, 5, 8, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    cost.machine.cache_clear()
+    try:
+        with torch.no_grad():
+            got = torch.compile(model, backend="vtc")(x)
+            want = model(x)
+        assert cost.machine().measured
+    finally:
+        cost.machine.cache_clear()
+        torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

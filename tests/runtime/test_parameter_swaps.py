@@ -267,3 +267,59 @@ def test_a_weight_replaced_in_a_model_captured_by_torch_export(monkeypatch):
         compiled(x)
         _swap_all(m, 51)
         torch.testing.assert_close(compiled(x), m(x), **TOL)
+
+
+def _mlp_and_input():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    return model, torch.randn(5, 16)
+
+
+def test_a_capture_again_by_another_thread_before_this_one_makes_its_fast_call(monkeypatch):
+    """Thread B finds no fast call and its inputs exact; thread A, whose call saw a replaced weight, captures the
+    model again before B reads the fast call's signature.  B raised ``TypeError: 'NoneType' object is not
+    subscriptable`` (A's restart reset it; tests/test_adversarial_fast_paths5.py swap case 16 of seed 1).
+    Fails without the snapshot in Compiled.__call__."""
+    model, x = _mlp_and_input()
+    with torch.no_grad():
+        compiled = vtc.compile(model, (x,))
+        real, fired = compiled._exact, []
+
+        def exact_then_another_thread_restarts(args):
+            ok = real(args)
+            if not fired:
+                fired.append(True)
+                model[0].weight.data = torch.randn(32, 16)  # the swap another thread's call saw
+                compiled._restart(args, {}, "another thread's call saw a replaced weight")
+            return ok
+
+        monkeypatch.setattr(compiled, "_exact", exact_then_another_thread_restarts)
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+        assert fired
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
+def test_a_fast_call_made_from_the_old_capture_is_not_kept(monkeypatch):
+    """Thread B makes the fast call from the capture it read; meanwhile thread A captures the model again after a
+    weight was replaced.  B read the fast call's signature after A had reset it (TypeError), or, made again
+    meanwhile, joined the old capture's call plan to the new capture's watch: the old weights' result on every
+    later call.  Fails without the snapshot in Compiled.__call__."""
+    model, x = _mlp_and_input()
+    with torch.no_grad():
+        compiled = vtc.compile(model, (x,))
+        old = compiled._first.executor
+        real, fired = old.call_plan, []
+
+        def plan_then_another_thread_restarts():
+            plan = real()
+            if not fired:
+                fired.append(True)
+                model[0].weight.data = torch.randn(32, 16)
+                compiled._restart((x,), {}, "another thread's call saw a replaced weight")
+            return plan
+
+        monkeypatch.setattr(old, "call_plan", plan_then_another_thread_restarts)
+        compiled(x)  # this call overlapped the swap: either weights' result
+        assert fired
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x), **TOL)

@@ -35,8 +35,8 @@ def _compile_graph(graph: Graph) -> Callable[[list[torch.Tensor]], list[torch.Te
 
     from vtc.compiler import compile_graph  # late: vtc.compiler imports this package
 
-    with unset_fake_temporarily():  # real tensors for the planner's probes and the machine figures
-        return compile_graph(graph)
+    with unset_fake_temporarily(), torch._guards.tracing(None):  # real tensors for the planner's probes and the
+        return compile_graph(graph)  # machine figures; no dynamo context for the captures those figures make
 
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:

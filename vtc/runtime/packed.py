@@ -208,16 +208,20 @@ class _Packed:
 
     def __init__(self, w: torch.Tensor, a_rows: int):
         self.w, self.a_rows, self.lock = w, a_rows, threading.Lock()
-        self.panels, self.version = torch.ops.mkl._mkl_reorder_linear_weight(w, a_rows), w._version
+        self.version, self.panels = self._pack()
         self.nbytes = self.panels.nbytes  # a re-pack has the same size
+
+    def _pack(self) -> tuple[int, torch.Tensor]:
+        version = self.w._version  # read first: a change during the pack is seen by the next call
+        return version, torch.ops.mkl._mkl_reorder_linear_weight(self.w, self.a_rows)
 
     def current(self) -> torch.Tensor:
         """The packed panels of W as it is now."""
         if self.w._version != self.version:  # the weight was changed in place (load_state_dict, an optimizer step)
             with self.lock:
                 if self.w._version != self.version:
-                    self.panels = torch.ops.mkl._mkl_reorder_linear_weight(self.w, self.a_rows)
-                    self.version = self.w._version
+                    version, self.panels = self._pack()
+                    self.version = version
         return self.panels
 
 
