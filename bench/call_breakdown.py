@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         del out
         st = torch.empty(shape, dtype=dtype).untyped_storage()
         kept = torch.empty(0, dtype=dtype).set_(st, 0, shape)
-        sig = empty._exact_sig[0]
+        sig = empty._first.exact_signature[0]
         nop = nop_kernel()
         fn = ctypes.CFUNCTYPE(None)(ctypes.cast(nop, ctypes.c_void_p).value)
         n = len(inputs) + 1
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         alloc = _allocator(shape, dtype, plan.pool)  # what the call plan allocates the output with
         alloc()
         watch = getattr(empty, "_watch", None)  # the model's parameters, tested per call (vtc.runtime.weights)
-        unwatched = fast_call(plan, sig, None)[0] if watch is not None and empty._exact_sig[1] else None
+        unwatched = fast_call(plan, sig, None)[0] if watch is not None and empty._first.exact_signature[1] else None
         if unwatched is None:
             watch = None
         env = dict(real=real, empty=empty, watch=watch, unwatched=unwatched, inputs=inputs,

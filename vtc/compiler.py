@@ -61,6 +61,30 @@ class Specialization:
         (``vtc.frontend.torch_export.mutation_guard``); None where it changes none."""
         return mutation_guard(self.graph)
 
+    @functools.cached_property
+    def plain_inputs(self) -> bool:
+        """Whether the graph's inputs are exactly its positional tensors (no kwargs, no constants)."""
+        graph = self.graph
+        spec = pytree.tree_structure(((torch.empty(0),) * len(graph.inputs), {}))
+        return graph.in_spec == spec and not graph.meta.get("input_consts")
+
+    @functools.cached_property
+    def exact_signature(self) -> tuple[tuple | None, bool]:
+        """((dtype, shape) per input, None where the inputs are not plain positional tensors; whether the graph
+        returns one plain output): the calls Compiled's fast call is made for.  Kept on the capture, so that a
+        signature and the plan it checks the inputs of come from the same capture."""
+        graph = self.graph
+        inputs = tuple((v.dtype, torch.Size(v.shape)) for v in graph.inputs) if self.plain_inputs else None
+        single = (len(graph.outputs) == 1 and not graph.meta.get("output_consts")
+                  and not graph.meta.get("input_mutations")
+                  and (graph.out_spec is None or isinstance(graph.out_spec, pytree.TreeSpec) and graph.out_spec.is_leaf()))
+        return inputs, single
+
+    @functools.cached_property
+    def inputs_hold_a_cache(self) -> bool:
+        """Whether the inputs hold a transformers KV cache (Compiled._caches)."""
+        return takes_a_cache(self.graph.in_spec)
+
     def run(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The graph's flat outputs for its flat inputs `tensors` (checked against the graph), inputs that
         forward changes in place written back: ``guard``'s test first, so that a refused call changed nothing."""
@@ -153,12 +177,9 @@ class Compiled:
                  _graph: Graph | None = None) -> None:
         self.model = model
         self.options = check_options(options)
-        self._plain: tuple[int, bool] | None = None  # (number of inputs, captured as plain positional tensors)
-        self._exact_sig: tuple | None = None  # ((dtype, shape) per input or None, one plain output): _exact
-        self._fast: Callable | None = None  # the call for inputs of _exact_sig (vtc.runtime.callplan.fast_call)
+        self._fast: Callable | None = None  # the call for inputs of _first.exact_signature (callplan.fast_call)
         self._specs: OrderedDict[tuple, Specialization] = OrderedDict()
         self._lock = threading.Lock()
-        self._cache_io: bool | None = None  # whether the inputs hold a transformers Cache (_caches)
         self._dynamic = None  # vtc.dynamic.DynamicSizes once sizes have varied; False when it cannot be captured
         self._new_sizes = 0  # specializations made after the first (NewSizesWarning)
         self._args, self._kwargs = _as_args(example_inputs), dict(example_kwargs or {})
@@ -262,7 +283,7 @@ class Compiled:
         with CAPTURE_LOCK:
             with self._lock:
                 self._specs.clear()
-                self._fast, self._exact_sig, self._plain, self._cache_io, self._dynamic = None, None, None, None, None
+                self._fast, self._dynamic = None, None
                 self._new_sizes = 0
             self._args, self._kwargs = args, dict(kwargs)  # the example now: a static capture, not vtc.dynamic's
             try:
@@ -273,7 +294,7 @@ class Compiled:
             watch = watch_parameters(self.model, first.graph)
             with self._lock:  # one step for the threads that call meanwhile (__call__'s snapshot)
                 self._first, self._watch = first, watch
-                self._fast, self._exact_sig, self._plain, self._cache_io = None, None, None, None
+                self._fast = None
 
     def __call__(self, *args, **kwargs):
         fast = self._fast
@@ -284,15 +305,14 @@ class Compiled:
         watch = self._watch
         if watch is not None and watch.changed():  # a parameter replaced since the capture: capture again
             self._restart(args, kwargs, watch.why())
-        sig = None
-        if self._fast is None and not kwargs and self._exact(args):  # the first such call: the fast call
-            with self._lock:  # one capture's graph, plan and watch, though another thread may capture again
-                first, watch, sig = self._first, self._watch, self._exact_sig
-        if sig is not None and sig[0] is not None:
-            graph, single = first.graph, sig[1]
+        with self._lock:  # one capture's graph, plan and watch, though another thread may capture again
+            first, watch = self._first, self._watch
+        inputs, single = first.exact_signature
+        if self._fast is None and not kwargs and _exact(inputs, args):  # the first such call: the fast call
+            graph = first.graph
             post = None if single else (lambda outs, args: unflatten_outputs(graph, outs, args))
             plan, guard = first.executor.call_plan(), first.guard
-            fast = fast_call(plan, sig[0], post, watch, guard)[0]
+            fast = fast_call(plan, inputs, post, watch, guard)[0]
             with self._lock:
                 if self._first is first:  # (else the model was captured again meanwhile: its own fast call)
                     self._fast = fast
@@ -300,8 +320,9 @@ class Compiled:
                 guard(args)
             outs = plan(args, checked=True)
             return outs[0] if single else post(outs, args)
-        graph = self._first.graph
-        if not kwargs and self._plain_inputs(len(args)) and all(type(a) is torch.Tensor for a in args):
+        graph = first.graph
+        if (not kwargs and first.plain_inputs and len(args) == len(graph.inputs)
+                and all(type(a) is torch.Tensor for a in args)):
             tensors = list(args)  # what flatten_inputs returns for plain positional tensors, without pytree
         else:
             try:
@@ -310,49 +331,12 @@ class Compiled:
                 spec = self._specialize(args, kwargs)
                 tensors = flatten_inputs(spec.graph, args, kwargs)
                 check_inputs(spec.graph, tensors, exact_shape=False)
-                return self._caches(args, kwargs, spec.run(tensors))
+                return _caches(spec, args, kwargs, spec.run(tensors))
         check_inputs(graph, tensors, exact_shape=False)
-        spec = self._first
+        spec = first
         if any(tuple(t.shape) != v.shape for t, v in zip(tensors, graph.inputs)):
             spec = self._specialize(args, kwargs)
-        return self._caches(args, kwargs, spec.run(tensors))
-
-    def _caches(self, args: tuple, kwargs: dict, result: Any) -> Any:
-        """`result`, where the inputs hold a transformers KV cache, with the returned cache written into the one
-        given and returned as that object, as eager does (``update_caches_in_place``)."""
-        if self._cache_io is None:
-            self._cache_io = takes_a_cache(self._first.graph.in_spec)
-        return update_caches_in_place(args, kwargs, result) if self._cache_io else result
-
-    def _exact(self, args: tuple) -> bool:
-        """Whether args are plain positional tensors of exactly the captured dtypes and shapes.
-
-        The common call, checked in one pass (the per-call Python cost of a small graph is
-        microseconds, next to a kernel of tens of them); anything else takes the full path."""
-        exact = self._exact_sig  # (read once: another thread's capture again resets it)
-        if exact is None:
-            graph = self._first.graph
-            inputs = tuple((v.dtype, torch.Size(v.shape)) for v in graph.inputs)
-            single = (len(graph.outputs) == 1 and not graph.meta.get("output_consts")
-                      and not graph.meta.get("input_mutations")
-                      and (graph.out_spec is None or isinstance(graph.out_spec, pytree.TreeSpec) and graph.out_spec.is_leaf()))
-            exact = self._exact_sig = (inputs if self._plain_inputs(len(graph.inputs)) else None, single)
-        sig = exact[0]
-        if sig is None or len(args) != len(sig):
-            return False
-        for t, (dt, shape) in zip(args, sig):  # a loop: a third faster than all() over a generator
-            if type(t) is not torch.Tensor or t.dtype != dt or t.shape != shape or not t.is_cpu:
-                return False
-        return True
-
-    def _plain_inputs(self, n: int) -> bool:
-        """Whether the captured inputs are exactly n positional tensors (no kwargs, no constants)."""
-        plain = self._plain  # (read once: another thread's capture again resets it)
-        if plain is None:
-            graph = self._first.graph
-            spec = pytree.tree_structure(((torch.empty(0),) * len(graph.inputs), {}))
-            plain = self._plain = (len(graph.inputs), graph.in_spec == spec and not graph.meta.get("input_consts"))
-        return plain[1] and plain[0] == n
+        return _caches(spec, args, kwargs, spec.run(tensors))
 
     def __repr__(self) -> str:
         return f"<vtc.Compiled {type(self.model).__name__}: {self.report.summary()}>"
@@ -416,3 +400,23 @@ def compile(model_or_fn: Any, example_inputs: Any = (), example_kwargs: dict | N
         raise TypeError(f"vtc.compile takes a torch module or function, or an ONNX model (a path ending in "
                         f".onnx or an onnx.ModelProto); received {type(model_or_fn).__name__} {model_or_fn!r:.80}")
     return Compiled(model_or_fn, example_inputs, example_kwargs, options)
+
+
+def _caches(spec: Specialization, args: tuple, kwargs: dict, result: Any) -> Any:
+    """`result`, where the inputs hold a transformers KV cache, with the returned cache written into the one
+    given and returned as that object, as eager does (``update_caches_in_place``)."""
+    return update_caches_in_place(args, kwargs, result) if spec.inputs_hold_a_cache else result
+
+
+def _exact(inputs: tuple | None, args: tuple) -> bool:
+    """Whether args are plain positional tensors of exactly the (dtype, shape)s `inputs` (a capture's
+    ``exact_signature``; None: never).
+
+    The common call, checked in one pass (the per-call Python cost of a small graph is
+    microseconds, next to a kernel of tens of them); anything else takes the full path."""
+    if inputs is None or len(args) != len(inputs):
+        return False
+    for t, (dt, shape) in zip(args, inputs):  # a loop: a third faster than all() over a generator
+        if type(t) is not torch.Tensor or t.dtype != dt or t.shape != shape or not t.is_cpu:
+            return False
+    return True

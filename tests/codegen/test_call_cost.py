@@ -40,7 +40,7 @@ def _compiled(shape, seed: int = 0):
 def test_a_one_kernel_plan_calls_its_kernel_from_the_fast_call(shape):
     compiled = _compiled(shape)
     assert compiled._fast is not None  # made by the first call
-    _, source = fast_call(executor(compiled).call_plan(), compiled._exact_sig[0], None)
+    _, source = fast_call(executor(compiled).call_plan(), compiled._first.exact_signature[0], None)
     assert "fn(pack(" in source and "plan(" not in source  # the kernel itself, no call plan in between
     for seed in (1, 2):
         a, b = _inputs(shape, seed)
@@ -229,7 +229,7 @@ def test_index_range_checks_still_run_in_the_fast_call():
     x, idx = rand((40, 33), g), torch.randint(0, 40, (25,), generator=g)
     compiled = compile_cpu(f, (x, idx))
     torch.testing.assert_close(compiled(x, idx), f(x, idx), **POINTWISE_TOL)
-    _, source = fast_call(executor(compiled).call_plan(), compiled._exact_sig[0], None)
+    _, source = fast_call(executor(compiled).call_plan(), compiled._first.exact_signature[0], None)
     assert "call_checked(" in source and "plan(" not in source
     for bad in (40, -1, 1 << 40):
         wrong = idx.clone()
@@ -250,8 +250,8 @@ def test_one_output_in_a_container_through_the_direct_call(wrap):
     a, b = _inputs(SMALL, 40)
     compiled = compile_cpu(f, (a, b))
     compiled(a, b)
-    assert not compiled._exact_sig[1]
-    _, source = fast_call(executor(compiled).call_plan(), compiled._exact_sig[0], lambda outs, args: outs)
+    assert not compiled._first.exact_signature[1]
+    _, source = fast_call(executor(compiled).call_plan(), compiled._first.exact_signature[0], lambda outs, args: outs)
     assert "fn(pack(" in source and "return post([o0], args)" in source
     for seed in (41, 42):
         a, b = _inputs(SMALL, seed)
@@ -277,7 +277,7 @@ def test_a_gemm_on_a_weight_packed_once_is_called_from_the_fast_call(threads):
         torch.testing.assert_close(compiled(x), lin(x), **ROW_TOL)
         plan = executor(compiled).call_plan()
         assert plan.counts["packed_conv_weights"] == 1, plan.why_not_packed
-        _, source = fast_call(plan, compiled._exact_sig[0], None)
+        _, source = fast_call(plan, compiled._first.exact_signature[0], None)
         assert "st = weight()" in source and "threads() | flag)" in source and "plan(" not in source
         for change in (lambda w: w.mul_(-2.0), lambda w: w.copy_(rand(tuple(w.shape), gen(52)))):
             change(lin.weight)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import vtc
+from vtc import compiler
 from vtc.runtime import segment
 
 pytestmark = pytest.mark.usefixtures("quiet")
@@ -277,26 +278,59 @@ def _mlp_and_input():
 
 def test_a_capture_again_by_another_thread_before_this_one_makes_its_fast_call(monkeypatch):
     """Thread B finds no fast call and its inputs exact; thread A, whose call saw a replaced weight, captures the
-    model again before B reads the fast call's signature.  B raised ``TypeError: 'NoneType' object is not
-    subscriptable`` (A's restart reset it; tests/test_adversarial_fast_paths5.py swap case 16 of seed 1).
-    Fails without the snapshot in Compiled.__call__."""
+    model again before B makes its fast call.  B raised ``TypeError: 'NoneType' object is not subscriptable``
+    (A's restart reset the signature B was about to read; tests/test_adversarial_fast_paths5.py swap case 16 of
+    seed 1).  Now B's call runs the capture it read (the old weights: the call overlapped the swap) and its fast
+    call is not kept; the next call makes the new capture's."""
     model, x = _mlp_and_input()
     with torch.no_grad():
         compiled = vtc.compile(model, (x,))
-        real, fired = compiled._exact, []
+        before = model(x)
+        real, fired = compiler._exact, []
 
-        def exact_then_another_thread_restarts(args):
-            ok = real(args)
+        def exact_then_another_thread_restarts(inputs, args):
+            ok = real(inputs, args)
             if not fired:
                 fired.append(True)
                 model[0].weight.data = torch.randn(32, 16)  # the swap another thread's call saw
                 compiled._restart(args, {}, "another thread's call saw a replaced weight")
             return ok
 
-        monkeypatch.setattr(compiled, "_exact", exact_then_another_thread_restarts)
-        torch.testing.assert_close(compiled(x), model(x), **TOL)
-        assert fired
-        torch.testing.assert_close(compiled(x), model(x), **TOL)
+        monkeypatch.setattr(compiler, "_exact", exact_then_another_thread_restarts)
+        torch.testing.assert_close(compiled(x), before, **TOL)
+        assert fired and compiled._fast is None, "a fast call made from the old capture was kept"
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
+def test_a_capture_again_for_other_sizes_while_a_call_checks_its_inputs(monkeypatch):
+    """As above, but thread A's call, of other input sizes, captures the model again for its sizes while B checks
+    its inputs.  Before session 26 the input signature was kept on Compiled and computed from whichever capture
+    was current: B could store the old capture's signature next to A's capture, and the fast call then checked
+    inputs against the old shapes and ran a plan made for the new ones (its kernels take no size check).  The
+    signature now lives on the capture (``Specialization.exact_signature``), so a fast call checks the shapes of
+    the plan it runs, and it is kept only for the capture it was made from."""
+    model, x = _mlp_and_input()
+    x9 = torch.randn(9, 16)
+    with torch.no_grad():
+        compiled = vtc.compile(model, (x,))
+        real, fired = compiler._exact, []
+
+        def exact_then_another_thread_restarts(inputs, args):
+            ok = real(inputs, args)
+            if not fired:
+                fired.append(True)
+                model[0].weight.data = torch.randn(32, 16)
+                compiled._restart((x9,), {}, "another thread's call of 9 rows saw a replaced weight")
+            return ok
+
+        monkeypatch.setattr(compiler, "_exact", exact_then_another_thread_restarts)
+        compiled(x)  # this call overlapped the swap: either weights' result
+        assert fired and compiled._fast is None, "a fast call made from the old capture was kept"
+        assert compiled._first.exact_signature[0][0][1] == (9, 16)
+        for inputs in (x9, x, x9, x):
+            torch.testing.assert_close(compiled(inputs), model(inputs), **TOL)
+        assert compiled._fast is not None
 
 
 def test_a_fast_call_made_from_the_old_capture_is_not_kept(monkeypatch):

@@ -882,7 +882,7 @@ static inline __m512 vtc_widen16(const float* p) { return _mm512_loadu_ps(p); }
 static inline __m512 vtc_widen16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
 static inline float vtc_widen1(const float* p) { return *p; }
 static inline float vtc_widen1(const uint16_t* p) { return _cvtsh_ss(*p); }
-// the first n < 16 elements from p, zeros after them
+// the first n < 16 elements from p, zeros after them: float32 by one masked load, float16 copied through a stack row
 template <typename T>
 static inline __m512 vtc_widen16_tail(const T* p, int64_t n) {
   if constexpr (sizeof(T) == 4) return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
@@ -1012,7 +1012,7 @@ static inline void vtc_pack_at(const T* __restrict src, int64_t lds, int64_t col
       #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + (p0 + i) * VTC_NR + j0, r[i]);
     }
-    if (p0 < kb) {  // the last kb - p0 < 16: masked loads (a scalar loop here cost g++ ~1 s per kernel to vectorise)
+    if (p0 < kb) {  // the last kb - p0 < 16 by vtc_widen16_tail (a scalar loop here cost g++ ~1 s per float32 kernel to vectorise)
       __m512 r[16];
       #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i) r[i] = i < n ? vtc_widen16_tail(src + (j0 + i) * lds + p0, kb - p0) : _mm512_setzero_ps();
