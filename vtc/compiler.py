@@ -278,9 +278,14 @@ class Compiled:
         self._restart(self._args, self._kwargs, "refresh() was called")
         return self
 
-    def _restart(self, args: tuple, kwargs: dict, why: str) -> None:
-        """Drops every specialization and captures the model again for `args` (they become the example)."""
+    def _restart(self, args: tuple, kwargs: dict, why: str, stale=None) -> None:
+        """Drops every specialization and captures the model again for `args` (they become the example).
+
+        `stale`: the parameter watch that saw the change; when another thread has captured again since (the watch
+        is no longer it), nothing is left to do."""
         with CAPTURE_LOCK:
+            if stale is not None and self._watch is not stale:
+                return
             with self._lock:
                 self._specs.clear()
                 self._fast, self._dynamic = None, None
@@ -304,7 +309,7 @@ class Compiled:
                 return out
         watch = self._watch
         if watch is not None and watch.changed():  # a parameter replaced since the capture: capture again
-            self._restart(args, kwargs, watch.why())
+            self._restart(args, kwargs, watch.why(), stale=watch)
         with self._lock:  # one capture's graph, plan and watch, though another thread may capture again
             first, watch = self._first, self._watch
         inputs, single = first.exact_signature

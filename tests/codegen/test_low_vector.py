@@ -169,3 +169,22 @@ def test_targets_without_avx512_build_the_scalar_loop(march, tmp_path):
     tensors = [env[b.name] if b.name in env else out for b in buffer_order(k)]
     fn((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 1)
     assert torch.equal(out, compiled(x, y))
+
+
+def test_the_bit_for_bit_checks_compare_vector_code_with_scalar_code_on_an_avx512_host():
+    """The kernels' C sees VTC_V16 (so the `#if` blocks the form checks find are what runs, and ``_check``'s bit
+    for bit comparison is of vector code against the scalar loop) wherever the generated code targets AVX-512;
+    without it every comparison here would be of the scalar loop with itself."""
+    import ctypes
+
+    from vtc.codegen.conv_t import has_avx512
+    from vtc.codegen.cpp import PRELUDE
+    from vtc.codegen.vecmath import LOW_PRECISION_PRELUDE
+    from vtc.runtime import cbuild
+
+    if not has_avx512():
+        pytest.skip("the generated code does not target AVX-512 here: the vector loops are not compiled in")
+    probe = '\nextern "C" int vtc_v16_on() {\n#if defined(VTC_V16)\n  return 1;\n#else\n  return 0;\n#endif\n}\n'
+    lib = cbuild.build(PRELUDE + LOW_PRECISION_PRELUDE + probe, name="v16_probe")
+    lib.vtc_v16_on.restype = ctypes.c_int
+    assert lib.vtc_v16_on() == 1

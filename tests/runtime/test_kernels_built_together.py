@@ -94,3 +94,16 @@ def test_a_gemm_ratio_whose_kernel_does_not_build_is_zero(monkeypatch):
 
     monkeypatch.setattr(vtc, "compile", no_build)
     assert cost._cpu_time_ratio(lambda x: x, (torch.randn(2),), None)() == 0.0
+
+
+def test_a_call_inside_the_block_says_the_kernel_is_not_built_yet_and_works_after_it(tmp_path, monkeypatch):
+    """A compiled model called before the block that builds its kernels ends raised "'NoneType' object is not
+    callable"; it now names the kernel and the block, and the calls after the block run the built kernels."""
+    monkeypatch.setenv("VTC_CACHE_DIR", str(tmp_path))
+    x = torch.randn(17, 9)
+    with executor.kernels_built_together():
+        a = vtc.compile(_scaled_relu, (x,))
+        with pytest.raises(RuntimeError, match="not built.*kernels_built_together"):
+            a(x)
+    for _ in range(2):
+        torch.testing.assert_close(a(x), _scaled_relu(x), rtol=0, atol=0)

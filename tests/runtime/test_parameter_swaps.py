@@ -357,3 +357,23 @@ def test_a_fast_call_made_from_the_old_capture_is_not_kept(monkeypatch):
         assert fired
         for _ in range(2):
             torch.testing.assert_close(compiled(x), model(x), **TOL)
+
+
+def test_two_calls_that_saw_the_same_replaced_weight_capture_once(monkeypatch):
+    """Two threads whose calls both saw the same replaced weight (the same stale parameter watch) each asked for a
+    capture again; the second one captured the model a second time for nothing.  ``_restart(stale=watch)`` now
+    returns when another thread has captured again since that watch."""
+    model, x = _mlp_and_input()
+    with torch.no_grad():
+        compiled = _called(model, x)
+        model[0].weight.data = torch.randn(32, 16)
+        stale = compiled._watch
+        assert stale.changed()
+        real, captures = compiler.export_graph, []
+        monkeypatch.setattr(compiler, "export_graph", lambda *a, **k: captures.append(1) or real(*a, **k))
+        for _ in range(2):  # the second is the other thread's call, after the first captured again
+            compiled._restart((x,), {}, stale.why(), stale=stale)
+        assert len(captures) == 1 and compiled._watch is not stale
+        torch.testing.assert_close(compiled(x), model(x), **TOL)
+        compiled.refresh()  # refresh() always captures again
+        assert len(captures) == 2

@@ -203,10 +203,14 @@ class _Emitter:
         if t is not None:
             return t
         c = self.unrounded(s)
-        if s.dtype in _LOW and s.op in ("cast", "iota", "unary", "binary") and not (
-                s.op in ("unary", "binary") and s.args[0] in _EXACT_LOW):
-            return f"vtc_round_{_LOW[s.dtype]}({c})"  # eager rounds every op's result to its dtype
-        return c
+        return f"vtc_round_{_LOW[s.dtype]}({c})" if self.rounds(s) else c
+
+    @staticmethod
+    def rounds(s: Scalar) -> bool:
+        """Whether s's result is rounded to its dtype (bfloat16 / float16: eager rounds every op's result to its
+        dtype but those that are exact); the rule ``vtc.codegen.low_vector`` follows too."""
+        return s.dtype in _LOW and s.op in ("cast", "iota", "unary", "binary") and not (
+            s.op in ("unary", "binary") and s.args[0] in _EXACT_LOW)
 
     def stored(self, s: Scalar, dtype: torch.dtype) -> str:
         """s as the element of a buffer of `dtype` (bfloat16 / float16: rounded and narrowed once)."""
@@ -728,7 +732,7 @@ def _pointwise_kernel(k: Kernel, em: _Emitter, split: bool = True) -> list[str]:
             return stream.fenced(lines + stream.streamed_loop(em, k.stores, names[-1], "0", str(last), "    ", plain)
                                  + ["  }"])
         vector = low_precision(k) and low_vector.vector_loop(em, k.stores, names[-1], "0", str(last), "    ", _LOW,
-                                                             _EXACT_LOW, _UNARY_FMT)
+                                                             _UNARY_FMT)
         if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
             lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    for (int64_t {names[-1]} = 0; {names[-1]} < {last}; ++{names[-1]}) {{"]
@@ -754,7 +758,7 @@ def _reduction_loop(red, em: _Emitter, rloop: str, r_extent: int, store_term: st
     em.forget()
     lanes = _lanes_bytes(r_extent) // red.dtype.itemsize
     vector = (red.combine == "sum" and store_term is None and t == "float" and low_precision(em.k)
-              and low_vector.vector_sums(em, red.value, "r", "rb_", lanes, f"{acc}_part", _LOW, _EXACT_LOW, _UNARY_FMT))
+              and low_vector.vector_sums(em, red.value, "r", "rb_", lanes, f"{acc}_part", _UNARY_FMT))
     body = em.hoist([red.value], "      ")
     v = em.scalar(red.value)
     if store_term is not None:
@@ -931,7 +935,7 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
                                       lambda lo, hi, ind: _store_loop(em, per_r, "r", lo, hi, ind))
     elif per_r:
         vector = low_precision(k) and low_vector.vector_loop(em, per_r, "r", "0", str(k.r_extent), "    ", _LOW,
-                                                             _EXACT_LOW, _UNARY_FMT)
+                                                             _UNARY_FMT)
         if vector:  # 16-bit conversions as vector code where the target has them, the scalar loop elsewhere
             lines += [f"#if defined({low_vector.TARGET})", *vector, "#else"]
         lines += ["    #pragma omp simd", f"    {rloop}"]

@@ -50,9 +50,9 @@ class _VectorBody:
     """The loop body's statements: each scalar once as a vector temp (``v<n>_``), built from the scalar
     emitter's text where a value does not change along the loop."""
 
-    def __init__(self, em, var: str, uses: dict[int, int], low: dict, exact: set, unary_fmt: dict):
+    def __init__(self, em, var: str, uses: dict[int, int], unary_fmt: dict):
         self.em, self.var, self.uses = em, var, uses
-        self.low, self.exact, self.unary_fmt = low, exact, unary_fmt
+        self.unary_fmt = unary_fmt
         self.lines: list[str] = []
         self.names: dict[tuple[int, bool], str] = {}
         self.count = 0
@@ -63,8 +63,7 @@ class _VectorBody:
         return name
 
     def _rounds(self, s: Scalar) -> bool:
-        return s.dtype in self.low and s.op in ("cast", "unary", "binary") and not (
-            s.op in ("unary", "binary") and s.args[0] in self.exact)
+        return self.em.rounds(s)  # the scalar emitter's rule
 
     def value(self, s: Scalar, rounded: bool = True) -> str:
         """s as a vector (rounded to its dtype as the scalar loop rounds it; not `rounded`: a stored value,
@@ -142,14 +141,15 @@ def _uses(em, roots: list[Scalar]) -> dict[int, int]:
     return uses
 
 
-def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, exact: set,
+def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict,
                 unary_fmt: dict) -> list[str] | None:
     """The loop over var in [lo, hi) making `stores` as vector code (module doc), its lines at `indent`; None
     where it does not apply.  `em`: the kernel's scalar emitter (its temps: values computed before the loop);
-    low / exact / unary_fmt: the scalar emitter's rounding rules and op texts (vtc.codegen.cpp)."""
+    low / unary_fmt: the scalar emitter's 16-bit dtypes and op texts (vtc.codegen.cpp; its rounding rule is
+    ``em.rounds``)."""
     if not _applies(em):
         return None
-    body = _VectorBody(em, var, _uses(em, [st.value for st in stores]), low, exact, unary_fmt)
+    body = _VectorBody(em, var, _uses(em, [st.value for st in stores]), unary_fmt)
     writes = []
     try:
         for st in stores:
@@ -167,16 +167,16 @@ def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict, 
             *[inner + line for line in body.lines + writes], f"{indent}}}"]
 
 
-def vector_sums(em, value: Scalar, var: str, base: str, lanes: int, part: str, low: dict, exact: set,
+def vector_sums(em, value: Scalar, var: str, base: str, lanes: int, part: str,
                 unary_fmt: dict) -> list[str] | None:
     """Lines adding `value` at var = base + j into the partial sum ``part[j]``, j < lanes (a row kernel's sum,
     ``cpp._lane_sum_loop``), 16 lanes a vector: the same adds, lane by lane, as its scalar loop; None where
     the vector form does not apply."""
     if not _applies(em) or lanes % _WIDTH:
         return None
-    lines = []
+    lines, uses = [], _uses(em, [value])
     for j in range(0, lanes, _WIDTH):
-        body = _VectorBody(em, var, _uses(em, [value]), low, exact, unary_fmt)
+        body = _VectorBody(em, var, uses, unary_fmt)
         try:
             v = body.value(value)
         except _Unsupported:

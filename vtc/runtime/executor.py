@@ -185,6 +185,12 @@ class Executor:
         if plan is None:
             from vtc.runtime.callplan import CallPlan
 
+            unbuilt = [s.kernel.step.kernel.name for s in self.steps if s.kind == "kernel" and s.kernel.fn is None]
+            if unbuilt:  # (a plan made now would keep their null addresses after they are built)
+                raise RuntimeError(f"kernels {', '.join(unbuilt[:3])}{' ...' if len(unbuilt) > 3 else ''} are not "
+                                   "built: this executor was made with build=False, or inside a kernels_built_together "
+                                   "block, which builds them when it ends (call the model after the block)")
+
             plan = self._call_plan = CallPlan(self)  # two threads may both build one: each is complete
         return plan
 
@@ -246,7 +252,7 @@ class CompiledKernel:
     def __init__(self, step, fn, sizes: tuple[int, ...] | None = None) -> None:
         from vtc.codegen.cpp import buffer_order
 
-        self.step, self.fn = step, fn
+        self.step, self.fn = step, fn  # fn None: not built (build=False, or a kernels_built_together block's)
         k = step.kernel
         self.order = buffer_order(k)
         given = len(k.inputs)  # the kernel's inputs, incl. a buffer it writes into in place (vtc.codegen.push)
