@@ -1,9 +1,12 @@
 """Gathered rows of row kernels are prefetched a few rows ahead (vtc.codegen.prefetch), with the same results."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
+from vtc.codegen import prefetch
 from vtc.codegen.cpp import generate
 
 from .util import ROW_TOL, assert_matches_eager, compile_cpu, gen, kernels, rand
@@ -32,3 +35,37 @@ def test_rows_without_a_gather_are_not_prefetched():
     x = rand((17, 33), g)
     compiled = compile_cpu(lambda x: torch.softmax(x.t(), -1), (x,))
     assert not any("__builtin_prefetch" in generate(k) for k in kernels(compiled))
+
+
+def _prefetches(compiled) -> list[tuple[int, int]]:
+    """(rows ahead, locality) of every gathered-row prefetch in the compiled graph's row kernels."""
+    out = []
+    for k in kernels(compiled):
+        src = generate(k)
+        ahead = re.findall(r"if \(o \+ (\d+) < \d+\) \{", src)
+        out += [(int(a), int(loc)) for a, loc in zip(ahead, re.findall(r"__builtin_prefetch\(p_ \+ 64 \* q_, 0, (\d)\)", src))]
+    return out
+
+
+@pytest.mark.parametrize("l2,expected", [(1 << 30, (prefetch.AHEAD, 3)), (4096, (prefetch.FAR_AHEAD, 2))])
+def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch, l2, expected):
+    """A gathered table larger than L2 (here made so by ``L2_BYTES``): its rows FAR_AHEAD on into L2 (prefetcht1,
+    locality 2); else AHEAD on into L1 (prefetcht0).  Same results either way, also with fewer rows than the
+    distance and the last rows, which prefetch nothing."""
+    monkeypatch.setattr(prefetch, "L2_BYTES", l2)
+    g = gen(7)
+    table = rand((300, 64), g)  # 75 KB
+    for picks in (40, 5):
+        idx = torch.randint(0, 300, (picks,), generator=g)
+        f = lambda t, i: t.index_select(0, i).sum(-1)
+        compiled = compile_cpu(f, (table, idx))
+        assert_matches_eager(compiled, f, (table, idx), **ROW_TOL)
+        assert _prefetches(compiled) == [expected]
+
+
+def test_the_machines_l2_decides(monkeypatch):
+    """Without the override the level is chosen against the machine's L2 (sysfs), else FALLBACK_L2_BYTES."""
+    monkeypatch.setattr(prefetch.stream, "machine_cache_bytes", lambda level=None: 2 << 20 if level == 2 else None)
+    assert prefetch.l2_bytes() == 2 << 20
+    monkeypatch.setattr(prefetch.stream, "machine_cache_bytes", lambda level=None: None)
+    assert prefetch.l2_bytes() == prefetch.FALLBACK_L2_BYTES
