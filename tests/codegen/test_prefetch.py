@@ -1,15 +1,13 @@
 """Gathered rows of row kernels are prefetched a few rows ahead (vtc.codegen.prefetch), with the same results."""
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 
 from vtc.codegen import prefetch
 from vtc.codegen.cpp import generate
 
-from .util import ROW_TOL, assert_matches_eager, compile_cpu, gen, kernels, rand
+from .util import ROW_TOL, assert_matches_eager, compile_cpu, gathered_prefetches, gen, kernels, rand
 
 
 @pytest.mark.parametrize("rows,width,picks", [(127, 17, 3), (9, 256, 40), (3, 1, 5)])
@@ -37,16 +35,6 @@ def test_rows_without_a_gather_are_not_prefetched():
     assert not any("__builtin_prefetch" in generate(k) for k in kernels(compiled))
 
 
-def _prefetches(compiled) -> list[tuple[int, int]]:
-    """(rows ahead, locality) of every gathered-row prefetch in the compiled graph's row kernels."""
-    out = []
-    for k in kernels(compiled):
-        src = generate(k)
-        ahead = re.findall(r"if \(o \+ (\d+) < \d+\) \{", src)
-        out += [(int(a), int(loc)) for a, loc in zip(ahead, re.findall(r"__builtin_prefetch\(p_ \+ 64 \* q_, 0, (\d)\)", src))]
-    return out
-
-
 @pytest.mark.parametrize("l2,expected", [(1 << 30, (prefetch.AHEAD, 3)), (4096, (prefetch.FAR_AHEAD, 2))])
 def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch, l2, expected):
     """A gathered table larger than L2 (here made so by ``L2_BYTES``): its rows FAR_AHEAD on into L2 (prefetcht1,
@@ -60,7 +48,7 @@ def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch,
         f = lambda t, i: t.index_select(0, i).sum(-1)
         compiled = compile_cpu(f, (table, idx))
         assert_matches_eager(compiled, f, (table, idx), **ROW_TOL)
-        assert _prefetches(compiled) == [expected]
+        assert gathered_prefetches(compiled) == [expected]
 
 
 def test_the_machines_l2_decides(monkeypatch):
