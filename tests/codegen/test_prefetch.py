@@ -57,3 +57,18 @@ def test_the_machines_l2_decides(monkeypatch):
     assert prefetch.l2_bytes() == 2 << 20
     monkeypatch.setattr(prefetch.stream, "machine_cache_bytes", lambda level=None: None)
     assert prefetch.l2_bytes() == prefetch.FALLBACK_L2_BYTES
+
+
+def test_sizes_on_both_sides_of_l2_with_size_generic_kernels(monkeypatch):
+    """dynamic=True: tables below and above L2 (here 50 rows of 256 B) take the two prefetch forms; sizes on both
+    sides, in and out of order, are computed as eager does."""
+    import vtc
+
+    monkeypatch.setattr(prefetch, "L2_BYTES", 50 * 256)
+    g = gen(11)
+    f = lambda t, i: t.index_select(0, i).sum(-1)  # noqa: E731
+    make = lambda n: (rand((n, 64), g), torch.randint(0, n, (n,), generator=g))  # noqa: E731
+    compiled = vtc.compile(f, make(46), dynamic=True)
+    for n in (46, 48, 49, 51, 53, 60, 47):
+        x = make(n)
+        torch.testing.assert_close(compiled(*x), f(*x), **ROW_TOL)

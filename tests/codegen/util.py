@@ -186,8 +186,8 @@ def gathered_prefetches(compiled) -> list[tuple[int, int]]:
     for k in kernels(compiled):
         src = generate(k)
         ahead = re.findall(r"if \(o \+ (\d+) < \d+\) \{", src)
-        localities = re.findall(r"__builtin_prefetch\(p_ \+ 64 \* q_, 0, (\d)\)", src)
-        out += [(int(a), int(loc)) for a, loc in zip(ahead, localities)]
+        localities = re.findall(r"__builtin_prefetch\(p_ \+ 64 \* q_(?:, 0, (\d))?\)", src)
+        out += [(int(a), int(loc or 3)) for a, loc in zip(ahead, localities)]  # 3: the default
     return out
 
 

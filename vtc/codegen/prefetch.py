@@ -50,7 +50,10 @@ def gathered_row_prefetch(k: Kernel, em, names: list[str], order: list[int], row
     env = {n: var(f"p{n}", max(int(k.domain[d]), 1)) for d, n in enumerate(names)}
     tables = {buf for buf, _ in loads}
     far = sum(math.prod(b.shape) * b.dtype.itemsize for b in k.inputs if b.name in tables) > l2_bytes()
-    ahead, locality = (FAR_AHEAD, 2) if far else (AHEAD, 3)  # prefetcht1 / prefetcht0
+    # prefetcht1 / prefetcht0 (the default locality, 3).  The two forms differ in text, not only in literals, so a
+    # size-generic template (vtc.runtime.generic) is never fitted across them: its literals may become run-time
+    # expressions, and __builtin_prefetch's locality must be a constant
+    ahead, hint = (FAR_AHEAD, ", 0, 2") if far else (AHEAD, "")
     lines = [f"{indent}if (o + {ahead} < {rows}) {{",
              *_decompose([f"p{names[d]}" for d in order], tuple(k.domain[d] for d in order), f"(o + {ahead})",
                          indent + "  ")]
@@ -63,7 +66,7 @@ def gathered_row_prefetch(k: Kernel, em, names: list[str], order: list[int], row
             continue
         seen.add(start)
         lines += [f"{indent}  {{ const char* p_ = (const char*)({em.ptr[buf]} + {start});",
-                  f"{indent}    for (int q_ = 0; q_ < {n_lines}; ++q_) __builtin_prefetch(p_ + {LINE} * q_, 0, {locality}); }}"]
+                  f"{indent}    for (int q_ = 0; q_ < {n_lines}; ++q_) __builtin_prefetch(p_ + {LINE} * q_{hint}); }}"]
     lines.append(f"{indent}}}")
     return lines if seen else []
 
