@@ -2,11 +2,12 @@
 the same table read without the index alongside.
 
 Systems: ``t3a<A>``: vtc with the rows A ahead prefetched into L1 (``prefetcht0``, ``prefetch.AHEAD``; the form for
-tables within L2); ``t2a<A>``: the rows A ahead into L2 (``prefetcht1``, ``prefetch.FAR_AHEAD``; the form for tables
-larger than L2), each whatever the table's size (``prefetch.L2_BYTES``); ``vtc``: the module's settings as they are; ``contig-vtc`` / ``contig-torch``: ``table.sum(-1)`` by vtc /
+tables within L2); ``t2a<A>``: the rows A ahead into L2 (``prefetcht1``, ``prefetch.FAR_AHEAD``), ``t2a<A>n``: and
+the rows ``AHEAD`` on into L1 (``prefetch.FAR_AND_NEAR``; the form for tables larger than L2), each whatever the
+table's size (``prefetch.L2_BYTES``); ``vtc``: the module's settings as they are; ``contig-vtc`` / ``contig-torch``: ``table.sum(-1)`` by vtc /
 torch (the same bytes read contiguously: the floor of the gathered read)::
 
-    PYTHONPATH=$PWD python -m bench.prefetch_ab micro_index_select_sum_64mb --systems inductor,t3a4,t2a16,contig-vtc
+    PYTHONPATH=$PWD python -m bench.prefetch_ab micro_index_select_sum_64mb --systems inductor,t3a4,t2a16,t2a16n,contig-vtc
     PYTHONPATH=$PWD python -m bench.prefetch_ab micro_index_select_sum_8mb --threads 1 --clock cpu
     PYTHONPATH=$PWD python -m bench.prefetch_ab micro_index_select_sum_64mb --per-call --rounds 31
 
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--per-call", action="store_true")
-    ap.add_argument("--systems", default="eager,inductor,t3a4,t2a16,vtc,contig-vtc,contig-torch")
+    ap.add_argument("--systems", default="eager,inductor,t3a4,t2a16,t2a16n,contig-vtc,contig-torch")
     args = ap.parse_args()
     if args.clock == "cpu" and (args.threads != 1 or args.per_call):
         ap.error("--clock cpu: 1 thread, rounds of calls")
@@ -41,7 +42,7 @@ def main() -> None:
     import vtc
     from vtc.codegen import prefetch
 
-    saved = prefetch.AHEAD, prefetch.FAR_AHEAD, prefetch.L2_BYTES
+    saved = prefetch.AHEAD, prefetch.FAR_AHEAD, prefetch.L2_BYTES, prefetch.FAR_AND_NEAR
     systems = args.systems.split(",")
     for name in args.workloads.split(","):
         model, inputs = W.get(name).build(False)
@@ -50,14 +51,14 @@ def main() -> None:
             ref = model(*inputs)
             fns = baselines(model, inputs, systems)
             for label in systems:
-                m = re.fullmatch(r"t([23])a(\d+)", label)
+                m = re.fullmatch(r"t([23])a(\d+)(n?)", label)
                 if m or label == "vtc":
                     if m and m[1] == "3":
                         prefetch.AHEAD, prefetch.L2_BYTES = int(m[2]), 1 << 62
                     elif m:
-                        prefetch.FAR_AHEAD, prefetch.L2_BYTES = int(m[2]), 0
+                        prefetch.FAR_AHEAD, prefetch.L2_BYTES, prefetch.FAR_AND_NEAR = int(m[2]), 0, bool(m[3])
                     cv = vtc.compile(model, inputs, plan="all")
-                    prefetch.AHEAD, prefetch.FAR_AHEAD, prefetch.L2_BYTES = saved
+                    prefetch.AHEAD, prefetch.FAR_AHEAD, prefetch.L2_BYTES, prefetch.FAR_AND_NEAR = saved
                     torch.testing.assert_close(cv(*inputs), ref, rtol=1e-4, atol=1e-4)
                     fns[label] = lambda cv=cv: cv(*inputs)
                 elif label == "contig-vtc":

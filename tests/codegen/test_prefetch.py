@@ -35,12 +35,15 @@ def test_rows_without_a_gather_are_not_prefetched():
     assert not any("__builtin_prefetch" in generate(k) for k in kernels(compiled))
 
 
-@pytest.mark.parametrize("l2,expected", [(1 << 30, (prefetch.AHEAD, 3)), (4096, (prefetch.FAR_AHEAD, 2))])
-def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch, l2, expected):
+@pytest.mark.parametrize("l2,near,expected", [(1 << 30, True, [(prefetch.AHEAD, 3)]),
+                                              (4096, True, [(prefetch.FAR_AHEAD, 2), (prefetch.AHEAD, 3)]),
+                                              (4096, False, [(prefetch.FAR_AHEAD, 2)])])
+def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch, l2, near, expected):
     """A gathered table larger than L2 (here made so by ``L2_BYTES``): its rows FAR_AHEAD on into L2 (prefetcht1,
-    locality 2); else AHEAD on into L1 (prefetcht0).  Same results either way, also with fewer rows than the
-    distance and the last rows, which prefetch nothing."""
+    locality 2) and, with FAR_AND_NEAR, AHEAD on into L1; else AHEAD on into L1 (prefetcht0) only.  Same results
+    either way, also with fewer rows than the distance and the last rows, which prefetch nothing."""
     monkeypatch.setattr(prefetch, "L2_BYTES", l2)
+    monkeypatch.setattr(prefetch, "FAR_AND_NEAR", near)
     g = gen(7)
     table = rand((300, 64), g)  # 75 KB
     for picks in (40, 5):
@@ -48,7 +51,7 @@ def test_tables_larger_than_l2_are_prefetched_into_l2_further_ahead(monkeypatch,
         f = lambda t, i: t.index_select(0, i).sum(-1)
         compiled = compile_cpu(f, (table, idx))
         assert_matches_eager(compiled, f, (table, idx), **ROW_TOL)
-        assert gathered_prefetches(compiled) == [expected]
+        assert gathered_prefetches(compiled) == expected
 
 
 def test_the_machines_l2_decides(monkeypatch):
