@@ -1,11 +1,15 @@
 // index_select -> sum over rows of 256 floats picked by a random index (micro_index_select_sum_*): kernel forms side by
 // side, each checked against a double-precision reference (docs/chains.md, session 19).  Build and run:
 //   g++ -O3 -march=native -fopenmp -std=c++17 bench/gather_sum_variants.cpp -o /tmp/gsv && /tmp/gsv 8192 1 20 [names]
-// (rows, threads, calls per timing; the calling thread's CPU time, WALL=1: wall time; HUGE=1: the table on 2 MB pages)
+// (rows, threads, calls per timing; the calling thread's CPU time, WALL=1: wall time; HUGE=1: the table on 2 MB pages;
+// PT=1: each of the threads runs its static share of the rows on 1 thread, timed by its own CPU clock, the call's time the
+// slowest thread's: a 2-thread figure that a preempted thread does not spoil)
 // contig: the same bytes without the index (the floor); gen<A>: vtc's kernel (prefetch A rows ahead, one vector of
 // partial sums); v<A>_<NACC>_<G>: intrinsics, NACC vectors of partials, G rows interleaved; l<L>a<A>: only the first
 // L lines of a row prefetched; s<S>a8: every S-th line; nta8 / ..l2: prefetchnta / prefetcht1; scr<P><L>: the
-// prefetches (P) / loads (L) of a row's lines in a scrambled order.
+// prefetches (P) / loads (L) of a row's lines in a scrambled order; gen<A>t1 / t2: vtc's kernel prefetching with
+// prefetcht1 / prefetcht2 (__builtin_prefetch locality 2 / 1); t1a<A>, t2a<A>: the same, intrinsics; gen<F>t1n<N>, two<F>_<N>: prefetcht1
+// F rows ahead and prefetcht0 N rows ahead.
 #include <immintrin.h>
 #include <sys/mman.h>
 #include <omp.h>
@@ -21,12 +25,13 @@
 static double now_us() { timespec ts; clock_gettime(getenv("WALL") ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &ts); return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3; }
 typedef void (*K)(const float*, const int64_t*, float*, int64_t, int);
 #define D 256
-template <int AHEAD, int LOC>
+template <int AHEAD, int LOC, int NEAR = 0>
 static void k_gen(const float* __restrict b0, const int64_t* __restrict b1, float* __restrict b2, int64_t n, int nt) {
   #pragma omp parallel for num_threads(nt)
   for (int64_t o = 0; o < n; ++o) {
     const int64_t ix0 = b1[o];
     if (AHEAD && o + AHEAD < n) { const char* p_ = (const char*)(b0 + D * b1[o + AHEAD]); for (int q_ = 0; q_ < 16; ++q_) __builtin_prefetch(p_ + 64 * q_, 0, LOC); }
+    if (NEAR && o + NEAR < n) { const char* p_ = (const char*)(b0 + D * b1[o + NEAR]); for (int q_ = 0; q_ < 16; ++q_) __builtin_prefetch(p_ + 64 * q_, 0, 3); }
     float acc_a = 0;
     alignas(64) float acc_a_part[16] = {};
     for (int64_t rb_ = 0; rb_ + 16 <= D; rb_ += 16) {
@@ -72,6 +77,21 @@ static void k_v(const float* __restrict b0, const int64_t* __restrict b1, float*
   }
 }
 
+// two prefetch distances: row o + FAR into L2 (prefetcht1: no L1 miss buffer held while the line comes from memory),
+// row o + NEAR into L1 (NEAR 0: none)
+template <int FAR, int NEAR>
+static void k_two(const float* __restrict b0, const int64_t* __restrict b1, float* __restrict b2, int64_t n, int nt) {
+  #pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t o = 0; o < n; ++o) {
+    if (o + FAR < n) { const char* p_ = (const char*)(b0 + D * b1[o + FAR]); for (int q_ = 0; q_ < 16; ++q_) __builtin_prefetch(p_ + 64 * q_, 0, 2); }
+    if (NEAR && o + NEAR < n) { const char* p_ = (const char*)(b0 + D * b1[o + NEAR]); for (int q_ = 0; q_ < 16; ++q_) __builtin_prefetch(p_ + 64 * q_, 0, 3); }
+    const float* row = b0 + D * b1[o];
+    __m512 a = _mm512_setzero_ps();
+    #pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) a = _mm512_add_ps(a, _mm512_loadu_ps(row + 16 * r));
+    b2[o] = _mm512_reduce_add_ps(a);
+  }
+}
 // lines of each row visited in a scrambled order (PF: the prefetches; LD: the loads), so the L2 streamer may not train
 static const int SCR[16] = {0, 9, 2, 11, 4, 13, 6, 15, 8, 1, 10, 3, 12, 5, 14, 7};
 template <int AHEAD, int PF, int LD>
@@ -103,6 +123,9 @@ int main(int argc, char** argv) {
     {"v4_2_2", k_v<4, 3, 2, 2>}, {"v8_2_2", k_v<8, 3, 2, 2>}, {"v4_1_4", k_v<4, 3, 1, 4>}, {"v8_1_4", k_v<8, 3, 1, 4>},
     {"v2_1_1", k_v<2, 3, 1, 1>}, {"v8_1_1", k_v<8, 3, 1, 1>}, {"v8_1_1l2", k_v<8, 2, 1, 1>}, {"v16_1_1l2", k_v<16, 2, 1, 1>},
     {"v0_1_1", k_v<0, 3, 1, 1>}, {"l1a8", k_v<8,3,1,1,1>}, {"l2a8", k_v<8,3,1,1,2>}, {"l4a8", k_v<8,3,1,1,4>}, {"l8a8", k_v<8,3,1,1,8>}, {"l2a16", k_v<16,3,1,1,2>}, {"l4a16", k_v<16,3,1,1,4>}, {"s2a8", k_v<8,3,1,1,16,2>}, {"s4a8", k_v<8,3,1,1,16,4>}, {"nta8", k_v<8,0,1,1>}, {"v12_1_1", k_v<12,3,1,1>}, {"v6_1_1", k_v<6,3,1,1>}, {"v0_2_2", k_v<0, 3, 2, 2>}, {"v0_1_4", k_v<0, 3, 1, 4>},
+    {"gen4t1", k_gen<4, 2>}, {"gen8t1", k_gen<8, 2>}, {"gen16t1", k_gen<16, 2>}, {"gen32t1", k_gen<32, 2>}, {"gen8t2", k_gen<8, 1>}, {"gen16t1n4", k_gen<16, 2, 4>}, {"gen16t1n2", k_gen<16, 2, 2>}, {"gen32t1n4", k_gen<32, 2, 4>}, {"gen16t2", k_gen<16, 1>},
+    {"t1a2", k_v<2, 2, 1, 1>}, {"t1a4", k_v<4, 2, 1, 1>}, {"t1a32", k_v<32, 2, 1, 1>}, {"t2a8", k_v<8, 1, 1, 1>}, {"t2a16", k_v<16, 1, 1, 1>},
+    {"two8_0", k_two<8, 0>}, {"two8_2", k_two<8, 2>}, {"two16_2", k_two<16, 2>}, {"two16_4", k_two<16, 4>},
   };
   std::vector<V> vs;
   for (auto& v : all) if (only.empty() || only.find(std::string(",") + v.name + ",") != std::string::npos) vs.push_back(v);
@@ -111,6 +134,24 @@ int main(int argc, char** argv) {
     for (int v = 0; v < NV; ++v) {
       vs[v].k(t, idx, out, n, nt);
       if (round == 0 && strcmp(vs[v].name, "contig")) for (int64_t o = 0; o < n; ++o) if (fabsf(out[o] - ref[o]) > 1e-3f) { printf("%s wrong at %ld\n", vs[v].name, (long)o); break; }
+      if (getenv("PT")) {  // each thread its static share (the kernel on 1 thread), timed by its own CPU clock: max of the threads
+        double worst = 0;
+        #pragma omp parallel num_threads(nt) reduction(max: worst)
+        {
+          const int th = omp_get_thread_num();
+          const int64_t lo = n * th / nt, hi = n * (th + 1) / nt;
+          double mine = 0;
+          for (int r = 0; r < reps; ++r) {
+            #pragma omp barrier
+            const double t0 = now_us();
+            vs[v].k(t, idx + lo, out + lo, hi - lo, 1);
+            mine += now_us() - t0;
+          }
+          worst = mine;
+        }
+        tt[v].push_back(worst / reps);
+        continue;
+      }
       double t0 = now_us();
       for (int r = 0; r < reps; ++r) vs[v].k(t, idx, out, n, nt);
       tt[v].push_back((now_us() - t0) / reps);

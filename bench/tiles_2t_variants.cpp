@@ -9,6 +9,8 @@
 // y's and the output's lines prefetched D blocks ahead), b2 (each block's loads before its stores), g1r / b2r (blocks
 // walked right to left), yo (the walk of y and the output alone).  OFFX / OFFY / OFFO=k: that array starts k floats
 // past a 2 MB boundary (the arrays' placement mod 4 KB: the store -> load 4 KB aliasing of docs/chains.md, session 19).
+// Session 27: px<D> / pxy<D> / pyo<D> (x's lines / x's, y's and the output's / y's and the output's, D blocks ahead, into L2);
+// h2c<COLS> (16-row bands walked as two 8-row halves, each block transposed twice).
 #include "tr.h"
 #include <chrono>
 #include <time.h>
@@ -228,6 +230,56 @@ static void k_b2d(const float* __restrict x, const float* __restrict y, float* _
   for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
 }
 
+// session 27: the band walk of vtc's form (tiles of 256 columns) with prefetcht1 (into L2) of the next blocks' lines, D
+// blocks (of 16 columns) ahead: x's 16 transposed lines (WHAT 0), x's, y's and the output's (1), y's and the output's (2)
+template <int D, int WHAT>
+static void k_pl2(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16, tb = (n + 255) / 256;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t i0 = t / tb * 16, c0 = t % tb * 256, c1 = std::min<int64_t>(c0 + 256, n), cf = c0 + (c1 - c0) / 16 * 16;
+    for (int64_t q = c0; q < cf; q += 16) {
+      const int64_t qa = q + 16 * D;
+      if (qa + 16 <= n) {
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) {
+          if (WHAT < 2) __builtin_prefetch(x + i0 + n * (qa + i), 0, 2);
+          if (WHAT > 0) { __builtin_prefetch(y + n * (i0 + i) + qa, 0, 2); __builtin_prefetch(o + n * (i0 + i) + qa, 1, 2); }
+        }
+      }
+      block(x, y, o, n, i0, q);
+    }
+    for (int64_t i = i0; i < i0 + 16; ++i) for (int64_t j = cf; j < c1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
+// session 27: 16-row bands walked as two 8-row halves: per tile of COLS columns, rows 0-7 over every block (the 16 x 16
+// transpose, half of it used), then rows 8-15 (the same transposes again, x's lines from L1 / L2): y and the output
+// walked 8 rows at a time, as r8, with whole lines of x
+template <int COLS>
+static void k_h2(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
+  const int64_t ta = n / 16, tb = (n + COLS - 1) / COLS;
+  #pragma omp parallel for num_threads(nt)
+  for (int64_t t = 0; t < ta * tb; ++t) {
+    const int64_t i0 = t / tb * 16, c0 = t % tb * COLS, c1 = std::min<int64_t>(c0 + COLS, n), cf = c0 + (c1 - c0) / 16 * 16;
+    for (int h = 0; h < 16; h += 8)
+      for (int64_t q = c0; q < cf; q += 16) {
+        vtc_v16 v[16];
+        vtc_tile_transpose16_regs(v, x + (i0 + n * q), n);
+        const float* yp = y + n * i0 + q;
+        float* op = o + n * i0 + q;
+        #pragma GCC unroll 8
+        for (int i = h; i < h + 8; ++i) {
+          vtc_v16 w; __builtin_memcpy(&w, yp + n * i, 64);
+          w += v[i]; __builtin_memcpy(op + n * i, &w, 64);
+        }
+      }
+    for (int64_t i = i0; i < i0 + 16; ++i) for (int64_t j = cf; j < c1; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+  }
+  for (int64_t i = n / 16 * 16; i < n; ++i) for (int64_t j = 0; j < n; ++j) o[n * i + j] = x[i + n * j] + y[n * i + j];
+}
+
 // a piece of the band walk: yo = y + 1 stored (no x)
 static void k_yo(const float* __restrict x, const float* __restrict y, float* __restrict o, int64_t n, int nt) {
   #pragma omp parallel for num_threads(nt)
@@ -254,7 +306,8 @@ int main(int argc, char** argv) {
     {"g1x1c4096s1", k_g<1, 1, 4096, 0, 1>}, {"g1x1c64", k_g<1, 1, 64>}, {"g1x1c512", k_g<1, 1, 512>},
     {"order", k_order}, {"r8", k_r8}, {"tonly", k_tonly}, {"g1x1c256p2", k_g<1, 1, 256, 0, 0, 2>}, {"g1x1c256p3", k_g<1, 1, 256, 0, 0, 3>},
     {"g1x1c256p5", k_g<1, 1, 256, 0, 0, 5>}, {"g1x2c256p3", k_g<1, 2, 256, 0, 0, 3>},
-    {"g2x1c256p1", k_g<2, 1, 256, 0, 0, 1>}, {"g1x2c256p1", k_g<1, 2, 256, 0, 0, 1>}, {"g2x2c512", k_g<2, 2, 512>},
+    {"g2x1c256p1", k_g<2, 1, 256, 0, 0, 1>},
+    {"h2c256", k_h2<256>}, {"h2c64", k_h2<64>}, {"h2c4096", k_h2<4096>}, {"px1", k_pl2<1, 0>}, {"px2", k_pl2<2, 0>}, {"px4", k_pl2<4, 0>}, {"px8", k_pl2<8, 0>}, {"pxy2", k_pl2<2, 1>}, {"pxy4", k_pl2<4, 1>}, {"pyo2", k_pl2<2, 2>}, {"pyo4", k_pl2<4, 2>}, {"g1x2c256p1", k_g<1, 2, 256, 0, 0, 1>}, {"g2x2c512", k_g<2, 2, 512>},
   };
   std::vector<V> vs;
   for (auto& v : all) if (only.empty() || only.find(std::string(",") + v.name + ",") != std::string::npos) vs.push_back(v);

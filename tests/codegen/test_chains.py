@@ -14,7 +14,10 @@ import torch
 from bench.workloads import micro
 from vtc.codegen.cpp import PRELUDE, generate
 
-from .util import ROW_TOL, assert_all_generated, assert_no_movement, check, compile_cpu, gen, kernels, rand
+from vtc.codegen import prefetch
+
+from .util import (ROW_TOL, assert_all_generated, assert_no_movement, check, compile_cpu, gathered_prefetches, gen,
+                   kernels, rand)
 
 MB = micro.MB
 
@@ -30,6 +33,19 @@ def test_micro_chain_moves_nothing(chain):
     assert compiled.report.to_dict()["materialized_movement_bytes"] == 0, compiled.report
     assert_no_movement(compiled)
     assert_all_generated(compiled)
+
+
+@pytest.mark.parametrize("mb,expected", [(1, [(prefetch.AHEAD, 3)]), (8, [(prefetch.FAR_AHEAD, 2), (prefetch.AHEAD, 3)])])
+def test_index_select_sum_prefetches_big_tables_into_l2(monkeypatch, mb, expected):
+    """The benchmark's index_select -> sum: a table larger than a 1 MB L2 (8 MB) has its gathered rows prefetched
+    FAR_AHEAD on into L2 (prefetcht1: 64 MB, 1 thread, 8.1-8.6 -> 4.9-5.7 ms; docs/chains.md, session 27) and AHEAD
+    on into L1; the 1 MB table AHEAD on into L1 only, as before."""
+    monkeypatch.setattr(prefetch, "L2_BYTES", 1 << 20)
+    fn, _ = micro._CHAINS["index_select_sum"]
+    model, inputs = fn(mb * MB // 4)
+    compiled = compile_cpu(model, inputs)
+    torch.testing.assert_close(compiled(*inputs), model(*inputs), **ROW_TOL)
+    assert gathered_prefetches(compiled) == expected
 
 
 def _lane_kernels(compiled) -> list[str]:

@@ -181,6 +181,9 @@ def test_machine_cache_bytes_reads_the_last_level(tmp_path):
     root = _cache_dir(tmp_path / "b", [(1, "Data", "32K"), (2, "Unified", "2M"), (3, "Instruction", "64K")])
     assert stream.machine_cache_bytes.__wrapped__(root) == 2 << 20  # an instruction cache does not count
     assert stream.machine_cache_bytes.__wrapped__(str(tmp_path / "missing")) is None
+    assert stream.machine_cache_bytes.__wrapped__(root, level=2) == 2 << 20
+    assert stream.machine_cache_bytes.__wrapped__(root, level=1) == 32 << 10
+    assert stream.machine_cache_bytes.__wrapped__(root, level=3) is None  # an instruction cache only
 
 
 def test_cache_bytes_falls_back(monkeypatch):

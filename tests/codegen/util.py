@@ -175,6 +175,22 @@ def kernel_storing(compiled, k: int):
     return hits[0]
 
 
+def gathered_prefetches(compiled) -> list[tuple[int, int]]:
+    """(rows ahead, locality) of every gathered-row prefetch (``vtc.codegen.prefetch``) in the compiled graph's
+    kernels."""
+    import re
+
+    from vtc.codegen.cpp import generate
+
+    out = []
+    for k in kernels(compiled):
+        src = generate(k)
+        ahead = re.findall(r"if \(o \+ (\d+) < \d+\) \{", src)
+        localities = re.findall(r"__builtin_prefetch\(p_ \+ 64 \* q_(?:, 0, (\d))?\)", src)
+        out += [(int(a), int(loc or 3)) for a, loc in zip(ahead, localities)]  # 3: the default
+    return out
+
+
 def data_reads(compiled, kernel) -> set[str]:
     """The buffers a kernel reads for data (its inputs that are not index tensors of a mapping)."""
     return {b.name for b in kernel.inputs} - index_tensor_names(compiled)

@@ -130,9 +130,9 @@ def stored_bytes(k: Kernel) -> int:
 
 
 @functools.cache
-def machine_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
-    """Size in bytes of the highest-level data or unified cache of cpu0 (the last-level cache), from
-    sysfs; None where it is not readable (another OS, a container without sysfs)."""
+def machine_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache", level: int | None = None) -> int | None:
+    """Size in bytes of the highest-level data or unified cache of cpu0 (the last-level cache), or of the one at
+    `level`, from sysfs; None where it is not readable (another OS, a container without sysfs)."""
     best = None
     try:
         entries = sorted(os.listdir(root))
@@ -143,22 +143,22 @@ def machine_cache_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int
             continue
         try:
             with open(os.path.join(root, e, "level")) as f:
-                level = int(f.read())
+                at = int(f.read())
             with open(os.path.join(root, e, "type")) as f:
                 kind = f.read().strip()
             with open(os.path.join(root, e, "size")) as f:
                 size = f.read().strip()
         except (OSError, ValueError):
             continue
-        if kind not in ("Data", "Unified"):
+        if kind not in ("Data", "Unified") or level is not None and at != level:
             continue
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:].upper(), 1)
         try:
             nbytes = int(size.rstrip("KMGkmg")) * scale
         except ValueError:
             continue
-        if best is None or level > best[0]:
-            best = (level, nbytes)
+        if best is None or at > best[0]:
+            best = (at, nbytes)
     return best[1] if best else None
 
 

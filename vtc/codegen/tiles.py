@@ -63,6 +63,14 @@ REGISTERS = True
 # for rows a multiple of 2 KB apart and a working set within the last-level cache; "always": every block of every
 # register-form kernel so (A/B, tests), False: never
 LOADS_FIRST: bool | str = True
+# a register block of a kernel whose working set is larger than PREFETCH_CACHE_SHARE of the last-level cache (its lines
+# come from memory) prefetches the lines of the block PREFETCH_BLOCKS on (16 columns each) into L2 (prefetcht1): the
+# transposed operands' 16 lines and the 16 rows' lines of the other operands and the output.  Without it a block's 48
+# lines from 48 pages wait in the L1's few miss buffers, and no hardware prefetcher follows 16-32 rows at once
+# (transpose -> add 2896 x 2896 and 4096 x 4096, harness, 1 thread: 16.4 -> 8.2 ms, 36.0 -> 18.6 ms; docs/chains.md,
+# session 27).  0: never
+PREFETCH_BLOCKS = 2
+PREFETCH_CACHE_SHARE = 1.0
 MIN_STRIDE = 16  # elements between neighbours along the inner dim from which a read counts as transposed
 
 PRELUDE = r"""
@@ -309,7 +317,7 @@ def _blocked(k: Kernel, em, loads, a, b, cols: int, row: str, inner: str, stream
         em.forget()
         return out + ["      }"]
 
-    flag, registers = ([], []) if streamed else _register_block(k, em, loads, a, row, inner, origin)
+    flag, registers = ([], []) if streamed else _register_block(k, em, loads, a, b, row, inner, origin)
     lines += flag
     lines.append(f"    for (int64_t q = tb0; q < tbf; q += {T}) {{")
     lines += registers
@@ -333,7 +341,7 @@ _MAPPED_BINARY = {"max", "min", "pow", "atan2", "fmod", "remainder", "div_floor"
 _NOT_FLOAT_UNARY = {"not", "bitnot"}
 
 
-def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) -> tuple[list[str], list[str]]:
+def _register_block(k: Kernel, em, loads, a: int, b: int, row: str, inner: str, origin) -> tuple[list[str], list[str]]:
     """A full block of a tile (16 full rows: ``re - ta0 == 16``) with the transposed vectors in registers
     (``REGISTERS``): per row, the transposed operands' vector ``v{j}[r_]``, the other operands' 16 floats of
     the row as a vector (or one float, broadcast, where they do not move along the row), the store's value
@@ -351,7 +359,9 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     with the store's row stride, that stride a multiple of 2 KB and a working set within the last-level cache, the
     first compute ``first_``: whether a later row of such an operand meets the output's row modulo 4 KB
     (``vtc_tile_rows_meet4k``; the same for every block of the tile, as both move one float per column); the block
-    then has a second form for it, all 16 rows' values before the 16 stores."""
+    then has a second form for it, all 16 rows' values before the 16 stores.  A working set beyond
+    ``PREFETCH_CACHE_SHARE`` of the last-level cache: each block first prefetches the lines of the block
+    ``PREFETCH_BLOCKS`` on into L2."""
     if not REGISTERS:
         return [], []
     from vtc.codegen.cpp import _UNARY_FMT  # (cpp imports this module)
@@ -408,6 +418,15 @@ def _register_block(k: Kernel, em, loads, a: int, row: str, inner: str, origin) 
     for name, buf, idx in bases:
         qual = "" if name[0] == "o" else "const "
         out.append(f"        {qual}float* {name} = {em.ptr[buf]} + {em.linear(buf, idx)};")
+    if PREFETCH_BLOCKS and stream.working_set_bytes(k) > PREFETCH_CACHE_SHARE * stream.cache_bytes():
+        ahead = PREFETCH_BLOCKS * T  # columns
+        out += [f"        if (q + {ahead + T} <= {b}) {{  // the block {PREFETCH_BLOCKS} on, into L2 (tiles.PREFETCH_BLOCKS)",
+                f"          #pragma GCC unroll {T}", f"          for (int r_ = 0; r_ < {T}; ++r_) {{"]
+        out += [f"            __builtin_prefetch({em.ptr[s.args[0]]} + ({origin(c, coeffs, 'ta0', f'(q + {ahead})')}) + r_ * {stride}, 0, 2);"
+                for s, c, coeffs, stride in loads]
+        out += [f"            __builtin_prefetch({name} + r_ * {coefficient(buf, idx, row)} + {ahead}, {int(name[0] == 'o')}, 2);"
+                for name, buf, idx in bases]
+        out += ["          }", "        }"]
     out += [f"        #pragma GCC unroll {T}", f"        for (int r_ = 0; r_ < {T}; ++r_) {{",
             f"          const int64_t {row} = ta0 + r_;  // for the loads that do not move along the row"]
     names: dict[int, str] = {id(s): f"v{j}[r_]" for j, (s, *_) in enumerate(loads)}
