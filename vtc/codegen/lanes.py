@@ -56,10 +56,15 @@ from vtc.index.expr import affine
 from vtc.index.mapping import linear_offset
 
 LANES = 16  # rows per block: one 64-byte line of floats per r
-TERM_BUFFER = 4096  # elements of a block's stored softmax term kept in a block buffer (16 KB of floats)
+TERM_BUFFER = 32768  # elements of a block's stored softmax term kept in a block buffer (128 KB of floats: in L2)
 TILE = 16  # r per transposed tile of the store pass (vtc_tile_transpose16)
 TRANSPOSED_STORE = True  # False: the store pass reads the block buffer lane by lane (a stride-`width` read), for A/B
 TRANSPOSE_8X16 = True  # blocks of 8 lanes: the 8 x 16 transpose (half the shuffles); False: the 16 x 16 one, for A/B
+# a kernel of two or more reduction passes whose working set is larger than the last-level cache
+# (``stream.cache_bytes``) and whose pass reads one 64-byte line per load per step of r: its last pass first
+# prefetches, per step, the same line of the next block into L2 (``prefetcht1``), so that the next block's first pass
+# reads L2 instead of memory (the first pass's memory reads overlap the last pass's compute).  False: never (A/B)
+PREFETCH = True
 _COMBINE = {"sum": "{a} + {v}", "max": "({v} > {a} ? {v} : {a})", "min": "({v} < {a} ? {v} : {a})"}
 _INIT = {"sum": "0", "max": "-INFINITY", "min": "INFINITY"}
 
@@ -139,6 +144,12 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         lines.append(f"    constexpr int64_t ln = {width};")
     lines += decompose([names[j] for j in others], tuple(k.domain[j] for j in others), "o", "    ")
     lane = f"const int64_t {names[d]} = l0 + l;"
+    unroll = r_unroll(k, em.shapes, d, width)
+    ahead = next_block_prefetch(k, em, d, width, unroll)
+    if ahead:  # the next block's indices (this block's for the last one: the prefetch then reads its own lines)
+        lines += [f"    const int64_t obn_ = ob + 1 < {outer} * {nb} ? ob + 1 : ob;  // the next block (lanes.PREFETCH)",
+                  f"    const int64_t on_ = obn_ / {nb}, l0n_ = obn_ % {nb} * {width};"]
+        lines += decompose([f"n{names[j]}_" for j in others], tuple(k.domain[j] for j in others), "on_", "    ")
     done: list = []  # reductions of earlier phases, read by later ones and by the stores
     stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
     if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1), else in the output itself
@@ -149,7 +160,6 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     else:
         stored_at = stored and f"{em.ptr[stored.store.buffer.name]}[{em.linear(stored.store.buffer.name, stored.store.index)}]"
         stored_at_j = stored_at  # through the row and r of lane j
-    unroll = r_unroll(k, em.shapes, d, width)
     for phase in k.phases:
         for red in phase:
             t = ctype(red.dtype)
@@ -164,6 +174,7 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
                 lines.append(f"    for (int j = 0; j < {width * unroll}; ++j) acce_{red.name}[j] = accv_{red.name}[j % {width}];")
             tail = f"({k.r_extent} / {unroll} * {unroll})"
             lines += [f"    for (int64_t rr = 0; rr < {tail}; rr += {unroll}) {{",
+                      *[f"      __builtin_prefetch({x.replace('@r', 'rr')}, 0, 2);" for x in ahead if phase is k.phases[-1]],
                       "      #pragma omp simd",
                       f"      for (int64_t j = 0; j < {width * unroll}; ++j) {{",
                       f"        const int64_t {names[d]} = l0 + j % {width}, r = rr + j / {width};",
@@ -175,6 +186,7 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
             lines += ["      }", "    }"]
         # the plain loop: every r, or the steps after the last whole vector (none when unroll divides r_extent)
         lines += [f"    for (int64_t r = {tail}; r < {k.r_extent}; ++r) {{",
+                  *[f"      __builtin_prefetch({x.replace('@r', 'r')}, 0, 2);" for x in ahead if phase is k.phases[-1] and unroll == 1],
                   "      #pragma omp simd",
                   "      for (int64_t l = 0; l < ln; ++l) {",
                   f"        {lane}", *_earlier(done, "        ")]
@@ -226,6 +238,37 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
     lines += ["    }", "  }"]
     em.forget()
     return lines
+
+
+def next_block_prefetch(k: Kernel, em, d: int, width: int, unroll: int) -> list[str]:
+    """C addresses (``@r`` for the step's r) of the lines the next block's first pass reads at each step of r, one
+    per load of the first pass that moves along r, when ``PREFETCH`` applies: two or more passes, a working set
+    larger than the last-level cache, and a step that reads one whole line per load (``width * unroll`` lanes of
+    floats, each load stepping one float per lane); else []."""
+    from vtc.codegen import stream
+    from vtc.codegen.kernel_ir import scalars_under
+
+    if not PREFETCH or len(k.phases) < 2 or width * unroll != LANES or \
+            stream.working_set_bytes(k) <= stream.cache_bytes():
+        return []
+    out = []
+    for s in scalars_under([red.value for red in k.phases[0]], stop=lambda x: x.op == "pick"):
+        if s.op != "load" or s.dtype != torch.float32:
+            continue
+        c, coeffs = affine(linear_offset(s.args[1], em.shapes[s.args[0]]))
+        if coeffs.get("r", 0) == 0:
+            continue
+        if coeffs.get(f"i{d}") != 1:
+            return []
+        terms = [str(c), "l0n_", f"{coeffs['r']}*@r"]
+        for n, v in coeffs.items():
+            j = int(n[1:]) if n[0] == "i" and n[1:].isdigit() else None
+            if n != "r" and j != d and v and (j is None or k.domain[j] > 1):
+                terms.append(f"{v}*n{n}_" if j is not None else f"{v}*{n}")
+        x = f"{em.ptr[s.args[0]]} + {' + '.join(terms)}"
+        if x not in out:
+            out.append(x)
+    return out
 
 
 def transposed_store(k: Kernel, stored, stored_at, width: int) -> bool:
