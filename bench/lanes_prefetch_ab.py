@@ -7,6 +7,7 @@ no prefetch), ``off`` (``PREFETCH = False``) and ``on`` (the module's settings),
 ONNX Runtime and eager run on the calling thread with 1 thread, so CPU time of the calling thread is theirs too::
 
     PYTHONPATH=$PWD python -m bench.lanes_prefetch_ab micro_permute_softmax_64mb,micro_permute_softmax_8mb 21
+    PYTHONPATH=$PWD python -m bench.lanes_prefetch_ab micro_permute_softmax_64mb 21 2   # 2 threads, wall time
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def main(argv=None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     rounds = int(argv[1]) if len(argv) > 1 else 15
-    torch.set_num_threads(1)
+    threads = int(argv[2]) if len(argv) > 2 else 1
+    clock = time.thread_time if threads == 1 else time.perf_counter  # CPU time of the calling thread: 1 thread only
+    torch.set_num_threads(threads)
     saved = lanes.PREFETCH, lanes.TERM_BUFFER
     for name in argv[0].split(","):
         model, x = get(name).build(False)
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
             fns = {"eager": lambda: model(*x)}
             try:
                 with tempfile.TemporaryDirectory() as tmp:
-                    fns["ort"] = PREPARE["onnxruntime"](Context(name, model, x, 1, Path(tmp))).fn
+                    fns["ort"] = PREPARE["onnxruntime"](Context(name, model, x, threads, Path(tmp))).fn
             except SystemFailure as e:
                 print(name, "onnxruntime:", e.reason)
             for label, flags in (("old", (False, 4096)), ("off", (False, saved[1])), ("on", saved)):
@@ -46,8 +49,8 @@ def main(argv=None) -> int:
                 lanes.PREFETCH, lanes.TERM_BUFFER = saved
                 torch.testing.assert_close(c(*x), ref, rtol=1e-5, atol=1e-6)
                 fns[label] = lambda c=c: c(*x)
-            r = time_side_by_side(fns, rounds, clock=time.thread_time)
-        print(name, "threads=1 clock=cpu", " ".join(f"{k} {v['median_ms']:.3f}/{v['min_ms']:.3f}" for k, v in r.items()),
+            r = time_side_by_side(fns, rounds, clock=clock)
+        print(name, f"threads={threads} clock={'cpu' if threads == 1 else 'wall'}", " ".join(f"{k} {v['median_ms']:.3f}/{v['min_ms']:.3f}" for k, v in r.items()),
               f"ms (median/min) | old/on {r['old']['median_ms'] / r['on']['median_ms']:.2f}x off/on {r['off']['median_ms'] / r['on']['median_ms']:.2f}x"
               + (f" ort/on {r['ort']['median_ms'] / r['on']['median_ms']:.2f}x" if "ort" in r else "")
               + f"  load {os.getloadavg()[0]:.2f}", flush=True)
