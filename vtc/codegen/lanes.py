@@ -27,7 +27,7 @@ loop, and the steps after the last whole vector run the plain loop.
 A costly term that the sum pass and a per-element store share (softmax's
 ``exp(x - max)``, ``vtc.codegen.reuse``) is stored by the sum pass and read
 back by the store pass, as in the plain row kernel; with a block of at most
-``TERM_BUFFER`` elements it goes to a buffer of the block (in L1) rather than
+``TERM_BUFFER`` elements it goes to a buffer of the block (in L1 or L2) rather than
 to the output (permute -> softmax over (1024, 256, 8), the kernel alone at 1
 thread: 3.5 ms; exp stored once 2.5 ms; and 2 steps of r per vector with the
 block buffer 2.0 ms).  The buffer holds the block lane-interleaved (``term_buf[r * width + l]``), so the
@@ -36,7 +36,10 @@ per element; instead it takes 16 r at a time, transposes the ``width`` x 16 tile
 (``transposed_store``: ``vtc_tile_transpose8x16`` for 8 lanes, else ``vtc_tile_transpose16``) and stores 16
 contiguous floats per row; the steps of r after the last whole tile, blocks of fewer than 8 lanes and terms
 kept in the output read lane by lane (micro_permute_softmax_1mb at 1 thread, CPU time: 0.115 -> 0.094 ms,
-docs/chains.md).
+docs/chains.md).  ``TERM_BUFFER`` was 4096 until session 27: the 64 MB micro-benchmark's blocks (2048 r x 8 lanes)
+then wrote the term to the output, 8 rows 8 MB apart, and read it back (1 thread: 29.6 -> 15.7 ms with the buffer).
+Beyond the last-level cache the last pass also prefetches the next block's lines into L2 (``PREFETCH``: 15.7 ->
+14.3 ms; docs/chains.md, helper `lanes`).
 
 Used when every load that depends on both ``r`` and the lane dim steps 1
 along the lane dim and more than 1 along ``r``, the loads are affine (no
