@@ -155,7 +155,7 @@ def lane_row_kernel(k: Kernel, em, parallel_min_work: int, decompose, store) -> 
         lines += decompose([f"n{names[j]}_" for j in others], tuple(k.domain[j] for j in others), "on_", "    ")
     done: list = []  # reductions of earlier phases, read by later ones and by the stores
     stored = stored_term(k)  # softmax: exp(x - max) stored by the sum pass, scaled by the store pass
-    if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1), else in the output itself
+    if stored and k.r_extent * width <= TERM_BUFFER:  # in a block buffer (L1 or L2), else in the output itself
         # a constant size: an array size must not vary with the sizes of a size-generic kernel (vtc.runtime.generic)
         # LANES floats of slack: a transposed tile of fewer than LANES lanes reads up to one row past its end
         lines.append(f"    alignas(64) {ctype(stored.reduction.value.dtype)} term_buf[{TERM_BUFFER + LANES}];")
