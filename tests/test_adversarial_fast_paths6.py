@@ -66,7 +66,7 @@ VEC_OPS = {
     "square": lambda x, y: x * x, "float": lambda x, y: (x.float() * 1.5).to(x.dtype), "sqrt": lambda x, y: x.abs().sqrt(),
     "floor": lambda x, y: torch.floor(x * 4.0), "hardswish": lambda x, y: F.hardswish(x),
 }
-NORMS = ("softmax", "log_softmax", "layer_norm", "rms16", "rms32", "sum", "mean", "var")
+NORMS = ("softmax", "log_softmax", "layer_norm", "rms16", "rms32", "sum", "mean", "var", "pair", "outs")
 SPECIALS = ("none", "none", "none", "inf", "nan", "large", "mixed")
 
 
@@ -106,6 +106,11 @@ class VecNet(torch.nn.Module):
             return x.sum(-1, keepdim=True) * 0.125 + x * w
         if body == "mean":
             return x.mean(-1) * 2.0 - 1.0
+        if body == "pair":  # two results of one row: a row kernel with two store passes
+            return torch.softmax(x, -1), torch.log_softmax(x, -1) * w
+        if body == "outs":  # a float16 and a float32 result of the same values
+            y = torch.sigmoid(x) * w + b
+            return y, y.float() * 3.0 - x.float()
         return x.var(-1, keepdim=True, unbiased=False) + b  # var
 
 
