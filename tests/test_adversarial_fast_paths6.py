@@ -394,7 +394,7 @@ def _close_eager(case: Case, got, want, x: tuple, what: str) -> list[str]:
     inputs and rounded to float16: eager's float16 kernels may lose what float32 keeps (a layer_norm over one
     element, 32752 in one row: eager 0.355 where the exact answer is 0); a note then."""
     try:
-        close16(got, want, what, case.ops)
+        close16(got, want, what, case.ops, case.dtype)
         return []
     except AssertionError as e:
         first = str(e)
@@ -405,7 +405,7 @@ def _close_eager(case: Case, got, want, x: tuple, what: str) -> list[str]:
     ref = [r.to(w.dtype) for r, w in zip(ref if isinstance(ref, (tuple, list)) else [ref],
                                          want if isinstance(want, (tuple, list)) else [want])]
     try:
-        close16(got, ref, what + " (against eager in float32)", case.ops)
+        close16(got, ref, what + " (against eager in float32)", case.ops, case.dtype)
     except AssertionError as e:
         raise AssertionError(f"{first}\n{e}") from None
     return [f"{what}: eager's float16 off"]
@@ -645,9 +645,9 @@ def _run_onnx16(case: Case) -> list[str]:
                 pass
         want = m(*xs)
         want = list(want) if isinstance(want, (tuple, list)) else [want]
-        close([g.to(w.dtype) for g, w in zip(got, want)], want, what + " (vs eager)", case.ops, case.dtype)
+        off = _close_eager(case, [g.to(w.dtype) for g, w in zip(got, want)], want, xs, what + " (vs eager)")
         with lock:
-            done.append(f"{n} eager")
+            done.append(f"{n} eager" + (" (eager's float16 off)" if off else ""))
 
     for step, n in enumerate([case.rows, *case.other_rows, case.rows]):
         check(n, 2 + step, f"size {n} (call {step})")
