@@ -22,6 +22,7 @@ capture, with the reason in ``DynamicSizes.why_not``.
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -318,16 +319,27 @@ def backend_runner(gm: torch.fx.GraphModule, example_inputs: list[Any], options:
     except CaptureError:
         return None
     specs: OrderedDict[tuple, Any] = OrderedDict()  # the most recently used max_specializations sizes
+    # threads calling at once (dynamo runs the compiled graph outside its lock): the table under `table`; new sizes
+    # specialized one at a time, as Compiled does under CAPTURE_LOCK (a DynamicSizes is not thread-safe: its probe
+    # memo dropped answers while another thread's lowering read them, a KeyError)
+    table, building = threading.Lock(), threading.Lock()
 
     def run(args: list) -> list:
         key = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
-        spec = specs.get(key)
+        with table:
+            spec = specs.get(key)
+            if spec is not None:
+                specs.move_to_end(key)
         if spec is None:
-            spec = specs[key] = dyn.specialization(list(args))
-            while len(specs) > options["max_specializations"]:
-                specs.popitem(last=False)
-        else:
-            specs.move_to_end(key)
+            with building:
+                with table:
+                    spec = specs.get(key)  # another thread made it while this one waited
+                if spec is None:
+                    spec = dyn.specialization(list(args))
+                    with table:
+                        specs[key] = spec
+                        while len(specs) > options["max_specializations"]:
+                            specs.popitem(last=False)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         flat = spec.executor(tensors)
         consts = spec.graph.meta["output_consts"]

@@ -369,3 +369,66 @@ def test_parse_finds_the_integer_literals_a_token_by_token_scan_finds():
     for body in bodies:
         src = _src(body)
         assert generic.parse(src, "k_x") == _parse_token_by_token(src, "k_x"), repr(body)
+
+
+def test_torch_compile_backend_specializes_one_new_size_at_a_time_from_threads(monkeypatch):
+    """Threads calling a torch.compile(backend="vtc") graph at new sizes at once (dynamo runs compiled graphs
+    outside its lock) reach the backend runner together: its DynamicSizes is not thread-safe (its probe memo,
+    rotated by one thread while another's lowering used it, raised a KeyError: fuzz6), so the runner makes one
+    specialization at a time.  The second thread's specialization is let in while the first waits for it: without
+    the runner's lock both are inside at once."""
+    import threading
+
+    import vtc.compiler
+    import vtc.dynamic
+
+    inside, most, met = [0], [0], []
+    meet = threading.Barrier(2, timeout=2.0)
+    real = vtc.dynamic.DynamicSizes.specialization
+
+    def waiting(self, leaves):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            if len(met) < 2:
+                met.append(1)
+                try:
+                    meet.wait()  # the other thread's specialization, if it can start meanwhile
+                except threading.BrokenBarrierError:
+                    pass
+            return real(self, leaves)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(vtc.dynamic.DynamicSizes, "specialization", waiting)
+    monkeypatch.setitem(vtc.compiler.OPTIONS, "max_specializations", 1)  # every new size evicts the last one
+    torch._dynamo.reset()
+
+    def f(x):
+        return torch.softmax(x.transpose(0, 1) * 2.0, -1) + 1.0
+
+    fn = torch.compile(f, backend="vtc", dynamic=True)
+    g = torch.Generator().manual_seed(7)
+    xs = {s: torch.randn(s, 16, generator=g) for s in (20, 24, 33)}
+    errors = []
+
+    def call(s: int) -> None:
+        try:
+            with torch.no_grad():  # (grad mode is the thread's own: dynamo would compile another graph for it)
+                torch.testing.assert_close(fn(xs[s]), f(xs[s]), **TOL)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{s}: {type(e).__name__}: {e}")
+
+    with torch.no_grad():
+        call(20)  # dynamo's capture with a symbolic size, and the first specialization
+        met.clear()
+        ts = [threading.Thread(target=call, args=(s,)) for s in (24, 33)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for s in (20, 24, 33):
+            call(s)
+    torch._dynamo.reset()
+    assert not errors, errors
+    assert most[0] == 1, "two specializations of one symbolic graph ran at once"

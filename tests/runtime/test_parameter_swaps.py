@@ -377,3 +377,24 @@ def test_two_calls_that_saw_the_same_replaced_weight_capture_once(monkeypatch):
         torch.testing.assert_close(compiled(x), model(x), **TOL)
         compiled.refresh()  # refresh() always captures again
         assert len(captures) == 2
+
+
+@pytest.mark.parametrize("how", ["data", "setattr"])
+def test_a_weight_replaced_after_compiling_with_dynamic_sizes(how):
+    """vtc.compile(dynamic=True) captures the model symbolically from the start: its instantiations carry the
+    constants' module names too (``SymbolicGraph.const_targets``), so the watch sees a replaced weight.  Before
+    (fuzz6), the watch was empty and every later call returned the old weights' result, at every size."""
+    torch.manual_seed(50)
+    m = torch.nn.Sequential(torch.nn.Linear(17, 40), torch.nn.ReLU(), torch.nn.Linear(40, 17)).eval()
+    with torch.no_grad():
+        compiled = vtc.compile(m, (torch.randn(12, 17),), dynamic=True)
+        for rows in (12, 5):
+            compiled(torch.randn(rows, 17))
+        new = torch.randn(40, 17) * 0.5
+        if how == "data":
+            m[0].weight.data = new
+        else:
+            m[0].weight = torch.nn.Parameter(new)
+        for rows in (12, 5, 9):
+            x = torch.randn(rows, 17)
+            torch.testing.assert_close(compiled(x), m(x), **TOL)

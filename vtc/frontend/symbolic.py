@@ -32,8 +32,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from vtc.frontend import decomp
-from vtc.frontend.torch_export import (NOT_A_SIZE, CaptureError, _as_module, capture_copy, distinct_inputs,
-                                      graph_from_fx, program_constants, quiet_fake_tensor_log, user_input_mutations)
+from vtc.frontend.torch_export import (NOT_A_SIZE, CaptureError, _as_module, capture_copy, const_sources,
+                                      distinct_inputs, graph_from_fx, program_constants, quiet_fake_tensor_log,
+                                      user_input_mutations)
 from vtc.ir.graph import Graph
 
 _SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -54,8 +55,12 @@ class SymbolicGraph:
 
     def __init__(self, gm: fx.GraphModule, consts: dict[str, torch.Tensor] | None = None, in_spec: Any = None,
                  out_spec: Any = None, ranges: dict | None = None, guards: Callable[..., None] | None = None,
-                 output_specs: Any = ()) -> None:
+                 output_specs: Any = (), const_targets: dict[str, str] | None = None) -> None:
         self.gm, self.consts, self.in_spec, self.out_spec = gm, dict(consts or {}), in_spec, out_spec
+        # {constant name: the qualified name of the module's tensor}: every instantiation's meta["const_sources"],
+        # which Compiled's parameter watch reads (without it a parameter replaced after vtc.compile(dynamic=True),
+        # ``p.data = t``, was never seen: the old weights' result on every later call)
+        self.const_targets = dict(const_targets or {})
         # torch.export's output specs: those of inputs that forward changes in place become
         # graph.meta["input_mutations"] in every instantiation (torch_export.user_input_mutations)
         self.output_specs = tuple(output_specs)
@@ -137,6 +142,7 @@ class SymbolicGraph:
         at = _AtSizes(env, getattr(self, "_metas", None))
         graph = graph_from_fx(self.gm, self.consts, in_spec=self.in_spec, out_spec=self.out_spec, concrete=at)
         user_input_mutations(graph, self.output_specs)
+        const_sources(graph, self.const_targets)
         self._metas = at.metas  # this instantiation's meta tensors, for the next one
         graph.meta["sizes"] = {str(s): v for s, v in env.items()}
         return graph
@@ -281,7 +287,9 @@ def export_symbolic(model_or_fn: Any, args: tuple, kwargs: dict, dims: list[set[
                            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
     consts = program_constants(ep, "the model")
     return SymbolicGraph(ep.graph_module, consts, ep.call_spec.in_spec, ep.call_spec.out_spec, ep.range_constraints,
-                         guards=_guards(ep), output_specs=ep.graph_signature.output_specs)
+                         guards=_guards(ep), output_specs=ep.graph_signature.output_specs,
+                         const_targets={s.arg.name: s.target for s in ep.graph_signature.input_specs
+                                        if s.arg.name in consts})
 
 
 def _guards(ep: torch.export.ExportedProgram) -> Callable[..., None]:
