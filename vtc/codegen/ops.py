@@ -488,9 +488,10 @@ def _layer_norm(ctx, args, outs):
     dims = tuple(range(rank - k, rank))
     n = math.prod(x.shape[d] for d in dims)
     w, b, eps = args.get("weight"), args.get("bias"), float(args["eps"])
+    shifted = SHIFTED_MEAN and x.dtype not in LOW_PRECISION  # float16 / bfloat16 rows: their vector sums as before
 
     def first(c):  # the row's first element: the mean's sum adds x - first, small next to a large mean
-        return K.substitute(c.arg(x, dt), {"r": 0}, {}) if SHIFTED_MEAN else K.const(0, dt)
+        return K.substitute(c.arg(x, dt), {"r": 0}, {}) if shifted else K.const(0, dt)
 
     def mean(c):
         return K.binary("add", first(c), K.binary("div", K.acc("s", dt), K.const(n, dt)))
