@@ -1,4 +1,5 @@
-"""Row kernels of float32 sums in blocks of rows (vtc.codegen.row_blocks) against torch eager and float64.
+"""Row kernels of float32 sums in blocks of rows (vtc.codegen.row_blocks, switched on here) against torch eager and
+float64, and the layer norm's shifted mean (vtc.codegen.ops.SHIFTED_MEAN: no worse than twice torch's error).
 
 Layer norms and RMS norms over rows of 1, 3, 17, 127, 96 and 192 elements, on inputs whose mean is large next to
 their spread (randn * 0.1 + 100: the mean's sum and the variance are where float32 loses digits), in row counts
@@ -21,6 +22,16 @@ from vtc.codegen.cpp import buffer_order, generate
 from .util import assert_all_generated, compile_cpu, gen, kernels, torch_threads
 
 WIDTHS = pytest.mark.parametrize("n", [1, 3, 17, 127, 96, 192])
+
+
+@pytest.fixture(autouse=True)
+def blocks_on():
+    """The blocks are off by default (row_blocks.BLOCKS, module doc): on for these tests."""
+    row_blocks.BLOCKS = True
+    try:
+        yield
+    finally:
+        row_blocks.BLOCKS = False
 
 
 def _blocked(compiled) -> bool:
@@ -65,12 +76,10 @@ def test_blocks_give_the_plain_kernels_results(n):
     x, (w, b) = _large_mean((7, n), 10 + n), _affine(n, 11 + n)
     f = lambda x, w, b: F.layer_norm(x, (n,), w, b)  # noqa: E731
     row_blocks.BLOCKS = False
-    try:
-        plain = compile_cpu(f, (x, w, b))
-        assert not _blocked(plain)
-        want = plain(x, w, b)
-    finally:
-        row_blocks.BLOCKS = True
+    plain = compile_cpu(f, (x, w, b))
+    assert not _blocked(plain)
+    want = plain(x, w, b)
+    row_blocks.BLOCKS = True
     torch.testing.assert_close(compile_cpu(f, (x, w, b))(x, w, b), want, rtol=0, atol=5e-4)
 
 

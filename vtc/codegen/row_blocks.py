@@ -17,6 +17,15 @@ session 27): one row at a time 64-71 us at [3136, 96] and 15.7-18.4 us at [196, 
 and 8.8-9.7 us; each row's pass on its own in turn inside the block (not interleaved) gains nothing (66-76 us):
 the interleaving is what overlaps the rows.
 
+**Off by default** (``BLOCKS``): the kernel alone, 1 thread (``bench/norm_kernel_ab.py``, load 11-15), with its input
+in cache (a layer norm timed alone) [3136, 96] 83 -> 62 us, [196, 384] 19.0 -> 13.0, [784, 384] 73 -> 56; with its
+input and output read from memory after a 48 MB sweep [784, 192] 77 -> 188 us, [784, 384] 125 -> 278 (2 and 8 rows a
+block: the same), and neither prefetching the next block's rows nor taking the first pass row by row made up for it
+(a hand-edited [784, 192] kernel: 168-186 and 100-105 us against the plain kernel's 71-84).  In Swin-T (1 thread, load
+8) its 29 layer norm steps took 1.996 / 2.167 ms -> 1.803 / 2.137 (min / median), those reading a GEMM's output
+slower, the others faster; the whole call the same.  Until the order of the memory reads is understood, the plain
+row kernel stays the default.
+
 Used for a row kernel (float32, not the rows-as-lanes kernels of ``vtc.codegen.lanes``) whose every reduction is a
 float32 sum and whose values and per-r stores are vector code along r (anything else: ``None``, and the plain row
 kernel), with no row staged once (``vtc.codegen.row_stage``), no term stored by a pass (softmax), no index-tensor
@@ -34,8 +43,8 @@ from vtc.codegen import low_vector
 from vtc.codegen.kernel_ir import Kernel, scalars_under
 from vtc.index.mapping import linear_offset
 
-BLOCKS = True  # False: the plain row kernel only (A / B)
-ROWS = 4  # rows of a block (4: 39-44 us at [3136, 96]; 2: 48-54; 8 with one row's pass after another: no gain)
+BLOCKS = False  # off: faster on rows in cache, slower on rows read from memory (module doc); True: A / B, tests
+ROWS = 4  # rows of a block (hand variants at [3136, 96], alone: 4 rows 39-44 us, 2 rows 54, one at a time 60-71)
 MAX_R = 512  # longest row (elements): a block of 4 rows is 8 KB of L1 (kernel alone, 1 thread: [49, 768] -5%, [49, 1536] +17%)
 
 
@@ -99,7 +108,8 @@ def block_row_kernel(k: Kernel, em, order: list[int], decompose: Callable, store
                 *[f"        {line}" for line in inner], "      }", "    }"]
 
     lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * n} >= {parallel_min_work})",
-             f"  for (int64_t ob_ = 0; ob_ < {-(-rows // R)}; ++ob_) {{",
+             f"  for (int64_t ob_ = 0; ob_ < ({rows} + {R - 1}) / {R}; ++ob_) {{",  # (a size-generic template fits
+             # the rows, a literal polynomial in the sizes; not a ceiling division folded into one literal)
              f"    const int64_t o0_ = ob_ * {R};", f"    const int64_t nr_ = std::min<int64_t>({R}, {rows} - o0_);",
              *[f"    float acc_{r.name}_[{R}];" for r in accs]]
     done: list = []
