@@ -164,3 +164,23 @@ def test_a_target_without_avx512_builds_the_plain_kernel(tmp_path):
     tensors = [env[buf.name] if buf.name in env else out for buf in buffer_order(k)]
     fn((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]), 1)
     torch.testing.assert_close(out, compiled(x, w, b), rtol=0, atol=5e-4)
+
+
+def test_new_row_counts_reuse_the_size_generic_kernel():
+    """The block count is (rows + 3) / 4 in the source, a polynomial of the sizes: new row counts (a partial last
+    block or none) run the kernel built once, without the C++ compiler."""
+    import vtc
+    from vtc.runtime import cbuild
+
+    n = 96
+    (w, b) = _affine(n, 100)
+    f = lambda x, w, b: F.layer_norm(x, (n,), w, b)  # noqa: E731
+    compiled = vtc.compile(f, (_large_mean((2, 7, n), 101), w, b), dynamic=True)
+    x = _large_mean((3, 9, n), 102)  # new sizes: the symbolic capture and the generic kernels are made
+    torch.testing.assert_close(compiled(x, w, b), f(x, w, b), rtol=0, atol=1e-3)
+    assert _blocked(compiled)
+    built = cbuild.compile_count
+    for shape in [(2, 5, n), (4, 13, n), (5, 4, n)]:
+        x = _large_mean(shape, sum(shape))
+        torch.testing.assert_close(compiled(x, w, b), f(x, w, b), rtol=0, atol=1e-3)
+    assert cbuild.compile_count == built, "a new row count ran the C++ compiler"
