@@ -1,12 +1,14 @@
 """Swin-T with a vtc codegen switch off and on, and OpenVINO, in one process: whole calls and the layer norm steps.
 
     T=1 CPU=1 N=20 PYTHONPATH=$PWD python bench/norm_swin_ab.py SWITCH [openvino]
-    T=1 CPU=1 N=20 PYTHONPATH=$PWD python bench/norm_swin_ab.py vtc.codegen.row_blocks.BLOCKS,vtc.codegen.ops.SHIFTED_MEAN openvino
+    STEPS=1 T=1 CPU=1 N=15 PYTHONPATH=$PWD python bench/norm_swin_ab.py \
+        vtc.codegen.row_blocks.BLOCKS,vtc.codegen.ops.SHIFTED_MEAN openvino
 
 SWITCH: MODULE.ATTR, or several joined by commas.  The model is compiled twice (the switches False, then True: the
-kernels' sources differ, so the kernel cache keeps both), and checked against eager.  Each round times one call of every system, in turn (OpenVINO last), N rounds,
-the first 3 dropped.  vtc's calls run the call plan's closures one by one (as ``bench/step_profile.py``), so the
-layer norm kernels' own times are summed per call too.  T threads (default 1); CPU=1: the calling thread's CPU time.
+kernels' sources differ, so the kernel cache keeps both), and checked against eager.  Each round times one call of
+every system, in turn (OpenVINO last), N rounds, the first 3 dropped.  vtc's calls run the call plan's closures one
+by one (as ``bench/step_profile.py``), so the layer norm kernels' own times are summed per call too.  T threads
+(default 1); CPU=1: the calling thread's CPU time; STEPS=1: each layer norm kernel's median, off and on.
 """
 import importlib
 import os

@@ -1,4 +1,4 @@
-"""Row kernels of float32 sums over short rows, a block of rows per vector step: a layer norm over 96-1536 channels.
+"""Row kernels of float32 sums over short rows, a block of rows per vector step: a layer norm over 96-512 channels.
 
 A layer norm over a row of 96 floats is 6 vector adds a pass; what costs is what lies between the passes: the
 row's horizontal sum (a chain of dependent shuffles and adds) before the next pass may start, the mean's
@@ -7,12 +7,13 @@ the previous one's horizontal sum, and the core has little else to run meanwhile
 makes each pass together: every step of r adds 16 elements of each row of the block into that row's own vector of
 partial sums (the rows are independent chains, interleaved in the code, which the core overlaps), and after the
 pass the block's horizontal sums follow one another (``_mm512_reduce_add_ps``).  The terms a pass reads from the
-earlier passes (the mean) are computed once per row before it, into an array of the block.  The store pass then
-runs row by row, 16 elements a step, the last step masked.  The values are the kernel's own scalar expressions
+earlier passes (the mean) are computed once per row before it, into an array of the block.  The store pass
+interleaves the block's rows the same way (rows past the last one skipped); each step is 16 elements, the last one
+masked.  The values are the kernel's own scalar expressions
 written as vector code (``vtc.codegen.low_vector``'s ``_VectorBody``: loads that move one element along r, or not
 at all, as vectors; + - * / as vector operators; other ops by their scalar C over the lanes).
 
-Kernel alone, C++ variants of the layer norm over Swin-T's rows (1 thread, CPU time, load 6-8; docs/prefill.md,
+Kernel alone, C++ variants of the layer norm over Swin-T's rows (1 thread, CPU time, load 8; docs/prefill.md,
 session 27): one row at a time 64-71 us at [3136, 96] and 15.7-18.4 us at [196, 384]; a block of 4 rows 39-44 us
 and 8.8-9.7 us; each row's pass on its own in turn inside the block (not interleaved) gains nothing (66-76 us):
 the interleaving is what overlaps the rows.
@@ -45,7 +46,7 @@ from vtc.index.mapping import linear_offset
 
 BLOCKS = False  # off: faster on rows in cache, slower on rows read from memory (module doc); True: A / B, tests
 ROWS = 4  # rows of a block (hand variants at [3136, 96], alone: 4 rows 39-44 us, 2 rows 54, one at a time 60-71)
-MAX_R = 512  # longest row (elements): a block of 4 rows is 8 KB of L1 (kernel alone, 1 thread: [49, 768] -5%, [49, 1536] +17%)
+MAX_R = 512  # longest row: a block of 4 rows is 8 KB of L1 (alone, 1 thread: [49, 768] -5%, [49, 1536] +17%)
 
 
 def _reads_index_tensor(k: Kernel) -> bool:
