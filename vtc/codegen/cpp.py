@@ -50,7 +50,7 @@ from vtc.codegen.prefetch import gathered_row_prefetch
 from vtc.codegen.reuse import stored_term
 from vtc.codegen.lanes import lane_row_kernel
 from vtc.codegen.low_tiles import staged_loads
-from vtc.codegen import low_vector, row_stage, stream
+from vtc.codegen import low_vector, row_blocks, row_stage, stream
 from vtc.index.expr import Expr, _terms
 from vtc.index.mapping import linear_offset
 
@@ -465,7 +465,8 @@ def generate(k: Kernel) -> str:
     else:
         body += _row_kernel(k, em) if k.kind == "row" else _pointwise_kernel(k, em)
     head += stream.PRELUDE if any("vtc_stream16(" in line or "vtc_stream_row(" in line for line in body) else ""  # large outputs
-    head += LOW_PRECISION_PRELUDE if low_precision(k) else ""
+    vector = low_precision(k) or any(line == f"#if defined({low_vector.TARGET})" for line in body)  # row_blocks
+    head += LOW_PRECISION_PRELUDE if vector else ""
     return head + f'\nextern "C" void {k.name}(void* const* bufs, int nthreads) {{\n' + "\n".join(body) + "\n}\n"
 
 
@@ -895,6 +896,21 @@ def _row_kernel(k: Kernel, em: _Emitter) -> list[str]:
     lanes = lane_row_kernel(k, em, PARALLEL_MIN_WORK, _decompose, _store) if not low_precision(k) else None
     if lanes is not None:  # rows read with a stride, neighbouring rows adjacent: rows as vector lanes
         return lanes
+    blocks = None
+    if not low_precision(k) and row_blocks.applies(
+            k, row_stage.staged_row(k) is not None, stored_term(k) is not None,
+            stream.applies(k, em.shapes, [s for s in k.stores if s.per_r], "r")):
+        blocks = row_blocks.block_row_kernel(k, em, _row_order(k, em), _decompose, _store, _UNARY_FMT,
+                                             PARALLEL_MIN_WORK)
+    plain = _plain_row_kernel(k, em)
+    if blocks is None:
+        return plain
+    # short float32 sums (a layer norm): a block of rows per vector step where the target has AVX-512
+    return [f"#if defined({low_vector.TARGET})", *blocks, "#else", *plain, "#endif"]
+
+
+def _plain_row_kernel(k: Kernel, em: _Emitter) -> list[str]:
+    """The row kernel one row at a time: each pass a loop over r, the sums into a vector of partial sums."""
     rows = math.prod(k.domain)
     names = [f"i{d}" for d in range(len(k.domain))]
     lines = [f"  #pragma omp parallel for num_threads(nthreads) if({rows * max(k.r_extent, 1)} >= {PARALLEL_MIN_WORK})",

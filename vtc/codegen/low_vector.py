@@ -42,8 +42,8 @@ def _step(e: Expr, var: str) -> int | None:
     return None
 
 
-class _Unsupported(Exception):
-    pass
+class Unsupported(Exception):
+    """A value or store that this vector code does not write."""
 
 
 class _VectorBody:
@@ -69,7 +69,7 @@ class _VectorBody:
         """s as a vector (rounded to its dtype as the scalar loop rounds it; not `rounded`: a stored value,
         narrowed by its store, unless a temp holds it rounded)."""
         if s.dtype not in _FLOATS:
-            raise _Unsupported(s.dtype)
+            raise Unsupported(s.dtype)
         return self._named(s, (rounded or self.uses.get(id(s), 0) > 1) and self._rounds(s))
 
     def _named(self, s: Scalar, rounded: bool) -> str:
@@ -94,7 +94,7 @@ class _VectorBody:
             if step == 0:
                 return self._new(f"_mm512_set1_ps({self.em.unrounded(s)})")
             if step is None:
-                raise _Unsupported("a load across the loop")
+                raise Unsupported("a load across the loop")
             return self._new(f"vtc_v16_load_{_FLOATS[s.dtype]}(vm_, {self.em.ptr[a[0]]} + {self.em.linear(a[0], a[1])})")
         if op == "cast" and a[0].dtype in _FLOATS:
             return self.value(a[0])
@@ -107,7 +107,7 @@ class _VectorBody:
         if op == "binary":
             return self._lanes([self.value(a[1]), self.value(a[2])],
                                lambda x: self.em.binary(a[0], x[0], x[1], a[1].dtype, s.dtype))
-        raise _Unsupported(op)
+        raise Unsupported(op)
 
     def _lanes(self, operands: list[str], text) -> str:
         """The scalar op `text` of the operands' lanes, in an ``omp simd`` loop over the 16 lanes (its own
@@ -142,12 +142,12 @@ def _uses(em, roots: list[Scalar]) -> dict[int, int]:
 
 
 def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict,
-                unary_fmt: dict) -> list[str] | None:
+                unary_fmt: dict, f32: bool = False) -> list[str] | None:
     """The loop over var in [lo, hi) making `stores` as vector code (module doc), its lines at `indent`; None
     where it does not apply.  `em`: the kernel's scalar emitter (its temps: values computed before the loop);
     low / unary_fmt: the scalar emitter's 16-bit dtypes and op texts (vtc.codegen.cpp; its rounding rule is
-    ``em.rounds``)."""
-    if not _applies(em):
+    ``em.rounds``); `f32`: also in a kernel without float16 (a block of float32 rows, ``vtc.codegen.row_blocks``)."""
+    if not (f32 or _applies(em)):
         return None
     body = _VectorBody(em, var, _uses(em, [st.value for st in stores]), unary_fmt)
     writes = []
@@ -159,7 +159,7 @@ def vector_loop(em, stores, var: str, lo: str, hi: str, indent: str, low: dict,
                 return None
             v = body.value(st.value, rounded=dt not in low)  # as the scalar emitter's ``stored``
             writes.append(f"vtc_v16_store_{_FLOATS[dt]}(vm_, {em.ptr[name]} + {em.linear(name, st.index)}, {v});")
-    except _Unsupported:
+    except Unsupported:
         return None
     inner = indent + "  "
     return [f"{indent}for (int64_t {var} = {lo}; {var} < {hi}; {var} += {_WIDTH}) {{",
@@ -179,7 +179,7 @@ def vector_sums(em, value: Scalar, var: str, base: str, lanes: int, part: str,
         body = _VectorBody(em, var, uses, unary_fmt)
         try:
             v = body.value(value)
-        except _Unsupported:
+        except Unsupported:
             return None
         lines += ["{", f"  const int64_t {var} = {base} + {j};", "  const __mmask16 vm_ = (__mmask16)0xFFFFu;",
                   *[f"  {line}" for line in body.lines],
