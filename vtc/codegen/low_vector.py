@@ -8,7 +8,9 @@ elements, ~2x its float32 twin; docs/low_precision.md, session 26).  Here the lo
 instead: each scalar of the loop body once, as a ``__m512`` of 16 lanes (``vtc_v16_*`` in vecmath's prelude:
 ``vcvtph2ps`` loads, ``vcvtps2ph`` roundings and stores, masked for the last step), + - * / and negation as
 vector operators, any other float op by its scalar C over the 16 lanes in an ``omp simd`` loop of its own.  The
-same ops on the same float32 values, rounded where the scalar loop rounds: bit for bit its results.
+same ops on the same float32 values, rounded where the scalar loop rounds: bit for bit its results, but for the
+sign of a NaN (gcc may swap an add's operands: a row sum over +inf, -inf and NaN is -NaN in the scalar loop and
++NaN, as eager's, here; fuzz6, docs/robustness.md).
 
 Only in kernels that read or write float16, where every load and store moves along the loop contiguously (or not
 at all: a broadcast), every value is a float16 or float32 and no piece choice or ``where`` is left; else ``None``
