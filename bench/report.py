@@ -217,19 +217,23 @@ products or broadcast tiles with the weight read in place or packed once;
 kernel outputs that only kernels read live in a per-call arena.  How torch's
 float32 GEMM compares with the generated one is measured once per machine.
 Same machine as the last run (an AMD EPYC Zen 4, AVX-512 on 256-bit
-units).  Since the last run (vm-2026-12-02-061946): the float16 work of
-session 25 (float16 GEMMs on weight_rows, masked key blocks skipped,
-pointwise piece loops) does not run in these float32 workloads, except
-the pointwise emitter's split of piece choices on the inner index into
-one loop per range (rotate_half, pads, cats of 16 columns or more); the
-dot path's prefetch no longer depends on which kernels share a GEMM's
-translation unit; each vtc variant's plan digest is recorded, and the
-planner row counts a workload whose plan is vtc-all's 1.00x (greedy's
-"losses" of the last run were load: docs/chains.md, session 25).
-Where vtc loses here: swin_t_model, 0.87x of OpenVINO (58.0 vs 50.6 ms;
-vtc as in the last run, 58.4, OpenVINO 57.0 then), efficientvit_b1
-4.22 vs ONNX Runtime's 4.21 ms (a tie; 1.05x in the last run) and
-micro_permute_softmax_64mb, 0.98x of ONNX Runtime (11.1 vs 10.9 ms).
+units).  Since the last run (vm-2026-12-02-092042): a Linear on MKL's
+packed weight is priced with the packed-weight ratio at any row count
+(swin_t_model's 76 Linears all generated); float16 pointwise loops as
+AVX-512 code (not in these float32 workloads); the layer norm's mean
+summed shifted by the row's first element; a gathered table larger than
+L2 prefetched 16 rows ahead into L2, and transposed tiles beyond the LLC
+2 blocks ahead; the permuted softmax keeps a block's exp terms in a
+128 KB buffer and prefetches the next block (micro_permute_softmax_64mb
+11.1 -> 6.94 ms: 0.98x -> 2.79x of ONNX Runtime).  efficientvit_b1 went
+from a tie with ONNX Runtime to 1.46x (vtc-greedy 4.22 -> 2.88 ms; vtc-all
+4.39 here).  The sub-millisecond rows move both ways by more than any
+change in their kernels (shufflenet_unit_b1 vtc-greedy 0.132 -> 0.254 ms,
+minimum 0.132; c3k2_b1 1.56 -> 1.75; shufflenet_v2_model 3.13 -> 2.65).
+Where vtc loses here: swin_t_model, 0.91x of OpenVINO (65.6 vs 59.8 ms;
+58.0 vs 50.6 in the last run): at 1 thread the two are level (docs/
+prefill.md, session 26), so the gap is how vtc's steps use the second
+thread (serial bias gathers and roll indices, layer norms 1.28x).
 The prefill units stay GEMM-bound near OpenVINO.  On a loaded machine the
 libgomp threads' spin-wait between kernels costs vtc more than OpenVINO's
 TBB pool (docs/prefill.md, session 16); each timed block records how long
