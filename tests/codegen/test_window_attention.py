@@ -100,8 +100,9 @@ CASES = [
 def test_window_attention_stages_bias_and_mask_rows(case):
     """The score chain reads the bias and the mask as ``kt<j>[t][q]``, staged once per key block (before:
     ``b1[(i0 % 3) + 147*i1 + 3*r]`` per lane and key, a scalar loop), and matches eager.  A bias gathered
-    from its table (the planner made the gather virtual) is still read per lane and key: only the mask is
-    staged then."""
+    from its table through the index buffer is folded into a [N * N, heads] constant (``vtc.ir.fold``,
+    session 28; before, the planner made the gather virtual and the chain read it per lane and key, only the
+    mask staged), read as "nnh" is."""
     window, b, per_side, heads, d, shift, threads, bias = case
     g = gen(window * 100 + b * 10 + shift)
     side = window * per_side
@@ -119,11 +120,10 @@ def test_window_attention_stages_bias_and_mask_rows(case):
     (k,) = attention_kernels(c)
     src = generate(k)
     chain = re.search(r"st\[t\]\[q\] = (.*);", src).group(1)
-    staged = {"table": int(bool(shift)), "nnh": 1 + bool(shift), "hnn": 1 + bool(shift)}[bias]
+    staged = 1 + bool(shift)
     assert k.tiled and ("KEY_ROWS" in src) == bool(staged), src
     assert [f"kt{j}[t][q]" in chain for j in range(3)] == [j < staged for j in range(3)], chain
-    if bias != "table":  # no buffer read per lane and key
-        assert not re.search(r"\bb\d+\[", chain), chain
+    assert not re.search(r"\bb\d+\[", chain), chain  # no buffer read per lane and key
 
 
 def test_key_rows_off_gives_the_same_result():

@@ -296,3 +296,52 @@ def test_a_value_above_the_limit_stays_computed(monkeypatch, budget):
         assert [type(why) for why in over._first.graph.meta["weight_chains_not_folded"].values()] == [
             packed.OverBudget]
         _check(over, lin, y)
+
+
+@pytest.mark.parametrize("window, heads, shift, threads", [(5, 3, 0, 1), (3, 5, 1, 3), (5, 2, 2, 4), (3, 3, 0, 2)],
+                         ids=lambda v: str(v))
+def test_a_relative_position_bias_gathered_through_an_index_buffer(window, heads, shift, threads):
+    """Swin's bias ``table[index]`` (a parameter gathered through an int64 buffer: a movement op, but each read of
+    it loads the index and then gathers) is one constant [N * N, heads], read through its view and permutation;
+    before session 28 it was computed on every call (Swin-T: 7 gather kernels a call, 4 of them on one thread).
+    A change of the table or of the index buffer in place is seen at the next call; at 1-4 threads, odd sizes."""
+    from tests.codegen.test_window_attention import WindowAttention
+    from tests.codegen.util import torch_threads
+
+    g = gen(40 + window + heads)
+    m = WindowAttention(window * 2, window, heads, 8, shift, g, "table").eval()
+    x = rand((1, window * 2, window * 2, heads * 8), g)
+    n = window * window
+    with torch.no_grad(), torch_threads(threads):
+        compiled = vtc.compile(m, (x,))
+        torch.testing.assert_close(compiled(x), m(x), **TOL)
+        graph = compiled._first.graph
+        assert "index" not in _ops(compiled), _ops(compiled)
+        steps = compiled._first.executor.steps
+        assert not any(s.kind == "kernel" and "index" in s.kernel.step.kernel.name for s in steps)
+        (copy,) = [c for c in graph.meta["const_copies"].values() if c.value.shape == (n * n, heads)]
+        torch.testing.assert_close(copy.value, m.table[m.index])
+        m.table.mul_(-2.0)
+        torch.testing.assert_close(compiled(x), m(x), **TOL)
+        m.index.copy_(m.index.flip(0))  # the index buffer changed in place
+        torch.testing.assert_close(compiled(x), m(x), **TOL)
+
+
+def test_a_gather_through_index_arithmetic_or_a_graph_input_stays_computed():
+    """Not every gather of a parameter is folded: through roll's ``(arange + s) % n`` (index arithmetic, no index
+    in memory) or through an index the caller passes, the gather stays in the graph."""
+    class Gathers(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(rand((13, 6), gen(51)))
+
+        def forward(self, x, ids):
+            rolled = self.table.roll(3, 0)[: x.shape[0]]  # index_select through (arange + 3) % 13
+            return x + rolled + self.table[ids]
+
+    m, x, ids = Gathers().eval(), rand((9, 6), gen(52)), torch.randint(0, 13, (9,), generator=gen(53))
+    with torch.no_grad():
+        compiled = vtc.compile(m, (x, ids))
+        _check(compiled, m, x, ids)
+        assert "index" in _ops(compiled), _ops(compiled)
+        assert not any(c.value.shape == (9, 6) for c in compiled._first.graph.meta.get("const_copies", {}).values())

@@ -18,7 +18,8 @@ kernels read it (transformers' reads an ``inv_freq`` buffer: a value of the mode
 Values that read a parameter or buffer (the model may change it in place after compiling) are folded by
 ``fold_weight_chains`` instead, into constant copies computed again when what they read changes in place: a
 GEMM's or convolution's weight behind a movement chain that is not a strided view, and a value a compute op
-makes from the model's tensors (weight normalisation, ``W * s``, a LoRA merge, T5's relative position bias).
+makes from the model's tensors (weight normalisation, ``W * s``, a LoRA merge, T5's relative position bias, Swin's:
+a table gathered through an index buffer).
 
 Not folded: random and uninitialised tensors (``rand*``, ``empty*``, ``bernoulli``, ...: a new value per
 call), a graph output (returned to the caller, who may write to it), a value above ``MAX_BYTES`` (but a GEMM's
@@ -125,7 +126,8 @@ def fold_weight_chains(graph: Graph) -> Graph:
       itself, 1 thread; docs/robustness.md, session 22);
     - a value that a compute op makes from the model's tensors (``_made_by_compute``): weight normalisation
       (g * v / ||v||), ``W * s``, a LoRA merge ``W + B @ A``, ``logit_scale.exp()``, T5's relative position
-      bias (an embedding of a parameter at buckets computed from aranges).  Its nodes ran at every call, and a
+      bias (an embedding of a parameter at buckets computed from aranges), Swin's (a table gathered through an
+      index buffer: ``_gathers_from_memory``).  Its nodes ran at every call, and a
       GEMM reading it took it as a runtime operand, packed per call.
 
     Such a value (the last one before the strided views its reader reads it through: W.roll(3, 0) or W * s, not
@@ -236,20 +238,35 @@ def fold_weight_chains(graph: Graph) -> Graph:
     return out
 
 
+FOLD_GATHERS = True  # a gather through an index held in memory counts as computing (False: for A/B)
+
+
 def _made_by_compute(graph: Graph, made: dict[str, Node], model: set[str]) -> set[str]:
     """The values in `made` that read one of the model's tensors (`model`: constants not folded from nothing by
     ``fold_constants``) with a compute node on the way: from the tensors to them, or making an index they gather
     with (T5's buckets).  A movement chain of the model's tensors alone is not one: it costs no arithmetic where it
-    is read through its mapping."""
+    is read through its mapping.  But a gather through an index held in memory is (``_gathers_from_memory``: Swin's
+    relative position bias, ``table[index]``): each read of it loads the index, then gathers, and the attention
+    reads the bias once per window (or a kernel per call materialises it)."""
     reads_model, computed = set(model), set()
     for n in graph.nodes:
         if n.outputs and n.outputs[0].name in made:
             names = [v.name for v in n.inputs]
             if any(x in reads_model for x in names):
                 reads_model.update(v.name for v in n.outputs)
-            if n.kind == "compute" or any(x in computed for x in names):
+            if n.kind == "compute" or any(x in computed for x in names) or _gathers_from_memory(n, made, model):
                 computed.update(v.name for v in n.outputs)
     return reads_model & computed
+
+
+def _gathers_from_memory(n: Node, made: dict[str, Node], model: set[str]) -> bool:
+    """True for a movement node (``index``, ``index_select``, ``gather``, ``embedding``) of floating-point values
+    that reads an integer index which is one of the model's tensors (`model`) or a strided view of one: an index
+    held in memory, not index arithmetic (roll's ``(arange + s) % n``, positions from an arange: unchanged)."""
+    if not FOLD_GATHERS or n.kind != "movement" or not n.outputs[0].dtype.is_floating_point:
+        return False
+    return any(not v.dtype.is_floating_point and v.dtype != torch.bool and len(v.shape) > 0
+               and _behind_views(v, made).name in model for v in n.inputs)
 
 
 def _behind_views(v: Value, made: dict[str, Node]) -> Value:
