@@ -588,6 +588,9 @@ RUNTIME = r"""
 #ifndef VTC_SKINNY_R
 #define VTC_SKINNY_R 8  // rows of A per pass of vtc_skinny_packed (at most 8; 7-8 rows in one pass of one panel)
 #endif
+#ifndef VTC_SKINNY_B_IN_REG  // vtc_skinny_pk's B vectors of a step loaded once for its R rows
+#define VTC_SKINNY_B_IN_REG 1
+#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -1116,9 +1119,6 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
 // R elements of A and loads 2 P vectors of B, each once: VTC_SKINNY_B_IN_REG keeps them in registers (GCC 12
 // folded the loads into the FMAs at 2-4 rows of two panels: R x 4 loads of B a step instead of 4, the loop bound
 // by the one 512-bit load a cycle of Zen 4 rather than by its one FMA a cycle; docs/gemm.md, session 28)
-#ifndef VTC_SKINNY_B_IN_REG
-#define VTC_SKINNY_B_IN_REG 1
-#endif
 template <int R, int P>
 static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const float* __restrict b,
                                  float* __restrict c, int64_t ldc, bool add, int64_t cols) {
