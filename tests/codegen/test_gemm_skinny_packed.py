@@ -222,3 +222,73 @@ def test_a_through_a_mapping_on_the_packed_loop(form, m):
         assert gemm.SKINNY_PACKED_PATH in [q["path"] for q in compiled.report.to_dict()["gemm"]]
         w.mul_(-0.5)
         torch.testing.assert_close(compiled(x), mod(x), **_tol(600))
+
+
+def _pk_fma_memory_operands(src: str) -> dict[str, int]:
+    """Per vtc_skinny_pk<R, P> instantiation in the assembly of kernel source `src` (built with the flags vtc
+    builds with): its FMAs that read a whole vector from memory (a B vector folded into each row's FMA;
+    embedded broadcasts `{1to16}` and stack reloads do not count)."""
+    import re
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from vtc.runtime.cbuild import compiler_info
+
+    info = compiler_info()
+    with tempfile.TemporaryDirectory(prefix="vtc-asm-") as tmp:
+        path, out = Path(tmp, "kernel.cpp"), Path(tmp, "kernel.s")
+        path.write_text(src)
+        subprocess.run([*info.command, str(path), "-S", "-o", str(out), *[f for f in info.flags if f != "-shared"]],
+                       check=True, capture_output=True)
+        asm = out.read_text()
+    counts, fn = {}, None
+    for line in asm.splitlines():
+        head = re.match(r"_Z13vtc_skinny_pkILi(\d+)ELi(\d+)E[\w.]*:", line)
+        if head:
+            fn = f"<{head[1]}, {head[2]}>"
+            counts.setdefault(fn, 0)
+        elif re.match(r"\S+:", line) and not line.startswith("."):
+            fn = None  # the next function
+        elif fn and re.match(r"\s*vfn?madd\d+ps\s", line) and "(" in line and "1to" not in line \
+                and "%rsp" not in line and "%rbp" not in line:
+            counts[fn] += 1
+    return counts
+
+
+def test_the_packed_loop_loads_each_b_vector_once():
+    """vtc_skinny_pk loads B's 2 P vectors of a k step once into registers for its R rows (VTC_SKINNY_B_IN_REG):
+    gcc folded them into every row's FMA as a memory operand at 2-4 rows of two panels (4 x 1024 -> 1024 at 1
+    thread 107 -> 86 us, docs/gemm.md session 28).  In the assembly of vtc_skinny_packed (which instantiates 1..8
+    rows), no FMA of 2+ rows reads B from memory; with the switch off (the form before) some do."""
+    from vtc.codegen.cpp import PRELUDE
+
+    src = (PRELUDE + gemm.RUNTIME + '\nextern "C" void f(int64_t m, int64_t n, int64_t kc, const float* a, '
+           'const float* b, float* c) {\n#if defined(__AVX512F__)\n  vtc_skinny_packed(m, n, kc, a, b, c, n, false);'
+           '\n#endif\n}\n')
+    assert "#define VTC_SKINNY_B_IN_REG 1" in src
+    now = _pk_fma_memory_operands(src)
+    assert {"<2, 2>", "<4, 2>", "<6, 2>", "<8, 1>"} <= set(now), now
+    assert all(n == 0 for fn, n in now.items() if not fn.startswith("<1,")), now  # R >= 2
+    before = _pk_fma_memory_operands(src.replace("#define VTC_SKINNY_B_IN_REG 1", "#define VTC_SKINNY_B_IN_REG 0"))
+    assert sum(before.values()) > sum(now.values()), (before, now)
+
+
+ODD = [((2, 1023, 97), 3), ((3, 2049, 200), 4), ((4, 4100, 65), 3), ((5, 777, 131), 4), ((13, 1500, 161), 3),
+       ((16, 2050, 129), 4)]
+
+
+@pytest.mark.parametrize("shape,threads", ODD, ids=[f"{m}x{k}x{n}-t{t}" for (m, k, n), t in ODD])
+def test_odd_sizes_at_three_and_four_threads(shape, threads):
+    """The packed loop (B vectors in registers) against torch at 3 and 4 threads on odd sizes: N across the 32 /
+    64-column edges and split in uneven column blocks, K over one to three KC slices, 2..16 rows (13: chunks of
+    6 + 1 after an MR panel; 16: 6 + 6 + 4)."""
+    m, k, n = shape
+    lin = _linear(k, n, m * k + n, bias=m % 2 == 0)
+    x = rand((m, k), gen(k))
+    with torch_threads(threads):
+        with torch.no_grad():
+            compiled = vtc.compile(lin, (x,), gemm="vtc")
+            assert [q["path"] for q in compiled.report.to_dict()["gemm"]] == [gemm.SKINNY_PACKED_PATH]
+            torch.testing.assert_close(compiled(x), lin(x), **_tol(k))
+            assert _count(compiled) == 1

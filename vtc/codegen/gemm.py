@@ -588,6 +588,9 @@ RUNTIME = r"""
 #ifndef VTC_SKINNY_R
 #define VTC_SKINNY_R 8  // rows of A per pass of vtc_skinny_packed (at most 8; 7-8 rows in one pass of one panel)
 #endif
+#ifndef VTC_SKINNY_B_IN_REG  // vtc_skinny_pk's B vectors of a step loaded once for its R rows
+#define VTC_SKINNY_B_IN_REG 1
+#endif
 #define VTC_MC (VTC_MR * 12)
 #define VTC_NC 1024
 
@@ -1113,7 +1116,9 @@ __attribute__((noinline)) static void vtc_dot_cols(int64_t m, int64_t n, int64_t
 // R skinny rows of A (packed as rows, kc floats each: R short streams in L1, where an MR-row panel would be read
 // at 48 bytes a k step, 96 KB a 2048-deep slice from L2, next to B's stream) against P panels of a weight packed
 // once (packed_panels: kc x 32 floats each, one stream per panel, no row stride to jump); each k step broadcasts
-// R elements of A and loads 2 P vectors of B
+// R elements of A and loads 2 P vectors of B, each once: VTC_SKINNY_B_IN_REG keeps them in registers (GCC 12
+// folded the loads into the FMAs at 2-4 rows of two panels: R x 4 loads of B a step instead of 4, the loop bound
+// by the one 512-bit load a cycle of Zen 4 rather than by its one FMA a cycle; docs/gemm.md, session 28)
 template <int R, int P>
 static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const float* __restrict b,
                                  float* __restrict c, int64_t ldc, bool add, int64_t cols) {
@@ -1125,7 +1130,12 @@ static inline void vtc_skinny_pk(int64_t kc, const float* __restrict a, const fl
   for (int64_t p = 0; p < kc; ++p) {
     __m512 bv[2 * P];
     #pragma GCC unroll 4
-    for (int v = 0; v < 2 * P; ++v) bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
+    for (int v = 0; v < 2 * P; ++v) {
+      bv[v] = _mm512_loadu_ps(b + (v / 2) * 32 * kc + p * 32 + 16 * (v % 2));
+#if VTC_SKINNY_B_IN_REG && (defined(__GNUC__) || defined(__clang__))
+      if (R > 1) __asm__("" : "+v"(bv[v]));  // loaded once, not folded into each row's FMA
+#endif
+    }
     #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 x = _mm512_set1_ps(a[r * kc + p]);
