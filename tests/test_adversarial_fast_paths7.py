@@ -110,6 +110,7 @@ class Case:
         self.threads = r.choice([1, 2])
         self.dtype, self.ops, self.knobs, self.marks = torch.float32, 2, {}, {}
         self.others: list = []  # more input tuples to call with (same shapes)
+        self.options: dict = {}  # of vtc.compile
         self.bad = None  # (input tuple with an index out of range, the value)
         self.paths: list[str] = []
         getattr(self, "_make_" + kind)(r)
@@ -348,7 +349,8 @@ class Case:
         self.ops = 2
         if body.startswith("qkv"):
             k, hd = r.choice([3, 16, 17, 33]), r.choice([1, 3, 16, 17])
-            lin = torch.nn.Linear(k, 3 * hd, bias=r.random() < 0.5).to(dt).eval()
+            lin = torch.nn.Linear(k, 3 * hd, bias=r.random() < 0.5).to(dt).eval().requires_grad_(False)
+            self.options = dict(gemm=r.choice(["auto", "vtc"]))
             cache = r.choice([4, 17])
             pos = sorted(r.sample(range(cache), min(rows, cache)))
             rows = len(pos)
@@ -361,7 +363,8 @@ class Case:
 
             self.make = lambda: (rand((rows, k), gen, dt), rand((cache, hd), gen, dt), torch.tensor(pos))
             self.ops = 4
-            self.notes = f"{dt} Linear({k}, {3 * hd}) on {rows} rows, split -> {body} (cache {cache}, pos {pos})"
+            self.notes = (f"{dt} Linear({k}, {3 * hd}) on {rows} rows, split -> {body} (cache {cache}, pos {pos}), "
+                          f"gemm {self.options['gemm']}")
         else:
             def fn(x, y, m):
                 if body == "where":
@@ -396,7 +399,8 @@ FORMS = {"far": ", 0, 2); }", "near": "__builtin_prefetch(p_ + 64 * q_); }", "ti
 
 def _forms(compiled) -> list[str]:
     src = "\n".join(_sources(compiled))
-    return [f for f, mark in FORMS.items() if mark in src]
+    masked = any(st.when is not None for k in kernels(compiled) for st in k.stores)
+    return [f for f, mark in FORMS.items() if mark in src] + (["when"] if masked else [])
 
 
 def _clone(xs):
@@ -463,7 +467,7 @@ def run_case(case: Case) -> list[str]:
         if getattr(case, "mutates", False):
             a, b = _clone(xs), _clone(xs)
             want = case.fn(*a)
-            compiled = vtc.compile(case.fn, _clone(xs))
+            compiled = vtc.compile(case.fn, _clone(xs), **case.options)
             got = compiled(*b)
             close(got, want, "the first call", case.ops, case.dtype)
             close(b[0], a[0], "the written input", case.ops, case.dtype)
@@ -473,7 +477,7 @@ def run_case(case: Case) -> list[str]:
             close(b[0], a[0], "the written input (second call)", case.ops, case.dtype)
         else:
             want = case.fn(*xs)
-            compiled = vtc.compile(case.fn, xs)
+            compiled = vtc.compile(case.fn, xs, **case.options)
             _check(case, compiled(*xs), want, xs, "the first call")
             _check(case, compiled(*xs), want, xs, "the second call")
             for j, other in enumerate(case.others + [case.make()]):
@@ -498,12 +502,33 @@ def run_case(case: Case) -> list[str]:
 
 
 # -- CI: a few cases of each kind, the same every run ------------------------------------------------------------
-CI_CASES = [("gather", 0), ("gather", 1), ("tiles", 0), ("lanes", 0), ("norm", 0), ("stream", 0), ("low16", 0)]
+# (kind, case) of seed 0, picked among the first 12 for the forms they draw: gather 3 (L2 and L1 prefetches, 17
+# int64 indices into a softmax), 0 (L2 only); tiles 0 (the block prefetch); lanes 0 (the next block's prefetch, the
+# term buffer); norm 1 (rows whose variance overflows float32), 3 (row blocks); stream 2; low16 2 (masked stores of a
+# float16 GEMM pushed into a cat), 9 (bfloat16 masked_fill / where)
+# (the forms each must draw: a change of the thresholds' meaning shows here)
+CI_CASES = [("gather", 3, {"far", "near"}), ("gather", 0, {"far"}), ("tiles", 0, {"tiles"}),
+            ("lanes", 0, {"lanes", "term_buf"}), ("norm", 1, set()), ("norm", 3, {"row_blocks"}), ("stream", 2, {"stream"}),
+            ("low16", 2, {"when"}), ("low16", 9, set())]
 
 
-@pytest.mark.parametrize("kind,case", CI_CASES)
-def test_drawn_case(kind, case):
-    run_described(Case(kind, 0, case), run_case)
+@pytest.mark.parametrize("kind,case,forms", CI_CASES)
+def test_drawn_case(kind, case, forms):
+    c = Case(kind, 0, case)
+    run_described(c, run_case)
+    assert forms <= set(c.paths), f"{c.describe()}: forms {c.paths}, not {forms}"
+
+
+def test_the_guard_page_faults_past_the_index_tensor():
+    """``guarded``'s tensor is readable to its last byte, and the byte after it faults (so the gather cases' index
+    tensors catch a look-ahead read past their end)."""
+    import subprocess
+
+    code = ("import ctypes, torch; from tests.test_adversarial_fast_paths7 import guarded; "
+            "t = guarded(torch.arange(5, dtype=torch.int32)); p = t.data_ptr(); "
+            "print(ctypes.c_int32.from_address(p + 16).value, flush=True); ctypes.c_int32.from_address(p + 20).value")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "4" and run.returncode == -11, (run.returncode, run.stdout, run.stderr[-500:])
 
 
 # -- the campaign ---------------------------------------------------------------------------------------------
