@@ -10,7 +10,8 @@ draw them at small sizes, as tests/codegen/test_lanes_prefetch.py and test_tiles
   PROT_NONE (``guarded``), so that a read past its end crashes; then other indices, and an index out of range
   (an IndexError naming the op and the value, or eager's own error);
 - ``tiles``: transposed register tiles beyond the LLC (tiles.PREFETCH_BLOCKS, stream.CACHE_BYTES 1 KB): transpose /
-  permute / roll feeding add, mul, where, a float16 / bfloat16 cast; dims of 1, 3, 16, 17, 33, 127;
+  permute / roll feeding add, mul, where, a float16 / bfloat16 cast; dims of 1, 3, 16, 17, 33, 40, 127; x and y
+  float32, float16 or bfloat16;
 - ``lanes``: lane row kernels beyond the LLC (lanes.PREFETCH, TERM_BUFFER drawn small at times): permute ->
   softmax / log_softmax / sum / mean / argmax / amax over a dim that is not last in memory; 1-33 lanes (partial
   blocks), float32 / float16 / bfloat16;
@@ -191,7 +192,9 @@ class Case:
         batch = r.choice([None, None, 1, 2, 3])
         move = r.choice(["transpose", "permute", "roll"])
         body = r.choice(["add", "mul", "where", "half", "bf16", "relu_add"])
-        self.knobs = dict(llc=r.choice([0, 1 << 10]), stream_min=r.choice([0, 1 << 20]),
+        self.dtype = r.choice([torch.float32, torch.float32, torch.float32, B, H])  # x and y (bf16: tiles' own loads)
+        # (streaming stores, where they apply, take the place of the block prefetch: drawn in 1 of 3)
+        self.knobs = dict(llc=r.choice([0, 1 << 10]), stream_min=r.choice([0, 1 << 20, 1 << 20]),
                           tile_stream=r.choice([False, True]))
         shape = [a, b] if batch is None else [batch, a, b]
         s = r.choice([-3, -1, 1, 2])
@@ -222,10 +225,10 @@ class Case:
             return torch.relu(t) + y
 
         self.fn = fn
-        self.make = lambda: (rand(shape, gen), rand(out_shape, gen))
+        self.make = lambda: (rand(shape, gen, self.dtype), rand(out_shape, gen, self.dtype))
         self.inputs = self.make()
         self.ops = 2
-        self.notes = f"x {shape}: {move}{f'({s})' if move == 'roll' else ''} -> {body} with y {out_shape}"
+        self.notes = f"x {shape} {self.dtype}: {move}{f'({s})' if move == 'roll' else ''} -> {body} with y {out_shape}"
 
     # lanes -----------------------------------------------------------------------------------------------------
     def _make_lanes(self, r: Rand) -> None:
